@@ -1,0 +1,158 @@
+"""Choosing a server for each request: least loaded relative to capacity, healthy, not the one that
+just failed. All per-server bookkeeping happens in `ServerPool.lease`, so cancellation cannot leak a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+
+from .errors import ConnectError, RequestError, RetryableError
+
+# A server is taken out of rotation after this many transport failures in a row ...
+FAILURE_THRESHOLD = 3
+# ... for a cooldown that starts here and doubles on every failed trial, up to the maximum.
+INITIAL_COOLDOWN = 1.0
+MAX_COOLDOWN = 30.0
+
+
+@dataclass
+class ServerState:
+    """One server: its capacity, what it is doing now and what it has done."""
+
+    url: str
+    capacity: int
+    in_flight: int = 0
+    requests: int = 0
+    completions: int = 0
+    output_tokens: int = 0
+    latency_total: float = 0.0
+    failures: Counter[str] = field(default_factory=Counter)
+    consecutive_failures: int = 0
+    cooldown: float = INITIAL_COOLDOWN
+    down_until: float = 0.0
+    down_since: float | None = None
+    out_of_service_s: float = 0.0
+    trial: bool = False  # half-open: after a cooldown, one request at a time until one succeeds
+
+    def available(self, now: float) -> bool:
+        """Whether this server may take one more request now."""
+        if now < self.down_until:
+            return False
+        limit = 1 if self.trial else self.capacity
+        return self.in_flight < limit
+
+    @property
+    def load(self) -> float:
+        return self.in_flight / self.capacity
+
+    def view(self) -> dict[str, object]:
+        """The per-server figures for the summary."""
+        done = self.completions
+        return {
+            "requests": self.requests,
+            "completions": done,
+            "failures": dict(self.failures),
+            "mean_latency_s": round(self.latency_total / done, 3) if done else None,
+            "output_tokens": self.output_tokens,
+            "out_of_service_s": round(self.out_of_service_s, 1),
+            "capacity": self.capacity,
+        }
+
+
+class ServerPool:
+    """The fleet as the dispatcher sees it."""
+
+    def __init__(
+        self, servers: Iterable[ServerState], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.servers = list(servers)
+        self.clock = clock
+        self._changed = asyncio.Condition()
+        self.waiting_since: float | None = None
+
+    def pick(self, exclude: frozenset[str] = frozenset()) -> ServerState | None:
+        """The least loaded available server, avoiding `exclude` while any other is available."""
+        now = self.clock()
+        ready = [s for s in self.servers if s.available(now)]
+        # Wait for a busy healthy server rather than go back to one that just failed.
+        others = any(s.url not in exclude and now >= s.down_until for s in self.servers)
+        candidates = [s for s in ready if s.url not in exclude] if others else ready
+        return min(candidates, key=lambda s: (s.load, s.requests), default=None)
+
+    def healthy(self) -> list[ServerState]:
+        """Servers not cooling down."""
+        now = self.clock()
+        return [s for s in self.servers if now >= s.down_until]
+
+    def outage_seconds(self) -> float:
+        """How long no server at all has been usable (0 when one is)."""
+        if self.healthy() or self.waiting_since is None:
+            return 0.0
+        return self.clock() - self.waiting_since
+
+    async def _wait_for_server(self, exclude: frozenset[str]) -> ServerState:
+        async with self._changed:
+            while (server := self.pick(exclude)) is None:
+                if not self.healthy() and self.waiting_since is None:
+                    self.waiting_since = self.clock()
+                wake = min((s.down_until for s in self.servers), default=0) - self.clock()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), max(0.05, min(wake, 1.0)))
+            self.waiting_since = None
+            server.in_flight += 1
+            server.requests += 1
+            return server
+
+    @contextlib.asynccontextmanager
+    async def lease(self, exclude: frozenset[str] = frozenset()) -> AsyncIterator[ServerState]:
+        """Hold one slot on the best server for the duration of one request."""
+        server = await self._wait_for_server(exclude)
+        try:
+            yield server
+        finally:
+            server.in_flight -= 1
+            async with self._changed:
+                self._changed.notify()
+
+    def record_success(self, server: ServerState, latency: float, output_tokens: int) -> None:
+        """A completed request: the server is healthy."""
+        server.completions += 1
+        server.latency_total += latency
+        server.output_tokens += output_tokens
+        server.consecutive_failures = 0
+        server.cooldown = INITIAL_COOLDOWN
+        self._restore(server)
+
+    def record_failure(self, server: ServerState, error: RequestError) -> None:
+        """A failed request; transport failures in a row take the server out for a while."""
+        server.failures[error.reason] += 1
+        if not isinstance(error, RetryableError):
+            self._restore(server)  # the server answered sensibly; the request was at fault
+            return
+        server.consecutive_failures += 1
+        refused = isinstance(error, ConnectError)
+        if server.trial or refused or server.consecutive_failures >= FAILURE_THRESHOLD:
+            self._take_out(server)
+
+    def mark_down(self, server: ServerState) -> None:
+        """Take a server out of rotation now (found dead at discovery)."""
+        self._take_out(server)
+
+    def _take_out(self, server: ServerState) -> None:
+        now = self.clock()
+        if server.down_since is None:
+            server.down_since = now
+        server.down_until = now + server.cooldown
+        server.cooldown = min(server.cooldown * 2, MAX_COOLDOWN)
+        server.trial = True
+
+    def _restore(self, server: ServerState) -> None:
+        if server.down_since is not None:
+            server.out_of_service_s += self.clock() - server.down_since
+            server.down_since = None
+        server.trial = False

@@ -1,0 +1,188 @@
+"""The command line: argparse -> RunConfig -> pipeline. No logic lives here.
+
+Exit codes (generate): 0 every row ended in the output or under a permanent ledger reason;
+1 error (bad flags, unusable fleet, refused resume); 2 usage; 3 incomplete (transient failures are in
+the ledger: run again to retry them); 4 no server usable for --outage-timeout; 5 the output could not be
+written (disk full, I/O error); 130 interrupted (Ctrl-C, SIGTERM, SIGHUP). Codes 3, 4, 5 and 130 leave
+a resumable directory: run the same command again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import __version__
+from .config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_FSYNC_INTERVAL,
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_MIN_TOKENS,
+    DEFAULT_OUTAGE_TIMEOUT,
+    DEFAULT_SAFETY_MARGIN,
+    DEFAULT_SERVERS,
+    DEFAULT_STARTUP_TIMEOUT,
+    RetryPolicy,
+    RunConfig,
+    parse_reasons,
+    parse_servers,
+)
+from .errors import ConfigError, OutputError, PipelineError
+
+API_KEY_ENV = "GEN_PIPELINE_API_KEY"
+# Subcommands that live in their own modules: name -> (module, help).
+PLUGGED = {
+    "simulate": ("gen_pipeline.simulator", "serve a simulated SGLang fleet on localhost"),
+    "prepare": ("gen_pipeline.prepare", "turn datasets into deduplicated prompt JSONL"),
+    "export": ("gen_pipeline.export", "turn a run directory into a training dataset"),
+}
+
+
+def _add_generate(sub: Any) -> None:
+    p = sub.add_parser("generate", help="generate completions for a prompts file")
+    p.add_argument("--input", "-i", type=Path, required=True, help="prompts JSONL")
+    p.add_argument("--out", "-o", type=Path, required=True, help="run directory (created)")
+    p.add_argument("--servers", "-s", default=DEFAULT_SERVERS,
+                   help=f"host:lo-hi, host:port or URLs, comma separated (default {DEFAULT_SERVERS})")
+    p.add_argument("--tokenizer", help="tokenizer folder or hub name (default: what servers report)")
+    p.add_argument("--context-length", type=int, help="default: smallest max_model_len of the fleet")
+    p.add_argument("--model", help="model name to send (default: the id the servers report)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"output budget per prompt, clamped to fit the context (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--min-tokens", type=int, default=DEFAULT_MIN_TOKENS,
+                   help=f"skip a prompt as over_length when less room is left (default {DEFAULT_MIN_TOKENS})")
+    p.add_argument("--safety-margin", type=int, default=DEFAULT_SAFETY_MARGIN,
+                   help=f"tokens kept free beyond the exact count (default {DEFAULT_SAFETY_MARGIN})")
+    p.add_argument("--temperature", type=float, help="sampling temperature")
+    p.add_argument("--top-p", type=float, help="nucleus sampling")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--sampling", help='JSON object of other request fields, e.g. \'{"top_k": 20}\'')
+    p.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                   help=f"requests in flight per server (default {DEFAULT_CONCURRENCY})")
+    p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
+                   help=f"transport attempts per prompt (default {DEFAULT_MAX_ATTEMPTS})")
+    p.add_argument("--request-timeout", type=float,
+                   help="seconds per request (default: 120 + 0.1 per max_tokens)")
+    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT,
+                   help="wait this long for a first server to answer")
+    p.add_argument("--outage-timeout", type=float, default=DEFAULT_OUTAGE_TIMEOUT,
+                   help="stop (exit 4) after this long with no usable server")
+    p.add_argument("--retry-failed", metavar="REASONS",
+                   help="resend rows whose ledger reason is one of these (comma list, or all)")
+    p.add_argument("--force", action="store_true", help="resume despite changed settings")
+    p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD,
+                   help="seconds in-flight requests get after Ctrl-C")
+    p.add_argument("--fsync-interval", type=float, default=DEFAULT_FSYNC_INTERVAL,
+                   help="seconds between fsyncs of the output (lines are flushed at once)")
+    p.add_argument("--progress", choices=["auto", "bar", "log", "off"], default="auto")
+    p.set_defaults(func=_generate)
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    sampling: dict[str, Any] = {}
+    if args.sampling:
+        try:
+            sampling = orjson.loads(args.sampling)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"--sampling is not valid JSON: {exc}") from exc
+        if not isinstance(sampling, dict):
+            raise ConfigError("--sampling must be a JSON object")
+    for key in ("temperature", "top_p", "seed"):
+        if getattr(args, key) is not None:
+            sampling[key] = getattr(args, key)
+    return sampling
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Build the frozen RunConfig from parsed flags (and the API key variable)."""
+    return RunConfig(
+        input=args.input,
+        out=args.out,
+        servers=parse_servers(args.servers),
+        tokenizer=args.tokenizer,
+        context_length=args.context_length,
+        model=args.model,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_tokens=args.max_tokens,
+        min_tokens=args.min_tokens,
+        safety_margin=args.safety_margin,
+        sampling=_sampling(args),
+        concurrency=args.concurrency,
+        retry=RetryPolicy(max_attempts=args.max_attempts),
+        request_timeout=args.request_timeout,
+        startup_timeout=args.startup_timeout,
+        outage_timeout=args.outage_timeout,
+        retry_failed=parse_reasons(args.retry_failed),
+        force=args.force,
+        grace_period=args.grace_period,
+        fsync_interval=args.fsync_interval,
+        progress=args.progress,
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .pipeline import describe, run
+
+    config = config_from_args(args)
+    outcome = run(config)
+    print(describe(outcome, config))
+    return outcome.exit_code
+
+
+def _plug(sub: Any, name: str, module_name: str, help_text: str) -> None:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        return
+    p = sub.add_parser(name, help=help_text)
+    module.add_arguments(p)
+    p.set_defaults(func=module.main)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gen-pipeline",
+        description="Generate completions for a large prompts file on a fleet of SGLang servers.",
+        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gen-pipeline {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    for name, (module_name, help_text) in PLUGGED.items():
+        _plug(sub, name, module_name, help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `gen-pipeline` command."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except OutputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 5
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; the output directory stays resumable", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""Every error gen-pipeline raises, in one tree.
+
+    PipelineError                    base of everything we raise
+    ├── ConfigError                  bad flags, unreadable files, refused resume: shown as "error: ..."
+    │   └── ManifestMismatchError    resuming into a run made with other settings (use --force)
+    ├── FleetError                   no usable server, or the servers disagree in a way we cannot fix
+    ├── OutputError                  the output directory cannot be written (disk full, I/O error)
+    └── RequestError                 one request to one server failed; carries .server and .status
+        ├── RetryableError           transport trouble: back off and try another server
+        │   ├── ConnectError         nothing listening (refused, DNS, unreachable)      -> "connection"
+        │   ├── ConnectionLostError  reset, EOF or a dropped keep-alive socket          -> "connection"
+        │   ├── RequestTimeout       no complete answer within the request timeout      -> "timeout"
+        │   ├── OverloadedError      429, or 503 such as "The request queue is full."   -> "server_error"
+        │   └── ServerError          500, 502, 504 and any other 5xx; malformed 200     -> "server_error"
+        ├── BudgetError              the request must change before it can succeed
+        │   └── ContextOverflowError a 400 that states the context limit and counts     -> "context_overflow"
+        └── FatalRequestError        resending cannot help
+            ├── BadRequestError      any other 4xx                                      -> "bad_request"
+            └── AuthError            401/403: the API key is wrong; stops the whole run
+
+`reason` on each request error is the ledger reason a final failure of that kind is written under.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PipelineError(Exception):
+    """Base class for every error gen-pipeline raises."""
+
+
+class ConfigError(PipelineError):
+    """The user asked for something that cannot work; the message says what to change."""
+
+
+class ManifestMismatchError(ConfigError):
+    """The output directory belongs to a run with different settings."""
+
+
+class FleetError(PipelineError):
+    """No server can be used, or the fleet is inconsistent."""
+
+
+class OutputError(PipelineError):
+    """Writing the output or the ledger failed; what is on disk stays valid."""
+
+
+class RequestError(PipelineError):
+    """One request to one server failed."""
+
+    reason = "server_error"
+
+    def __init__(self, message: str, *, server: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.status = status
+
+
+class RetryableError(RequestError):
+    """Transport trouble: the same request may succeed later or elsewhere."""
+
+
+class ConnectError(RetryableError):
+    """The server could not be reached at all."""
+
+    reason = "connection"
+
+
+class ConnectionLostError(RetryableError):
+    """The connection broke before a complete response arrived."""
+
+    reason = "connection"
+
+
+class RequestTimeout(RetryableError):
+    """No complete response arrived within the request timeout."""
+
+    reason = "timeout"
+
+
+class OverloadedError(RetryableError):
+    """The server is busy (429, 503); it may say how long to wait."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        server: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, server=server, status=status)
+        self.retry_after = retry_after
+
+
+class ServerError(RetryableError):
+    """The server failed (5xx) or answered with something that is not a completion."""
+
+
+class BudgetError(RequestError):
+    """The request does not fit and must change before it is sent again."""
+
+    reason = "context_overflow"
+
+
+@dataclass(frozen=True)
+class OverflowCounts:
+    """What a context-length error message says, as numbers.
+
+    `input_tokens` is the server's own count of the prompt (including any reserved draft tokens);
+    `lower_bound` is true when the server only says "at least" that many.
+    """
+
+    pattern: str
+    context_length: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    max_input: int | None = None
+    lower_bound: bool = False
+
+
+class ContextOverflowError(BudgetError):
+    """The server rejected the request because prompt plus budget exceed its context."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        counts: OverflowCounts,
+        server: str = "",
+        status: int | None = 400,
+    ) -> None:
+        super().__init__(message, server=server, status=status)
+        self.counts = counts
+
+
+class FatalRequestError(RequestError):
+    """Resending this request cannot help."""
+
+    reason = "bad_request"
+
+
+class BadRequestError(FatalRequestError):
+    """The server refused the request for a reason other than its length."""
+
+
+class AuthError(FatalRequestError):
+    """The server refused our credentials; every other request will fail the same way."""

@@ -1,0 +1,424 @@
+"""One `generate` run: prompts file -> validated rows -> token counts -> budgets -> balanced requests
+-> one line in the output or the ledger. This is the only module that knows every other one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__
+from .balancer import ServerPool, ServerState
+from .client import Client, make_session
+from .config import RunConfig
+from .errors import ConfigError, OutputError, PipelineError
+from .fleet import FleetInfo, discover
+from .progress import Progress, RunStats, format_summary
+from .records import Failure, Prompt
+from .requests import RequestPath
+from .retry import OffsetLearner
+from .source import BadRow, PromptSource
+from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, scan, write_json_atomic
+from .tokens import TokenCounter, clamp_max_tokens, load_tokenizer
+
+log = logging.getLogger("gen_pipeline")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INCOMPLETE = 3
+EXIT_OUTAGE = 4
+EXIT_OUTPUT = 5
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(slots=True)
+class Skipped:
+    """A row earlier runs already settled."""
+
+    reason: str
+
+
+@dataclass
+class Outcome:
+    """How a run ended."""
+
+    summary: dict[str, Any]
+    exit_code: int
+
+
+class BatchReader:
+    """Reads, validates, resume-filters and counts rows a batch at a time, in a worker thread."""
+
+    def __init__(
+        self, config: RunConfig, counter: TokenCounter, resume: ResumeState, stats: RunStats
+    ) -> None:
+        self.source = PromptSource(config.input)
+        self.items: Iterator[Prompt | BadRow] = iter(self.source)
+        self.counter = counter
+        self.resume = resume
+        self.retry = config.retry_failed
+        self.batch = config.tokenize_batch
+        self.name = config.input.name
+        self.stats = stats
+
+    def next_batch(self) -> list[Prompt | BadRow | Skipped]:
+        """Up to `batch` rows that need a count, plus what was skipped or bad on the way."""
+        out: list[Prompt | BadRow | Skipped] = []
+        prompts: list[Prompt] = []
+        for item in self.items:
+            out.append(self._settle(item))
+            if isinstance(out[-1], Prompt):
+                prompts.append(item)  # type: ignore[arg-type]
+                if len(prompts) >= self.batch:
+                    break
+        self.stats.repeats = self.source.repeats
+        self._count(prompts)
+        return [self._as_bad(x) if isinstance(x, Prompt) and x.input_tokens < 0 else x for x in out]
+
+    def _settle(self, item: Prompt | BadRow) -> Prompt | BadRow | Skipped:
+        if isinstance(item, BadRow):
+            seen = (self.name, item.line) in self.resume.bad_lines
+            return Skipped("bad_input") if seen and "bad_input" not in self.retry else item
+        reason = self.resume.settled(item.key, self.retry)
+        return Skipped(reason) if reason else item
+
+    def _count(self, prompts: list[Prompt]) -> None:
+        if not prompts:
+            return
+        for p, n in zip(prompts, self.counter.count([p.messages for p in prompts]), strict=True):
+            if isinstance(n, int):
+                p.input_tokens = n
+            else:
+                p.input_tokens, p.meta = -1, {**p.meta, "_count_error": n}
+
+    @staticmethod
+    def _as_bad(p: Prompt) -> BadRow:
+        return BadRow(p.line, str(p.meta.pop("_count_error")), p.id)
+
+
+@dataclass
+class Runner:
+    """Drives one run from an open run directory to its summary."""
+
+    config: RunConfig
+    counter: TokenCounter
+    path: RequestPath
+    pool: ServerPool
+    writer: RunWriter
+    resume: ResumeState
+    stats: RunStats
+    warnings: list[str] = field(default_factory=list)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_reason: str = ""
+    fatal: PipelineError | None = None
+
+    def request_stop(self, reason: str) -> None:
+        """Stop dispatching; in-flight requests get the grace period to finish."""
+        if not self.stopping.is_set():
+            self.stop_reason = reason
+            self.stopping.set()
+
+    async def run(self) -> None:
+        workers = sum(s.capacity for s in self.pool.servers)
+        queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
+        tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
+        monitor = asyncio.create_task(self._monitor())
+        producer = asyncio.create_task(self._produce(queue, workers))
+        try:
+            await self._until_done_or_stopped(producer, tasks)
+        finally:
+            monitor.cancel()
+            for t in [producer, *tasks]:
+                t.cancel()
+            await asyncio.gather(producer, monitor, *tasks, return_exceptions=True)
+
+    async def _until_done_or_stopped(self, producer: asyncio.Task[None], tasks: list[Any]) -> None:
+        stop = asyncio.create_task(self.stopping.wait())
+        done_all = asyncio.gather(producer, *tasks)
+        await asyncio.wait([stop, done_all], return_when=asyncio.FIRST_COMPLETED)
+        if self.stopping.is_set() and not done_all.done():
+            producer.cancel()
+            await self._drain(done_all)
+        stop.cancel()
+        if done_all.done() and not done_all.cancelled() and done_all.exception():
+            raise done_all.exception()  # type: ignore[misc]
+        done_all.cancel()
+        with contextlib.suppress(BaseException):
+            await done_all
+
+    async def _drain(self, done_all: Any) -> None:
+        """Give in-flight requests the grace period; nothing new is sent."""
+        deadline = time.monotonic() + self.config.grace_period
+        while self.stats.in_flight and not done_all.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _produce(self, queue: asyncio.Queue[Prompt | None], workers: int) -> None:
+        loop = asyncio.get_running_loop()
+        reader = BatchReader(self.config, self.counter, self.resume, self.stats)
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
+            while not self.stopping.is_set():
+                batch = await loop.run_in_executor(pool, reader.next_batch)
+                if not batch:
+                    break
+                for item in batch:
+                    await self._route(item, queue)
+        for _ in range(workers):
+            await queue.put(None)
+
+    async def _route(self, item: Prompt | BadRow | Skipped, queue: asyncio.Queue[Any]) -> None:
+        self.stats.read += 1
+        if isinstance(item, Skipped):
+            self.stats.skipped[item.reason] += 1
+        elif isinstance(item, BadRow):
+            self._record_failure(Failure(item.id, item.line, "bad_input", item.detail))
+        else:
+            budget = self._budget(item)
+            if budget is not None:
+                await queue.put(item)
+
+    def _budget(self, p: Prompt) -> int | None:
+        ctx = self.path.context_length
+        counted = p.input_tokens + self.path.learner.offset
+        budget = clamp_max_tokens(
+            p.max_tokens or self.config.max_tokens,
+            context_length=ctx,
+            input_tokens=counted,
+            margin=self.config.safety_margin,
+            min_tokens=self.config.min_tokens,
+        )
+        if budget is None:
+            room = ctx - counted - self.config.safety_margin
+            detail = (
+                f"prompt has {p.input_tokens} tokens (+{self.path.learner.offset} learned offset); "
+                f"context {ctx} - margin {self.config.safety_margin} leaves {room}, "
+                f"below --min-tokens {self.config.min_tokens}"
+            )
+            self._record_failure(
+                Failure(p.id, p.line, "over_length", detail, input_tokens=p.input_tokens)
+            )
+        p.max_tokens = budget
+        return budget
+
+    async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
+        while (prompt := await queue.get()) is not None:
+            if self.stopping.is_set():
+                continue  # not sent: the next run picks it up
+            assert prompt.max_tokens is not None
+            outcome = await self.path.generate_one(prompt, prompt.max_tokens)
+            if isinstance(outcome, Failure):
+                self._record_failure(outcome)
+                continue
+            self._write(self.writer.write_completion, outcome)
+            self.stats.completed += 1
+            self.stats.input_tokens += outcome.input_tokens
+            self.stats.output_tokens += outcome.completion_tokens or 0
+            self.stats.finish_reasons[str(outcome.finish_reason)] += 1
+            if outcome.prompt_tokens is not None:
+                self.stats.drift[outcome.prompt_tokens - outcome.input_tokens] += 1
+
+    def _record_failure(self, failure: Failure) -> None:
+        failure.source = self.config.input.name
+        self._write(self.writer.write_failure, failure)
+        self.stats.failed[failure.reason] += 1
+
+    def _write(self, write: Any, record: Any) -> None:
+        try:
+            write(record)
+        except OutputError as exc:
+            self.fatal = exc
+            self.request_stop(str(exc))
+            raise
+
+    async def _monitor(self) -> None:
+        progress = Progress(self.config.progress)
+        try:
+            while True:
+                outage = self.pool.outage_seconds()
+                extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else ""
+                progress.update(self.stats, extra)
+                if outage > self.config.outage_timeout:
+                    self.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)")
+                await asyncio.sleep(0.5)
+        finally:
+            progress.update(self.stats)
+            progress.close()
+
+
+def chat_template_hash(counter: TokenCounter) -> str | None:
+    template = getattr(getattr(counter, "tokenizer", None), "chat_template", None)
+    return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
+
+
+def manifest_for(config: RunConfig, model: str, ctx: int, counter: TokenCounter) -> dict[str, Any]:
+    """The settings recorded with the run (never the API key)."""
+    return {
+        "model": model,
+        "tokenizer": counter.name,
+        "chat_template_sha256": chat_template_hash(counter),
+        "context_length": ctx,
+        "sampling": config.sampling,
+        "max_tokens": config.max_tokens,
+        "min_tokens": config.min_tokens,
+        "safety_margin": config.safety_margin,
+        "servers": list(config.servers),
+        "input": str(config.input),
+        "gen_pipeline_version": __version__,
+    }
+
+
+def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
+    """Model name, context length and tokenizer: the flags when given, else what the fleet says."""
+    model = config.model or next(iter(sorted(fleet.models())), None)
+    if not model:
+        raise ConfigError("the servers report no model id; pass --model")
+    contexts = fleet.context_lengths()
+    ctx = config.context_length or (min(contexts) if contexts else None)
+    if not ctx:
+        raise ConfigError("the servers report no context length; pass --context-length")
+    if config.context_length and contexts and config.context_length > min(contexts):
+        fleet.warnings.append(
+            f"--context-length {config.context_length} exceeds the smallest server context "
+            f"{min(contexts)}; expect context 400s"
+        )
+    tokenizer = config.tokenizer or next((s.tokenizer_path for s in fleet.servers if s.tokenizer_path), None)
+    if not tokenizer:
+        raise ConfigError("the servers report no tokenizer_path; pass --tokenizer")
+    return model, ctx, tokenizer
+
+
+def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
+    s = runner.stats
+    t = s.elapsed()
+    return {
+        "exit_code": exit_code,
+        "stop_reason": runner.stop_reason or None,
+        "read": s.read,
+        "completed": s.completed,
+        "skipped": dict(s.skipped),
+        "failed": dict(s.failed),
+        "repeats_dropped": s.repeats,
+        "requests": s.requests,
+        "input_tokens": s.input_tokens,
+        "output_tokens": s.output_tokens,
+        "elapsed_s": round(t, 2),
+        "requests_per_s": round(s.completed / t, 2),
+        "output_tokens_per_s": round(s.output_tokens / t, 1),
+        "finish_reasons": dict(s.finish_reasons),
+        "token_drift": s.drift_view(),
+        "learned_offset": runner.path.learner.offset,
+        "servers": {srv.url: srv.view() for srv in runner.pool.servers},
+        "warnings": fleet.warnings + runner.warnings,
+    }
+
+
+def _exit_code(runner: Runner) -> int:
+    if runner.fatal is not None:
+        return EXIT_OUTPUT
+    if runner.stop_reason.startswith("no server usable"):
+        return EXIT_OUTAGE
+    if runner.stopping.is_set():
+        return EXIT_INTERRUPTED
+    transient = {"server_error", "timeout", "connection"}
+    return EXIT_INCOMPLETE if transient & runner.stats.failed.keys() else EXIT_OK
+
+
+def _drift_warning(stats: RunStats) -> str | None:
+    view = stats.drift_view()
+    if view["differed"]:
+        return (
+            f"the server counted different prompt tokens than we did for {view['differed']} of "
+            f"{view['compared']} rows {view['by_offset']}: the tokenizer or chat template is "
+            "probably not the server's"
+        )
+    return None
+
+
+def _install_signals(runner: Runner) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signame: str) -> None:
+        if runner.stopping.is_set():
+            with contextlib.suppress(Exception):
+                runner.writer.sync()
+            os._exit(EXIT_INTERRUPTED)
+        print(
+            f"\n{signame}: stopping; in-flight requests get {runner.config.grace_period:.0f} s "
+            "(press Ctrl-C again to exit now; the output stays resumable)",
+            file=sys.stderr,
+        )
+        runner.request_stop(f"interrupted by {signame}")
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+
+
+async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:
+    """Run `generate` with an optional injected token counter (tests use a fake one)."""
+    if not config.input.is_file():
+        raise ConfigError(f"input file not found: {config.input}")
+    config.out.mkdir(parents=True, exist_ok=True)
+    lock = DirLock(config.out)
+    lock.acquire()
+    try:
+        async with make_session(config.api_key) as session:
+            return await _run_locked(config, Client(session), counter)
+    finally:
+        lock.release()
+
+
+async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter | None) -> Outcome:
+    fleet = await discover(client, config.servers, config.startup_timeout)
+    model, ctx, tokenizer = resolve(config, fleet)
+    if counter is None:
+        counter = await asyncio.to_thread(load_tokenizer, tokenizer)
+    check_manifest(config.out, manifest_for(config, model, ctx, counter), config.force)
+    resume = scan(config.out)
+    pool = ServerPool(ServerState(url, config.concurrency) for url in config.servers)
+    for server in pool.servers:
+        if server.url in fleet.down:
+            pool.mark_down(server)
+    stats = RunStats()
+    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
+    writer = RunWriter(config.out, config.fsync_interval)
+    runner = Runner(config, counter, path, pool, writer, resume, stats)
+    if resume.corrupt_lines:
+        runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
+    if resume.torn_bytes:
+        runner.warnings.append(f"moved a torn last line ({resume.torn_bytes} bytes) aside to *.torn")
+    _install_signals(runner)
+    try:
+        await runner.run()
+    except OutputError:
+        pass  # recorded in runner.fatal; what is on disk stays valid
+    finally:
+        writer.close()
+    if (warning := _drift_warning(stats)) is not None:
+        runner.warnings.append(warning)
+    exit_code = _exit_code(runner)
+    summary = _summary(runner, fleet, exit_code)
+    with contextlib.suppress(OutputError):
+        write_json_atomic(config.out / SUMMARY, summary)
+    return Outcome(summary, exit_code)
+
+
+def run(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:
+    """Run `generate` to completion (or a clean stop) and return its summary and exit code."""
+    return asyncio.run(run_async(config, counter))
+
+
+def describe(outcome: Outcome, config: RunConfig) -> str:
+    """What to print at the end of a run."""
+    text = format_summary(outcome.summary)
+    if outcome.exit_code in (EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_INCOMPLETE, EXIT_OUTPUT):
+        text += f"\nto resume, run the same command again (output in {config.out})"
+    return text

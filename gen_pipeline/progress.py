@@ -1,0 +1,106 @@
+"""Counting what a run does, showing it while it runs, and summing it up at the end."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+log = logging.getLogger("gen_pipeline")
+
+LOG_INTERVAL = 30.0
+
+
+@dataclass
+class RunStats:
+    """Counters for one run; the pipeline updates them, the reporter and the summary read them."""
+
+    started: float = field(default_factory=time.monotonic)
+    read: int = 0
+    completed: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    requests: int = 0
+    in_flight: int = 0
+    drift: Counter[int] = field(default_factory=Counter)  # server prompt_tokens - ours -> rows
+    repeats: int = 0
+
+    def elapsed(self) -> float:
+        return max(time.monotonic() - self.started, 1e-9)
+
+    def drift_view(self) -> dict[str, Any]:
+        """How often the server's prompt count differed from ours, and by how much."""
+        compared = sum(self.drift.values())
+        differed = {str(k): v for k, v in sorted(self.drift.items()) if k != 0}
+        return {"compared": compared, "differed": sum(differed.values()), "by_offset": differed}
+
+
+class Progress:
+    """A tqdm bar on a terminal, a plain log line every LOG_INTERVAL seconds otherwise."""
+
+    def __init__(self, mode: str, total: int | None = None) -> None:
+        if mode == "auto":
+            mode = "bar" if sys.stderr.isatty() else "log"
+        self.mode = mode
+        self._last_log = time.monotonic()
+        self.bar = tqdm(total=total, unit="row", dynamic_ncols=True) if mode == "bar" else None
+
+    def update(self, stats: RunStats, extra: str = "") -> None:
+        """Refresh the display from the counters."""
+        line = self.line(stats, extra)
+        if self.bar is not None:
+            self.bar.n = stats.completed + sum(stats.failed.values()) + sum(stats.skipped.values())
+            self.bar.set_postfix_str(line, refresh=True)
+        elif self.mode == "log" and time.monotonic() - self._last_log >= LOG_INTERVAL:
+            self._last_log = time.monotonic()
+            log.info("progress: %s", line)
+
+    @staticmethod
+    def line(stats: RunStats, extra: str = "") -> str:
+        t = stats.elapsed()
+        failed = sum(stats.failed.values())
+        parts = [
+            f"done {stats.completed}",
+            f"skipped {sum(stats.skipped.values())}",
+            f"failed {failed}",
+            f"in flight {stats.in_flight}",
+            f"{stats.completed / t:.1f} req/s",
+            f"{stats.output_tokens / t:.0f} out tok/s",
+        ]
+        return " | ".join(parts + ([extra] if extra else []))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The end-of-run summary as a few readable lines."""
+    lines = [
+        f"completed {summary['completed']} | skipped {sum(summary['skipped'].values())} "
+        f"{dict(summary['skipped']) or ''} | failed {sum(summary['failed'].values())} "
+        f"{dict(summary['failed']) or ''}",
+        f"tokens in {summary['input_tokens']} out {summary['output_tokens']} | "
+        f"{summary['requests_per_s']} req/s, {summary['output_tokens_per_s']} out tok/s "
+        f"over {summary['elapsed_s']} s",
+        f"finish_reason {summary['finish_reasons']}",
+    ]
+    drift = summary["token_drift"]
+    lines.append(f"token count drift: {drift['differed']} of {drift['compared']} rows differed")
+    if summary.get("learned_offset"):
+        lines.append(f"learned count offset: {summary['learned_offset']} tokens")
+    for url, view in summary["servers"].items():
+        lines.append(
+            f"  {url}: {view['completions']} done, failures {view['failures'] or 0}, "
+            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s"
+        )
+    lines.extend(f"WARNING: {w}" for w in summary["warnings"])
+    return "\n".join(lines)

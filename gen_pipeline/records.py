@@ -1,0 +1,139 @@
+"""The rows that flow through a run: an input prompt, a finished completion, a ledger entry.
+
+Each is a small dataclass with one orjson line as its on-disk form. Ids are the user's (a string or an
+integer) or, when a row has none, derived from a hash of the normalized messages so that the same prompt
+gets the same id in every run and on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+Messages = list[dict[str, Any]]
+RowId = str | int
+
+
+def normalize_text(text: str) -> str:
+    """Unicode NFC with trimmed, collapsed whitespace: the form dedup and content ids compare."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def content_digest(messages: Messages) -> bytes:
+    """A 16-byte digest of the normalized conversation (roles included)."""
+    norm = [[m.get("role", ""), normalize_text(str(m.get("content", "")))] for m in messages]
+    return hashlib.blake2b(orjson.dumps(norm), digest_size=16).digest()
+
+
+def content_id(messages: Messages) -> str:
+    """The stable id of a row that has none: a hex hash of its normalized messages."""
+    return "h" + content_digest(messages).hex()[:24]
+
+
+def id_key(row_id: RowId) -> int:
+    """A compact 64-bit key for an id, for done-sets that must hold 650,000 ids in little memory.
+
+    Integer ids and their string forms share a key on purpose: `1` and `"1"` are the same id.
+    """
+    raw = str(row_id).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One validated input row, ready to be counted and sent."""
+
+    id: RowId
+    line: int
+    messages: Messages
+    max_tokens: int | None = None
+    sampling: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    input_tokens: int = 0
+
+    @property
+    def key(self) -> int:
+        return id_key(self.id)
+
+
+@dataclass(slots=True)
+class Completion:
+    """One finished prompt: the line written to completions.jsonl."""
+
+    id: RowId
+    messages: Messages
+    completion: str
+    finish_reason: str | None
+    input_tokens: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    max_tokens: int
+    server: str
+    attempts: int
+    latency_s: float
+    model: str
+    meta: dict[str, Any]
+
+    def to_line(self) -> bytes:
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "messages": self.messages,
+                "completion": self.completion,
+                "finish_reason": self.finish_reason,
+                "input_tokens": self.input_tokens,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "max_tokens": self.max_tokens,
+                "server": self.server,
+                "attempts": self.attempts,
+                "latency_s": round(self.latency_s, 4),
+                "model": self.model,
+                "meta": self.meta,
+            }
+        ) + b"\n"
+
+
+@dataclass(slots=True)
+class Failure:
+    """One ledger entry in failures.jsonl: why a row is not in the output (yet)."""
+
+    id: RowId | None
+    line: int | None
+    reason: str
+    detail: str
+    status: int | None = None
+    attempts: int = 0
+    input_tokens: int | None = None
+    source: str | None = None
+    server: str | None = None
+    max_tokens: int | None = None
+
+    def to_line(self) -> bytes:
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "line": self.line,
+                "reason": self.reason,
+                "status": self.status,
+                "detail": self.detail,
+                "attempts": self.attempts,
+                "input_tokens": self.input_tokens,
+                "max_tokens": self.max_tokens,
+                "server": self.server,
+                "source": self.source,
+            }
+        ) + b"\n"
+
+
+# Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.
+PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "bad_request"})
+# Ledger reasons from transport trouble; a plain rerun retries them.
+TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection"})
+ALL_REASONS = PERMANENT_REASONS | TRANSIENT_REASONS

@@ -1,0 +1,152 @@
+"""The request path for one prompt, one concern per layer:
+
+    generate_one   -> budget retries: a context 400 re-computes max_tokens from the server's numbers
+    _with_retries  -> transport retries (tenacity): back off, move to another server
+    _on_server     -> lease a server slot, send once, record the outcome on the server
+    client.chat    -> HTTP
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .balancer import ServerPool
+from .client import ChatResult, Client
+from .config import RunConfig
+from .errors import AuthError, ContextOverflowError, FleetError, RequestError
+from .progress import RunStats
+from .records import Completion, Failure, Prompt
+from .retry import OffsetLearner, rebudget, transport_retrying
+
+
+@dataclass
+class Track:
+    """What happened to one prompt so far."""
+
+    attempts: int = 0
+    exclude: frozenset[str] = frozenset()
+    server: str = ""
+    latency: float = 0.0
+
+
+class RequestPath:
+    """Turns one budgeted prompt into a Completion or a Failure."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        client: Client,
+        pool: ServerPool,
+        model: str,
+        context_length: int,
+        learner: OffsetLearner,
+        stats: RunStats,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.pool = pool
+        self.model = model
+        self.context_length = context_length
+        self.learner = learner
+        self.stats = stats
+
+    def payload(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+        """The request body: global sampling, then the row's own sampling, then the fixed fields."""
+        body: dict[str, Any] = {**self.config.sampling, **(prompt.sampling or {})}
+        body.update(model=self.model, messages=prompt.messages, max_tokens=max_tokens)
+        return body
+
+    async def generate_one(self, prompt: Prompt, max_tokens: int) -> Completion | Failure:
+        """Send the prompt; on a context 400, shrink the budget to what the server says fits."""
+        track = Track()
+        error: RequestError | None = None
+        for _ in range(self.config.retry.budget_attempts):
+            try:
+                result = await self._with_retries(self.payload(prompt, max_tokens), track)
+            except ContextOverflowError as exc:
+                error = exc
+                self.learner.observe(prompt.input_tokens, exc.counts)
+                budget = self._rebudget(exc, max_tokens)
+                if budget is None:
+                    break
+                max_tokens = budget
+                continue
+            except AuthError as exc:
+                raise FleetError(f"{exc.server} refused the API key: {exc}") from exc
+            except RequestError as exc:
+                error = exc
+                break
+            return self._completion(prompt, result, max_tokens, track)
+        assert error is not None
+        return self._failure(prompt, error, max_tokens, track)
+
+    def _rebudget(self, exc: ContextOverflowError, sent: int) -> int | None:
+        return rebudget(
+            exc.counts,
+            sent_max_tokens=sent,
+            context_length=self.context_length,
+            margin=self.config.safety_margin,
+            min_tokens=self.config.min_tokens,
+        )
+
+    async def _with_retries(self, payload: dict[str, Any], track: Track) -> ChatResult:
+        async for attempt in transport_retrying(self.config.retry):
+            with attempt:
+                return await self._on_server(payload, track)
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+    async def _on_server(self, payload: dict[str, Any], track: Track) -> ChatResult:
+        timeout = self.config.timeout_for(payload["max_tokens"])
+        async with self.pool.lease(track.exclude) as server:
+            track.attempts += 1
+            track.server = server.url
+            self.stats.requests += 1
+            self.stats.in_flight += 1
+            started = time.monotonic()
+            try:
+                result = await self.client.chat(server.url, payload, timeout)
+            except RequestError as exc:
+                self.pool.record_failure(server, exc)
+                track.exclude = frozenset({server.url})
+                raise
+            finally:
+                self.stats.in_flight -= 1
+                track.latency = time.monotonic() - started
+            self.pool.record_success(server, track.latency, result.completion_tokens or 0)
+            return result
+
+    def _completion(
+        self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track
+    ) -> Completion:
+        return Completion(
+            id=prompt.id,
+            messages=prompt.messages,
+            completion=result.content,
+            finish_reason=result.finish_reason,
+            input_tokens=prompt.input_tokens,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            max_tokens=max_tokens,
+            server=track.server,
+            attempts=track.attempts,
+            latency_s=track.latency,
+            model=self.model,
+            meta=prompt.meta,
+        )
+
+    def _failure(
+        self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track
+    ) -> Failure:
+        return Failure(
+            id=prompt.id,
+            line=prompt.line,
+            reason=error.reason,
+            detail=str(error)[:1000],
+            status=error.status,
+            attempts=track.attempts,
+            input_tokens=prompt.input_tokens,
+            server=error.server or track.server,
+            max_tokens=max_tokens,
+        )

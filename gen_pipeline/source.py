@@ -1,0 +1,148 @@
+"""Streaming the prompts JSONL: validate each row, give it an id, drop exact repeats.
+
+Every line yields a `Prompt` or a `BadRow`; nothing is silently lost. Memory holds one 8-byte content
+digest per distinct id (for repeat and conflict detection), never the rows themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .records import ROLES, Messages, Prompt, RowId, content_digest, content_id, id_key
+
+RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
+_KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling"})
+
+
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """A line that cannot be sent, with a one-line explanation."""
+
+    line: int
+    detail: str
+    id: RowId | None = None
+
+
+class RowError(ValueError):
+    """Why a row is invalid (becomes a `bad_input` ledger entry)."""
+
+
+def _messages(row: dict[str, Any]) -> Messages:
+    if "messages" in row and "prompt" in row:
+        raise RowError("row has both messages and prompt; keep one")
+    if "prompt" in row:
+        prompt = row["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RowError("prompt must be a non-empty string")
+        return [{"role": "user", "content": prompt}]
+    messages = row.get("messages")
+    if messages is None:
+        raise RowError("row has neither messages nor prompt")
+    if not isinstance(messages, list) or not messages:
+        raise RowError("messages must be a non-empty list")
+    for i, m in enumerate(messages):
+        _check_message(i, m)
+    return messages
+
+
+def _check_message(i: int, m: Any) -> None:
+    if not isinstance(m, dict):
+        raise RowError(f"messages[{i}] is not an object")
+    if m.get("role") not in ROLES:
+        raise RowError(f"messages[{i}] has unknown role {m.get('role')!r}")
+    content = m.get("content")
+    if not isinstance(content, str):
+        raise RowError(f"messages[{i}] content must be a string, not {type(content).__name__}")
+    if not content.strip():
+        raise RowError(f"messages[{i}] content is empty")
+
+
+def _row_id(row: dict[str, Any], messages: Messages) -> RowId:
+    if "id" not in row or row["id"] is None:
+        return content_id(messages)
+    rid = row["id"]
+    if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
+        raise RowError(f"id must be a non-empty string or an integer, not {rid!r}")
+    return rid
+
+
+def _options(row: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
+    max_tokens = row.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise RowError(f"max_tokens must be a positive integer, not {max_tokens!r}")
+    sampling = row.get("sampling")
+    if sampling is not None:
+        if not isinstance(sampling, dict):
+            raise RowError("sampling must be an object")
+        if RESERVED_SAMPLING & sampling.keys():
+            raise RowError(f"sampling may not set {sorted(RESERVED_SAMPLING & sampling.keys())}")
+    return max_tokens, sampling
+
+
+def parse_row(raw: bytes, line: int) -> Prompt:
+    """One JSONL line as a validated Prompt, or RowError."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RowError(f"invalid UTF-8 at byte {exc.start}") from exc
+    try:
+        row = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise RowError(f"invalid JSON: {exc}") from exc
+    if not isinstance(row, dict):
+        raise RowError(f"row is a JSON {type(row).__name__}, not an object")
+    messages = _messages(row)
+    max_tokens, sampling = _options(row)
+    meta = {k: v for k, v in row.items() if k not in _KNOWN}
+    return Prompt(_row_id(row, messages), line, messages, max_tokens, sampling, meta)
+
+
+def _raw_id(raw: bytes) -> RowId | None:
+    """The id of an invalid row when it can still be read, for the ledger."""
+    try:
+        row = orjson.loads(raw)
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
+        return None
+    rid = row.get("id") if isinstance(row, dict) else None
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
+
+
+class PromptSource:
+    """Iterates a prompts file as Prompt and BadRow items; repeats of an id are handled here."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen: dict[int, bytes] = {}
+        self.repeats = 0
+
+    def __iter__(self) -> Iterator[Prompt | BadRow]:
+        with self.path.open("rb") as f:
+            for line, raw in enumerate(f, start=1):
+                raw = raw.rstrip(b"\r\n")
+                if not raw.strip():
+                    continue  # blank lines are not rows
+                item = self._item(raw, line)
+                if item is not None:
+                    yield item
+
+    def _item(self, raw: bytes, line: int) -> Prompt | BadRow | None:
+        try:
+            prompt = parse_row(raw, line)
+        except RowError as exc:
+            return BadRow(line, str(exc), _raw_id(raw))
+        key, digest = prompt.key, content_digest(prompt.messages)[:8]
+        first = self.seen.get(key)
+        if first is None:
+            self.seen[key] = digest
+            return prompt
+        if first == digest:
+            self.repeats += 1
+            return None  # the same id with the same content: processed once
+        return BadRow(line, f"id {prompt.id!r} was seen before with different content", prompt.id)

@@ -1,0 +1,219 @@
+"""The run directory: the output file is the checkpoint.
+
+    completions.jsonl   one line per finished prompt (append-only, flushed per line)
+    failures.jsonl      the ledger: one line per failure; the newest entry per id decides
+    manifest.json       the settings that make two runs comparable; resuming with others is refused
+    summary.json        the last run's figures
+    .lock               held (flock) by the one process writing here
+
+On open, existing lines are scanned into compact key sets; a torn last line (a crash mid-write) is
+moved aside into `<file>.torn`, never parsed as data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from .errors import ConfigError, ManifestMismatchError, OutputError
+from .records import PERMANENT_REASONS, Completion, Failure, id_key
+
+COMPLETIONS = "completions.jsonl"
+FAILURES = "failures.jsonl"
+MANIFEST = "manifest.json"
+SUMMARY = "summary.json"
+LOCK = ".lock"
+# Settings that change what a completion means; a resume must not mix them.
+MANIFEST_KEYS = ("model", "tokenizer", "context_length", "sampling")
+
+
+def repair_tail(path: Path) -> int:
+    """Move a torn last line (no trailing newline) into `<path>.torn`; return its size in bytes."""
+    if not path.exists():
+        return 0
+    with path.open("rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(max(0, size - 1))
+        if f.read(1) == b"\n":
+            return 0
+        start = _last_line_start(f, size)
+        f.seek(start)
+        torn = f.read()
+        with path.with_name(path.name + ".torn").open("ab") as aside:
+            aside.write(torn + b"\n")
+        f.truncate(start)
+    return len(torn)
+
+
+def _last_line_start(f: IO[bytes], size: int) -> int:
+    pos, chunk = size, 1 << 16
+    while pos > 0:
+        step = min(chunk, pos)
+        f.seek(pos - step)
+        block = f.read(step)
+        nl = block.rfind(b"\n")
+        if nl >= 0:
+            return pos - step + nl + 1
+        pos -= step
+    return 0
+
+
+def iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(line number, object or None when the line is not a JSON object) for every line."""
+    if not path.exists():
+        return
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                obj = None
+            yield n, obj if isinstance(obj, dict) else None
+
+
+@dataclass
+class ResumeState:
+    """What earlier runs in this directory already settled."""
+
+    done: set[int] = field(default_factory=set)
+    last_reason: dict[int, str] = field(default_factory=dict)
+    bad_lines: set[tuple[str, int]] = field(default_factory=set)
+    corrupt_lines: list[str] = field(default_factory=list)
+    torn_bytes: int = 0
+
+    def settled(self, key: int, retry: frozenset[str]) -> str | None:
+        """Why this id needs no request now ("done", or its permanent reason), or None."""
+        if key in self.done:
+            return "done"
+        reason = self.last_reason.get(key)
+        if reason in PERMANENT_REASONS and reason not in retry:
+            return reason
+        return None
+
+
+def scan(out: Path) -> ResumeState:
+    """Read the output and the ledger into compact key sets."""
+    state = ResumeState()
+    for name in (COMPLETIONS, FAILURES):
+        state.torn_bytes += repair_tail(out / name)
+    for n, obj in iter_json_lines(out / COMPLETIONS):
+        if obj is None or "id" not in obj:
+            state.corrupt_lines.append(f"{COMPLETIONS}:{n}")
+            continue
+        state.done.add(id_key(obj["id"]))
+    for n, obj in iter_json_lines(out / FAILURES):
+        if obj is None or "reason" not in obj:
+            state.corrupt_lines.append(f"{FAILURES}:{n}")
+        elif obj["reason"] == "bad_input" and obj.get("line") is not None:
+            state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
+        elif obj.get("id") is not None:
+            state.last_reason[id_key(obj["id"])] = obj["reason"]
+    return state
+
+
+def check_manifest(out: Path, manifest: dict[str, Any], force: bool) -> None:
+    """Refuse to resume a run made with other settings (unless forced); then record ours."""
+    path = out / MANIFEST
+    if path.exists() and not force:
+        old = orjson.loads(path.read_bytes())
+        diffs = [
+            f"{k}: {old.get(k)!r} -> {manifest.get(k)!r}"
+            for k in MANIFEST_KEYS
+            if old.get(k) != manifest.get(k)
+        ]
+        if diffs:
+            raise ManifestMismatchError(
+                f"{out} holds a run with other settings ({'; '.join(diffs)}); "
+                "use another --out, or --force to mix them"
+            )
+    write_json_atomic(path, manifest)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Replace a JSON file in one step, so a crash leaves the old or the new one whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc}") from exc
+
+
+class DirLock:
+    """One writer per run directory; the kernel drops the lock when its process dies."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"{self.path.parent} is in use by {holder}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class RunWriter:
+    """Appends completions and ledger entries, one flushed line per write, fsync on an interval."""
+
+    def __init__(self, out: Path, fsync_interval: float) -> None:
+        self.fsync_interval = fsync_interval
+        self._files: dict[str, IO[bytes]] = {}
+        self._last_sync = time.monotonic()
+        for name in (COMPLETIONS, FAILURES):
+            try:
+                self._files[name] = (out / name).open("ab")
+            except OSError as exc:
+                raise OutputError(f"cannot open {out / name}: {exc}") from exc
+
+    def write_completion(self, completion: Completion) -> None:
+        self._append(COMPLETIONS, completion.to_line())
+
+    def write_failure(self, failure: Failure) -> None:
+        self._append(FAILURES, failure.to_line())
+
+    def _append(self, name: str, line: bytes) -> None:
+        f = self._files[name]
+        try:
+            f.write(line)
+            f.flush()
+            if time.monotonic() - self._last_sync >= self.fsync_interval:
+                self.sync()
+        except OSError as exc:
+            raise OutputError(f"cannot write {f.name}: {exc.strerror or exc}") from exc
+
+    def sync(self) -> None:
+        """Flush and fsync both files."""
+        for f in self._files.values():
+            f.flush()
+            os.fsync(f.fileno())
+        self._last_sync = time.monotonic()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sync()
+        for f in self._files.values():
+            with contextlib.suppress(OSError):
+                f.close()

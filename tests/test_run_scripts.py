@@ -1,0 +1,475 @@
+"""Tests of the run/ shell scripts that launch and stop the SGLang fleet, with a fake nvidia-smi.
+
+No GPU and no SGLang are needed: launch_sglang.sh runs in --dry-run mode against a fake
+`nvidia-smi topo -m`, and stop_sglang.sh is pointed at pid files of `sleep` processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = REPO / "run"
+LAUNCH = RUN / "launch_sglang.sh"
+STOP = RUN / "stop_sglang.sh"
+TMUX_GENERATE = RUN / "tmux_generate.sh"
+SCRIPTS = [LAUNCH, STOP, TMUX_GENERATE]
+
+# Variables the scripts read from the environment; a developer's shell must not leak into tests.
+CONFIG_KEYS = [
+    "MODEL_PATH", "SERVED_MODEL_NAME", "CONTEXT_LENGTH", "MEM_FRACTION", "MAX_RUNNING_REQUESTS",
+    "TP", "NUM_SERVERS", "BASE_PORT", "HOST", "EXTRA_ARGS", "RUN_DIR", "HEALTH_TIMEOUT",
+    "HEALTH_INTERVAL", "SGLANG_PYTHON", "PIN_WITH", "STOP_TIMEOUT", "CUDA_VISIBLE_DEVICES", "TMUX",
+]  # fmt: skip
+
+LEGEND = """
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""  # noqa: E501  (the legend lines are nvidia-smi's own)
+
+
+def topo_table(gpu_nodes: list[int], node_cpus: dict[int, str]) -> str:
+    """The `nvidia-smi topo -m` table of GPUs on the given NUMA nodes, one NIC per node."""
+    nics = sorted(set(gpu_nodes))
+    header = [""] + [f"GPU{i}" for i in range(len(gpu_nodes))] + [f"NIC{j}" for j in range(len(nics))]
+    lines = ["\t".join([*header, "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])]
+    for i, node in enumerate(gpu_nodes):
+        gpu_cells = [" X " if j == i else "NV18" for j in range(len(gpu_nodes))]
+        nic_cells = ["PIX" if nic_node == node else "SYS" for nic_node in nics]
+        cells = [f"GPU{i}", *gpu_cells, *nic_cells, node_cpus[node], str(node), "", "N/A"]
+        lines.append("\t".join(cells))
+    for j, nic_node in enumerate(nics):
+        gpu_cells = ["NODE" if node == nic_node else "SYS" for node in gpu_nodes]
+        nic_cells = [" X " if k == j else "SYS" for k in range(len(nics))]
+        lines.append("\t".join([f"NIC{j}", *gpu_cells, *nic_cells, "", "", "", ""]))
+    nic_legend = "\nNIC Legend:\n\n" + "".join(f"  NIC{j}: mlx5_{j}\n" for j in range(len(nics)))
+    return "\n".join(lines) + "\n" + LEGEND + nic_legend
+
+
+# The standard node: GPU0-3 on NUMA node 0 (CPUs 0-27), GPU4-7 on node 1 (CPUs 28-55).
+EIGHT_GPUS_TWO_NODES = topo_table([0, 0, 0, 0, 1, 1, 1, 1], {0: "0-27", 1: "28-55"})
+ONE_GPU = topo_table([0], {0: "0-15"})
+
+
+def write_exe(path: Path, text: str) -> Path:
+    """Write an executable script."""
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def fake_bin(tmp_path: Path, topo: str, numactl: bool = True) -> Path:
+    """A bin folder with a fake nvidia-smi printing `topo` (and a fake numactl if asked)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "topo.txt").write_text(topo)
+    gpu_count = topo.split("\n", 1)[0].count("\tGPU")
+    csv = "".join(f"{i}, NVIDIA H100 80GB HBM3, 81559 MiB\\n" for i in range(gpu_count))
+    write_exe(
+        bin_dir / "nvidia-smi",
+        f"""#!/usr/bin/env bash
+here=$(dirname -- "$0")
+if [[ "$*" == "topo -m" ]]; then cat "$here/topo.txt"; exit 0; fi
+if [[ "$*" == "--query-gpu=index,name,memory.total --format=csv,noheader" ]]; then
+  printf '{csv}'; exit 0
+fi
+echo "fake nvidia-smi: unsupported arguments: $*" >&2
+exit 2
+""",
+    )
+    if numactl:
+        write_exe(bin_dir / "numactl", "#!/bin/sh\necho 'fake numactl must not run' >&2\nexit 99\n")
+    return bin_dir
+
+
+def clean_env(bin_dir: Path | None, **extra: str) -> dict[str, str]:
+    """The test environment: no fleet settings inherited, `bin_dir` first on PATH."""
+    env = {k: v for k, v in os.environ.items() if k not in CONFIG_KEYS}
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run a command, capturing text output."""
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def dry_run(tmp_path: Path, *args: str, topo: str = EIGHT_GPUS_TWO_NODES, numactl: bool = True,
+            **env: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """launch_sglang.sh --dry-run against a fake topology, RUN_DIR inside tmp_path."""
+    base = {"MODEL_PATH": "/models/test-model", "RUN_DIR": str(tmp_path / "run")}
+    proc_env = clean_env(fake_bin(tmp_path, topo, numactl), **{**base, **env})
+    return run(["bash", str(LAUNCH), "--dry-run", *args], proc_env)
+
+
+def commands_by_port(stdout: str) -> dict[int, str]:
+    """The printed launch commands, keyed by their --port."""
+    found = {}
+    for line in stdout.splitlines():
+        if "sglang.launch_server" in line:
+            port = re.search(r"--port (\d+)", line)
+            assert port, line
+            found[int(port.group(1))] = line
+    return found
+
+
+def numactl_prefix(gpus: str, nodes: str) -> str:
+    """The expected start of a launch command pinned with numactl."""
+    return (
+        f"CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={gpus} "
+        f"numactl --cpunodebind={nodes} --membind={nodes} python -m sglang.launch_server "
+    )
+
+
+# --- static checks -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_parse_with_bash_n(script: Path) -> None:
+    """Every script is valid bash syntax."""
+    proc = run(["bash", "-n", str(script)], clean_env(None))
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_pass_shellcheck(script: Path) -> None:
+    """Every script passes shellcheck."""
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    proc = run(["shellcheck", str(script)], clean_env(None))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_help_shows_usage_and_exit_codes(script: Path) -> None:
+    """--help prints the usage block, including the exit codes, and exits 0."""
+    proc = run(["bash", str(script), "--help"], clean_env(None))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(proc.stdout.lstrip()) and "Usage: run/" in proc.stdout
+    assert "Exit codes:" in proc.stdout
+    assert "set -euo pipefail" in script.read_text()
+
+
+def test_unknown_flag_is_a_usage_error(tmp_path: Path) -> None:
+    """An unknown flag exits 2 and names the flag."""
+    proc = dry_run(tmp_path, "--tensor-parallel", "4")
+    assert proc.returncode == 2
+    assert "unknown argument: --tensor-parallel" in proc.stderr
+
+
+# --- launch_sglang.sh --dry-run ----------------------------------------------------------------
+
+
+def test_tp1_dry_run_pins_each_gpu_to_its_numa_node(tmp_path: Path) -> None:
+    """TP 1: 8 servers on ports 30000-30007, GPU i pinned to NUMA node i // 4 with numactl."""
+    proc = dry_run(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert sorted(cmds) == list(range(30000, 30008))
+    for i in range(8):
+        cmd = cmds[30000 + i]
+        assert cmd.startswith(numactl_prefix(str(i), str(i // 4))), cmd
+        assert "--model-path /models/test-model --port %d --host 127.0.0.1 --tp 1 " % (30000 + i) in cmd
+        assert "--context-length 32768 --mem-fraction-static 0.85 --max-running-requests 256" in cmd
+        assert cmd.endswith(f">> {tmp_path}/run/servers/server-{30000 + i}.log 2>&1")
+    assert re.search(r"^3\s+30003\s+3\s+0\s+0-27\s+numactl$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^4\s+30004\s+4\s+1\s+28-55\s+numactl$", proc.stdout, re.M), proc.stdout
+    assert not (tmp_path / "run").exists(), "a dry run must not create the run folder"
+
+
+def test_tp4_dry_run_gives_one_server_per_numa_node(tmp_path: Path) -> None:
+    """TP 4: 2 servers, GPUs 0-3 on node 0 and GPUs 4-7 on node 1."""
+    proc = dry_run(tmp_path, "--tp", "4")
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert sorted(cmds) == [30000, 30001]
+    assert cmds[30000].startswith(numactl_prefix("0,1,2,3", "0")), cmds[30000]
+    assert cmds[30001].startswith(numactl_prefix("4,5,6,7", "1")), cmds[30001]
+    assert all(" --tp 4 " in cmd for cmd in cmds.values())
+
+
+def test_taskset_pins_to_the_cpu_affinity_of_the_gpus(tmp_path: Path) -> None:
+    """PIN_WITH=taskset pins each server to its GPUs' CPU Affinity list."""
+    proc = dry_run(tmp_path, "--tp", "2", PIN_WITH="taskset")
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert sorted(cmds) == [30000, 30001, 30002, 30003]
+    expected = {30000: ("0,1", "0-27"), 30001: ("2,3", "0-27"),
+                30002: ("4,5", "28-55"), 30003: ("6,7", "28-55")}  # fmt: skip
+    for port, (gpus, cpus) in expected.items():
+        prefix = f"CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={gpus} taskset -c {cpus} python "
+        assert cmds[port].startswith(prefix), cmds[port]
+
+
+def test_auto_pinning_falls_back_to_taskset_without_numactl(tmp_path: Path) -> None:
+    """With no numactl on PATH, the default pinning is taskset."""
+    if shutil.which("numactl") or not shutil.which("taskset"):
+        pytest.skip("needs a machine with taskset and without numactl")
+    proc = dry_run(tmp_path, numactl=False)
+    assert proc.returncode == 0, proc.stderr
+    cmd = commands_by_port(proc.stdout)[30005]
+    assert "CUDA_VISIBLE_DEVICES=5 taskset -c 28-55 python -m sglang.launch_server" in cmd
+
+
+def test_tp3_group_across_numa_nodes_is_refused(tmp_path: Path) -> None:
+    """TP 3 puts GPUs 3,4,5 in one group across nodes 0 and 1: refused with exit 4."""
+    proc = dry_run(tmp_path, "--tp", "3")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "GPUs 3,4,5, which span NUMA nodes 0,1" in proc.stderr
+    assert "GPU3 on node 0, GPU4 on node 1, GPU5 on node 1" in proc.stderr
+    assert "--force" in proc.stderr
+    assert not commands_by_port(proc.stdout)
+
+
+def test_tp3_group_across_numa_nodes_is_accepted_with_force(tmp_path: Path) -> None:
+    """--force starts the crossing TP 3 plan, binding the crossing group to both nodes."""
+    proc = dry_run(tmp_path, "--tp", "3", "--force")
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert cmds[30000].startswith(numactl_prefix("0,1,2", "0")), cmds[30000]
+    assert cmds[30001].startswith(numactl_prefix("3,4,5", "0,1")), cmds[30001]
+    assert "GPUs 6-7 stay idle" in proc.stderr
+
+
+def test_single_gpu_topology_gives_one_server(tmp_path: Path) -> None:
+    """One GPU with TP 1: one server on port 30000, GPU 0 on node 0."""
+    proc = dry_run(tmp_path, topo=ONE_GPU)
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert list(cmds) == [30000]
+    assert cmds[30000].startswith(numactl_prefix("0", "0")), cmds[30000]
+
+
+def test_more_servers_than_gpus_is_a_topology_error(tmp_path: Path) -> None:
+    """Asking for more GPUs than nvidia-smi lists exits 3."""
+    proc = dry_run(tmp_path, "--tp", "2", "--num-servers", "5")
+    assert proc.returncode == 3
+    assert "need 10 GPUs but nvidia-smi lists only 8" in proc.stderr
+
+
+def test_failing_nvidia_smi_is_reported(tmp_path: Path) -> None:
+    """nvidia-smi failing (no driver) exits 3 with its message."""
+    bin_dir = fake_bin(tmp_path, EIGHT_GPUS_TWO_NODES)
+    write_exe(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'NVIDIA-SMI has failed because it "
+              "couldn'\\''t communicate with the NVIDIA driver.'\nexit 9\n")  # fmt: skip
+    proc = run(["bash", str(LAUNCH), "--dry-run"], clean_env(bin_dir, MODEL_PATH="/m"))
+    assert proc.returncode == 3
+    assert "couldn't communicate with the NVIDIA driver" in proc.stderr
+
+
+def test_absurd_max_running_requests_is_refused(tmp_path: Path) -> None:
+    """MAX_RUNNING_REQUESTS above the limit exits 4 unless --force."""
+    proc = dry_run(tmp_path, MAX_RUNNING_REQUESTS="100000")
+    assert proc.returncode == 4
+    assert "MAX_RUNNING_REQUESTS=100000" in proc.stderr
+    forced = dry_run(tmp_path, "--force", MAX_RUNNING_REQUESTS="100000")
+    assert forced.returncode == 0, forced.stderr
+    assert "--max-running-requests 100000" in commands_by_port(forced.stdout)[30000]
+
+
+def test_config_file_environment_and_flags_precedence(tmp_path: Path) -> None:
+    """Flags beat the environment, which beats --config FILE; empty values drop their flag."""
+    config = tmp_path / "fleet.env"
+    config.write_text(
+        "MODEL_PATH=/models/from-file\nSERVED_MODEL_NAME=gen\nTP=2\nBASE_PORT=31000\n"
+        "HOST=0.0.0.0\nCONTEXT_LENGTH=8192\nMEM_FRACTION=0.9\nMAX_RUNNING_REQUESTS=64\n"
+        'EXTRA_ARGS="--trust-remote-code --enable-metrics"\nSGLANG_PYTHON=/opt/sglang/bin/python\n'
+    )
+    proc = dry_run(tmp_path, "--config", str(config), "--num-servers", "3",
+                   MODEL_PATH="/models/from-env", BASE_PORT="32000", CONTEXT_LENGTH="")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert sorted(cmds) == [32000, 32001, 32002]
+    assert cmds[32002] == (
+        numactl_prefix("4,5", "1").replace(" python ", " /opt/sglang/bin/python ")
+        + "--model-path /models/from-env --port 32002 --host 0.0.0.0 --tp 2 --served-model-name gen"
+        " --mem-fraction-static 0.9 --max-running-requests 64 --trust-remote-code --enable-metrics"
+        f" >> {tmp_path}/run/servers/server-32002.log 2>&1"
+    )
+
+
+def test_bad_values_are_configuration_errors(tmp_path: Path) -> None:
+    """Non-numeric TP and out-of-range MEM_FRACTION exit 2 with the variable named."""
+    bad_tp = dry_run(tmp_path, "--tp", "four")
+    assert bad_tp.returncode == 2
+    assert "TP must be an integer" in bad_tp.stderr
+    bad_mem = dry_run(tmp_path, MEM_FRACTION="1.2")
+    assert bad_mem.returncode == 2
+    assert "MEM_FRACTION" in bad_mem.stderr
+
+
+# --- stop_sglang.sh ----------------------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_dead(proc: subprocess.Popen[bytes], timeout: float = 5) -> bool:
+    """Reap `proc`; True if it exited within `timeout`."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def start(cmd: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+    """Start a background process the test owns."""
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+
+
+@pytest.fixture
+def procs() -> list[subprocess.Popen[bytes]]:
+    """Background processes started by a test, killed at its end whatever happens."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started  # type: ignore[misc]
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def write_pid_file(run_dir: Path, port: int, pid: int) -> Path:
+    """Write servers/server-PORT.pid the way launch_sglang.sh does."""
+    servers = run_dir / "servers"
+    servers.mkdir(parents=True, exist_ok=True)
+    pid_file = servers / f"server-{port}.pid"
+    pid_file.write_text(f"{pid}\n")
+    return pid_file
+
+
+def stop(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run stop_sglang.sh on `run_dir`."""
+    return run(["bash", str(STOP), "--run-dir", str(run_dir), *args], clean_env(None))
+
+
+def test_stop_kills_exactly_the_recorded_pids(tmp_path: Path, procs: list) -> None:
+    """Recorded sleeps get SIGTERM and their pid files go; an unrecorded sleep survives."""
+    run_dir = tmp_path / "run"
+    recorded = [start(["sleep", "300"]) for _ in range(2)]
+    bystander = start(["sleep", "300"])
+    procs.extend([*recorded, bystander])
+    pid_files = [write_pid_file(run_dir, 30000 + i, p.pid) for i, p in enumerate(recorded)]
+    finished = start(["true"])
+    finished.wait()
+    stale = write_pid_file(run_dir, 30002, finished.pid)
+
+    proc = stop(run_dir, "--timeout", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert all(wait_dead(p) for p in recorded)
+    assert [p.returncode for p in recorded] == [-signal.SIGTERM, -signal.SIGTERM]
+    assert bystander.poll() is None and alive(bystander.pid)
+    assert not any(f.exists() for f in [*pid_files, stale])
+    assert "stale pid file" in proc.stderr
+
+
+def test_stop_escalates_to_sigkill_after_the_timeout(tmp_path: Path, procs: list) -> None:
+    """A process that ignores SIGTERM is killed with SIGKILL once --timeout passes."""
+    stubborn = start(["bash", "-c", "trap '' TERM; exec sleep 300"])
+    procs.append(stubborn)
+    time.sleep(0.2)  # let bash install the trap before exec
+    pid_file = write_pid_file(tmp_path / "run", 30000, stubborn.pid)
+    proc = stop(tmp_path / "run", "--timeout", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert wait_dead(stubborn) and stubborn.returncode == -signal.SIGKILL
+    assert "SIGKILL" in proc.stderr
+    assert not pid_file.exists()
+
+
+def test_stop_also_kills_the_process_group_of_a_setsid_server(tmp_path: Path, procs: list) -> None:
+    """A recorded group leader (as launch_sglang.sh starts them) takes its children with it."""
+    leader = start(["bash", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE,
+                   start_new_session=True)  # fmt: skip
+    procs.append(leader)
+    assert leader.stdout is not None
+    child = int(leader.stdout.readline())
+    write_pid_file(tmp_path / "run", 30000, leader.pid)
+    try:
+        proc = stop(tmp_path / "run", "--timeout", "1")
+        assert proc.returncode == 0, proc.stderr
+        assert wait_dead(leader)
+        deadline = time.monotonic() + 3
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the server's child process survived"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_stop_leaves_a_reused_pid_alone(tmp_path: Path, procs: list) -> None:
+    """A pid file older than the process now holding that pid is stale: nothing is signalled."""
+    newcomer = start(["sleep", "300"])
+    procs.append(newcomer)
+    pid_file = write_pid_file(tmp_path / "run", 30000, newcomer.pid)
+    an_hour_ago = time.time() - 3600
+    os.utime(pid_file, (an_hour_ago, an_hour_ago))
+    proc = stop(tmp_path / "run", "--timeout", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert newcomer.poll() is None and alive(newcomer.pid)
+    assert "not signalling it" in proc.stderr
+    assert not pid_file.exists()
+
+
+def test_stop_with_no_pid_files_is_a_no_op(tmp_path: Path) -> None:
+    """Nothing recorded: exit 0 and say so."""
+    proc = stop(tmp_path / "run")
+    assert proc.returncode == 0
+    assert "nothing to stop" in proc.stderr
+
+
+# --- tmux_generate.sh --------------------------------------------------------------------------
+
+
+def test_tmux_generate_dry_run_prints_the_tmux_commands(tmp_path: Path) -> None:
+    """--dry-run prints new-session, the `make generate` it types, and attach; runs nothing."""
+    session = f"gp-test-{uuid.uuid4().hex[:8]}"
+    args = ["INPUT=prompts/x.jsonl", "OUT=runs/x", "ARGS=--resume --limit 10"]
+    proc = run(["bash", str(TMUX_GENERATE), "--dry-run", "--session", session, *args],
+               clean_env(None))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"tmux new-session -d -s {session} -c {REPO}",
+        f"tmux send-keys -t ={session}: 'make generate INPUT=prompts/x.jsonl OUT=runs/x "
+        "'\\''ARGS=--resume --limit 10'\\''' Enter",
+        f"tmux attach-session -t ={session}",
+    ]
+    assert f"tmux attach -t {session}" in proc.stderr
+
+
+def test_tmux_generate_without_tmux_is_a_clear_error(tmp_path: Path) -> None:
+    """With no tmux on PATH the script exits 1 and says tmux is not installed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ["bash", "dirname"]:
+        found = shutil.which(tool)
+        assert found
+        (bin_dir / tool).symlink_to(found)
+    bash = str(bin_dir / "bash")
+    proc = run([bash, str(TMUX_GENERATE), "INPUT=x"], {"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    assert proc.returncode == 1
+    assert "tmux is not installed" in proc.stderr

@@ -1,0 +1,73 @@
+"""Input validation: every bad row kind becomes a BadRow; repeats collapse; ids are stable."""
+
+from __future__ import annotations
+
+import pytest
+
+from gen_pipeline.records import content_id
+from gen_pipeline.source import BadRow, PromptSource
+
+GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("line", "detail"),
+    [
+        (b"{not json", "invalid JSON"),
+        (b"[1, 2]", "not an object"),
+        (b'{"id": "x"}', "neither messages nor prompt"),
+        (b'{"id": "x", "messages": []}', "non-empty list"),
+        (b'{"id": "x", "messages": [{"role": "user", "content": ""}]}', "content is empty"),
+        (b'{"id": "x", "messages": [{"role": "user", "content": 5}]}', "must be a string"),
+        (b'{"id": "x", "messages": [{"role": "wizard", "content": "hi"}]}', "unknown role"),
+        (b'{"id": "x", "messages": ["hi"]}', "not an object"),
+        (b'{"id": "x", "prompt": "   "}', "non-empty string"),
+        (b'{"id": "x", "prompt": "a", "messages": [{"role": "user", "content": "b"}]}', "both"),
+        (b'{"id": true, "prompt": "a"}', "id must be"),
+        (b'{"id": "x", "prompt": "a", "max_tokens": 0}', "max_tokens"),
+        (b'{"id": "x", "prompt": "a", "sampling": {"max_tokens": 3}}', "sampling may not set"),
+        (b'{"id": "x", "prompt": "caf\xe9"}', "invalid UTF-8"),
+    ],
+)
+def test_each_bad_row_kind(write_jsonl, line, detail):
+    """A bad row yields a BadRow with its line number and a one-line reason."""
+    path = write_jsonl([GOOD, line])
+    items = list(PromptSource(path))
+    assert items[0].id == "a"
+    bad = items[1]
+    assert isinstance(bad, BadRow) and bad.line == 2 and detail in bad.detail
+    assert "\n" not in bad.detail
+
+
+def test_prompt_field_meta_and_options(write_jsonl):
+    """A prompt string becomes one user message; unknown fields go to meta."""
+    row = {"id": 7, "prompt": "hello", "max_tokens": 12, "sampling": {"temperature": 0}, "src": "x"}
+    [p] = list(PromptSource(write_jsonl([row])))
+    assert p.id == 7 and p.messages == [{"role": "user", "content": "hello"}]
+    assert p.max_tokens == 12 and p.sampling == {"temperature": 0} and p.meta == {"src": "x"}
+
+
+def test_missing_id_is_a_stable_content_hash(write_jsonl):
+    """A row without an id gets the same id in every run, equal for whitespace variants."""
+    msgs = [{"role": "user", "content": "What  is\tlife?"}]
+    [p] = list(PromptSource(write_jsonl([{"messages": msgs}])))
+    assert p.id == content_id(msgs)
+    assert p.id == content_id([{"role": "user", "content": " What is life? "}])
+    assert p.id != content_id([{"role": "system", "content": "What is life?"}])
+
+
+def test_repeat_once_conflict_is_bad(write_jsonl):
+    """The same id with the same content is processed once; with other content it is bad."""
+    other = {"id": "a", "messages": [{"role": "user", "content": "different"}]}
+    source = PromptSource(write_jsonl([GOOD, GOOD, other, b"", {"prompt": "p"}, {"prompt": "p"}]))
+    items = list(source)
+    assert [type(i).__name__ for i in items] == ["Prompt", "BadRow", "Prompt"]
+    assert "seen before with different content" in items[1].detail and items[1].line == 3
+    assert source.repeats == 2
+
+
+def test_integer_and_string_ids_are_one_id(write_jsonl):
+    """Id 1 and id "1" are the same id."""
+    rows = [{"id": 1, "prompt": "a"}, {"id": "1", "prompt": "b"}]
+    items = list(PromptSource(write_jsonl(rows)))
+    assert isinstance(items[1], BadRow)

@@ -1,0 +1,92 @@
+"""The run directory: torn lines, resume sets, the manifest check and the lock."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gen_pipeline.errors import ConfigError, ManifestMismatchError
+from gen_pipeline.records import Completion, Failure, id_key
+from gen_pipeline.store import (
+    COMPLETIONS,
+    FAILURES,
+    DirLock,
+    RunWriter,
+    check_manifest,
+    repair_tail,
+    scan,
+)
+
+
+def completion(i) -> Completion:
+    return Completion(i, [{"role": "user", "content": "q"}], "a", "stop", 3, 3, 1, 8, "s", 1, 0.1, "m", {})
+
+
+def test_torn_last_line_moves_aside(tmp_path):
+    """A last line without a newline is moved to .torn and never parsed as data."""
+    path = tmp_path / COMPLETIONS
+    path.write_bytes(completion(1).to_line() + b'{"id": 2, "messages": [{"ro')
+    assert repair_tail(path) > 0
+    assert path.read_bytes() == completion(1).to_line()
+    assert (tmp_path / (COMPLETIONS + ".torn")).read_bytes().startswith(b'{"id": 2')
+    assert repair_tail(path) == 0
+
+
+def test_torn_only_line(tmp_path):
+    """A file holding only a torn line becomes empty."""
+    path = tmp_path / COMPLETIONS
+    path.write_bytes(b'{"id": 1')
+    repair_tail(path)
+    assert path.read_bytes() == b""
+
+
+def test_scan_resume_state(tmp_path):
+    """Done ids, the newest ledger reason per id, bad lines and corrupt lines are found."""
+    (tmp_path / COMPLETIONS).write_bytes(completion(1).to_line() + b"garbage\n" + completion("b").to_line())
+    ledger = [
+        Failure("x", 3, "timeout", "t"),
+        Failure("x", 3, "over_length", "o"),
+        Failure("y", 4, "bad_request", "b"),
+        Failure("y", 4, "server_error", "s"),
+        Failure(None, 9, "bad_input", "bad", source="p.jsonl"),
+    ]
+    (tmp_path / FAILURES).write_bytes(b"".join(f.to_line() for f in ledger))
+    state = scan(tmp_path)
+    assert state.done == {id_key(1), id_key("b")}
+    assert state.corrupt_lines == [f"{COMPLETIONS}:2"]
+    assert state.settled(id_key(1), frozenset()) == "done"
+    assert state.settled(id_key("x"), frozenset()) == "over_length"
+    assert state.settled(id_key("x"), frozenset({"over_length"})) is None
+    assert state.settled(id_key("y"), frozenset()) is None  # newest entry is transient
+    assert ("p.jsonl", 9) in state.bad_lines
+
+
+def test_writer_lines_are_whole_and_flushed(tmp_path):
+    """Each write is one complete JSON line, readable before close."""
+    writer = RunWriter(tmp_path, fsync_interval=0.0)
+    writer.write_completion(completion(1))
+    writer.write_failure(Failure(2, 2, "timeout", "slow"))
+    assert orjson.loads((tmp_path / COMPLETIONS).read_bytes())["id"] == 1
+    assert orjson.loads((tmp_path / FAILURES).read_bytes())["reason"] == "timeout"
+    writer.close()
+
+
+def test_manifest_mismatch_refused_unless_forced(tmp_path):
+    """Resuming with another model or sampling is refused with a message naming the change."""
+    check_manifest(tmp_path, {"model": "a", "sampling": {}}, force=False)
+    check_manifest(tmp_path, {"model": "a", "sampling": {}, "servers": ["x"]}, force=False)
+    with pytest.raises(ManifestMismatchError, match="model: 'a' -> 'b'"):
+        check_manifest(tmp_path, {"model": "b", "sampling": {}}, force=False)
+    check_manifest(tmp_path, {"model": "b", "sampling": {}}, force=True)
+
+
+def test_second_writer_is_refused(tmp_path):
+    """A second lock on one directory is refused naming the holder; release frees it."""
+    first = DirLock(tmp_path)
+    first.acquire()
+    with pytest.raises(ConfigError, match="in use by pid"):
+        DirLock(tmp_path).acquire()
+    first.release()
+    again = DirLock(tmp_path)
+    again.acquire()
+    again.release()
