@@ -67,9 +67,7 @@ class ServerState:
 class ServerPool:
     """The fleet as the dispatcher sees it."""
 
-    def __init__(
-        self, servers: Iterable[ServerState], clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, servers: Iterable[ServerState], clock: Callable[[], float] = time.monotonic) -> None:
         self.servers = list(servers)
         self.clock = clock
         self._changed = asyncio.Condition()

@@ -51,39 +51,85 @@ def _add_generate(sub: Any) -> None:
     p = sub.add_parser("generate", help="generate completions for a prompts file")
     p.add_argument("--input", "-i", type=Path, required=True, help="prompts JSONL")
     p.add_argument("--out", "-o", type=Path, required=True, help="run directory (created)")
-    p.add_argument("--servers", "-s", default=DEFAULT_SERVERS,
-                   help=f"host:lo-hi, host:port or URLs, comma separated (default {DEFAULT_SERVERS})")
+    p.add_argument(
+        "--servers",
+        "-s",
+        default=DEFAULT_SERVERS,
+        help=f"host:lo-hi, host:port or URLs, comma separated (default {DEFAULT_SERVERS})",
+    )
     p.add_argument("--tokenizer", help="tokenizer folder or hub name (default: what servers report)")
     p.add_argument("--context-length", type=int, help="default: smallest max_model_len of the fleet")
     p.add_argument("--model", help="model name to send (default: the id the servers report)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help=f"output budget per prompt, clamped to fit the context (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--min-tokens", type=int, default=DEFAULT_MIN_TOKENS,
-                   help=f"skip a prompt as over_length when less room is left (default {DEFAULT_MIN_TOKENS})")
-    p.add_argument("--safety-margin", type=int, default=DEFAULT_SAFETY_MARGIN,
-                   help=f"tokens kept free beyond the exact count (default {DEFAULT_SAFETY_MARGIN})")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"output budget per prompt, clamped to fit the context (default {DEFAULT_MAX_TOKENS})",
+    )
+    p.add_argument(
+        "--min-tokens",
+        type=int,
+        default=DEFAULT_MIN_TOKENS,
+        help=f"skip a prompt as over_length when less room is left (default {DEFAULT_MIN_TOKENS})",
+    )
+    p.add_argument(
+        "--safety-margin",
+        type=int,
+        default=DEFAULT_SAFETY_MARGIN,
+        help=f"tokens kept free beyond the exact count (default {DEFAULT_SAFETY_MARGIN})",
+    )
     p.add_argument("--temperature", type=float, help="sampling temperature")
     p.add_argument("--top-p", type=float, help="nucleus sampling")
     p.add_argument("--seed", type=int, help="sampling seed")
-    p.add_argument("--sampling", help='JSON object of other request fields, e.g. \'{"top_k": 20}\'')
+    p.add_argument("--sampling", help="JSON object of other request fields, e.g. '{\"top_k\": 20}'")
     p.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
-    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
-                   help=f"requests in flight per server (default {DEFAULT_CONCURRENCY})")
-    p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
-                   help=f"transport attempts per prompt (default {DEFAULT_MAX_ATTEMPTS})")
-    p.add_argument("--request-timeout", type=float,
-                   help="seconds per request (default: 120 + 0.1 per max_tokens)")
-    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT,
-                   help="wait this long for a first server to answer")
-    p.add_argument("--outage-timeout", type=float, default=DEFAULT_OUTAGE_TIMEOUT,
-                   help="stop (exit 4) after this long with no usable server")
-    p.add_argument("--retry-failed", metavar="REASONS",
-                   help="resend rows whose ledger reason is one of these (comma list, or all)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"requests in flight per server (default {DEFAULT_CONCURRENCY})",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        help=f"transport attempts per prompt (default {DEFAULT_MAX_ATTEMPTS})",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        help="seconds per request (default: 120 + 0.1 per max_tokens)",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=DEFAULT_STARTUP_TIMEOUT,
+        help="wait this long for a first server to answer",
+    )
+    p.add_argument(
+        "--outage-timeout",
+        type=float,
+        default=DEFAULT_OUTAGE_TIMEOUT,
+        help="stop (exit 4) after this long with no usable server",
+    )
+    p.add_argument(
+        "--retry-failed",
+        metavar="REASONS",
+        help="resend rows whose ledger reason is one of these (comma list, or all)",
+    )
     p.add_argument("--force", action="store_true", help="resume despite changed settings")
-    p.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD,
-                   help="seconds in-flight requests get after Ctrl-C")
-    p.add_argument("--fsync-interval", type=float, default=DEFAULT_FSYNC_INTERVAL,
-                   help="seconds between fsyncs of the output (lines are flushed at once)")
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=DEFAULT_GRACE_PERIOD,
+        help="seconds in-flight requests get after Ctrl-C",
+    )
+    p.add_argument(
+        "--fsync-interval",
+        type=float,
+        default=DEFAULT_FSYNC_INTERVAL,
+        help="seconds between fsyncs of the output (lines are flushed at once)",
+    )
     p.add_argument("--progress", choices=["auto", "bar", "log", "off"], default="auto")
     p.set_defaults(func=_generate)
 

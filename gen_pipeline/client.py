@@ -59,7 +59,7 @@ def map_errors(server: str) -> Iterator[None]:
         raise
     except aiohttp.ClientConnectorError as exc:
         raise ConnectError(f"cannot connect: {_describe(exc)}", server=server) from exc
-    except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise RequestTimeout("request timed out", server=server) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
         raise ConnectionLostError(f"connection lost: {_describe(exc)}", server=server) from exc
@@ -86,9 +86,7 @@ def status_error(status: int, body: Any, server: str, headers: Any = None) -> Re
     if status in (401, 403):
         return AuthError(message, server=server, status=status)
     if status in (429, 503):
-        return OverloadedError(
-            message, server=server, status=status, retry_after=_retry_after(headers)
-        )
+        return OverloadedError(message, server=server, status=status, retry_after=_retry_after(headers))
     if status == 408:
         return RequestTimeout(message, server=server, status=status)
     if status >= 500:
@@ -123,9 +121,7 @@ def make_session(api_key: str | None = None) -> aiohttp.ClientSession:
     """One session for the whole run; concurrency is bounded by the balancer, not the connector."""
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_TIMEOUT)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    return aiohttp.ClientSession(
-        connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=None)
-    )
+    return aiohttp.ClientSession(connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=None))
 
 
 class Client:
@@ -155,8 +151,9 @@ class Client:
     ) -> tuple[int, Any, Any]:
         headers = {"Content-Type": "application/json"} if data is not None else None
         with map_errors(server):
-            async with asyncio.timeout(timeout), self.session.request(
-                method, server + path, data=data, headers=headers
-            ) as resp:
+            async with (
+                asyncio.timeout(timeout),
+                self.session.request(method, server + path, data=data, headers=headers) as resp,
+            ):
                 raw = await resp.read()
                 return resp.status, _decode(raw), resp.headers

@@ -86,9 +86,7 @@ def parse_reasons(spec: str | None) -> frozenset[str]:
         return ALL_REASONS
     unknown = names - ALL_REASONS
     if unknown:
-        raise ConfigError(
-            f"unknown ledger reason(s) {sorted(unknown)}; known: {sorted(ALL_REASONS)} or all"
-        )
+        raise ConfigError(f"unknown ledger reason(s) {sorted(unknown)}; known: {sorted(ALL_REASONS)} or all")
     return frozenset(names)
 
 

@@ -106,9 +106,7 @@ async def discover(client: Client, urls: tuple[str, ...], startup_timeout: float
         if up:
             break
         if time.monotonic() >= deadline:
-            raise FleetError(
-                f"no server answered within {startup_timeout:.0f} s: {', '.join(urls)}"
-            )
+            raise FleetError(f"no server answered within {startup_timeout:.0f} s: {', '.join(urls)}")
         log.info("waiting for servers to come up (%d down)", len(down))
         await asyncio.sleep(POLL_INTERVAL)
     fleet = FleetInfo(servers=up, down=down)
@@ -118,7 +116,6 @@ async def discover(client: Client, urls: tuple[str, ...], startup_timeout: float
         fleet.warnings.append(f"servers serve different models: {sorted(fleet.models())}")
     if len(fleet.context_lengths()) > 1:
         fleet.warnings.append(
-            f"servers report different context lengths {sorted(fleet.context_lengths())}; "
-            "budgeting with the smallest"
+            f"servers report different context lengths {sorted(fleet.context_lengths())}; budgeting with the smallest"
         )
     return fleet

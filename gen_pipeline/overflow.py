@@ -81,13 +81,13 @@ def _int(value: Any) -> int | None:
 def parse_overflow(body: Any) -> OverflowCounts | None:
     """The counts a context-length error states, or None when the body is not such an error."""
     inner = body.get("error") if isinstance(body, dict) else None
-    if isinstance(inner, dict) and inner.get("type") == "exceed_context_size_error":
-        if "n_prompt_tokens" in inner and "n_ctx" in inner:
-            return OverflowCounts(
-                pattern="llamacpp.fields",
-                context_length=_int(inner["n_ctx"]),
-                input_tokens=_int(inner["n_prompt_tokens"]),
-            )
+    fields = isinstance(inner, dict) and inner.get("type") == "exceed_context_size_error"
+    if fields and "n_prompt_tokens" in inner and "n_ctx" in inner:  # type: ignore[operator]
+        return OverflowCounts(
+            pattern="llamacpp.fields",
+            context_length=_int(inner["n_ctx"]),
+            input_tokens=_int(inner["n_prompt_tokens"]),
+        )
     message = error_message(body)
     for name, pattern in CTX_ERROR_PATTERNS.items():
         m = pattern.search(message)

@@ -59,9 +59,7 @@ class Outcome:
 class BatchReader:
     """Reads, validates, resume-filters and counts rows a batch at a time, in a worker thread."""
 
-    def __init__(
-        self, config: RunConfig, counter: TokenCounter, resume: ResumeState, stats: RunStats
-    ) -> None:
+    def __init__(self, config: RunConfig, counter: TokenCounter, resume: ResumeState, stats: RunStats) -> None:
         self.source = PromptSource(config.input)
         self.items: Iterator[Prompt | BadRow] = iter(self.source)
         self.counter = counter
@@ -144,23 +142,26 @@ class Runner:
 
     async def _until_done_or_stopped(self, producer: asyncio.Task[None], tasks: list[Any]) -> None:
         stop = asyncio.create_task(self.stopping.wait())
-        done_all = asyncio.gather(producer, *tasks)
-        await asyncio.wait([stop, done_all], return_when=asyncio.FIRST_COMPLETED)
-        if self.stopping.is_set() and not done_all.done():
-            producer.cancel()
-            await self._drain(done_all)
-        stop.cancel()
-        if done_all.done() and not done_all.cancelled() and done_all.exception():
-            raise done_all.exception()  # type: ignore[misc]
-        done_all.cancel()
-        with contextlib.suppress(BaseException):
-            await done_all
+        work: set[asyncio.Task[Any]] = {producer, *tasks}
+        try:
+            while work and not self.stopping.is_set():
+                done, work = await asyncio.wait(work | {stop}, return_when=asyncio.FIRST_COMPLETED)
+                work.discard(stop)
+                _raise_first_failure(done - {stop})
+            if work:
+                producer.cancel()
+                await self._drain(work)
+        finally:
+            stop.cancel()
 
-    async def _drain(self, done_all: Any) -> None:
+    async def _drain(self, work: set[asyncio.Task[Any]]) -> None:
         """Give in-flight requests the grace period; nothing new is sent."""
         deadline = time.monotonic() + self.config.grace_period
-        while self.stats.in_flight and not done_all.done() and time.monotonic() < deadline:
+        while self.stats.in_flight and time.monotonic() < deadline:
+            if all(t.done() for t in work):
+                break
             await asyncio.sleep(0.05)
+        _raise_first_failure({t for t in work if t.done()})
 
     async def _produce(self, queue: asyncio.Queue[Prompt | None], workers: int) -> None:
         loop = asyncio.get_running_loop()
@@ -182,9 +183,7 @@ class Runner:
         elif isinstance(item, BadRow):
             self._record_failure(Failure(item.id, item.line, "bad_input", item.detail))
         else:
-            budget = self._budget(item)
-            if budget is not None:
-                await queue.put(item)
+            await queue.put(item)
 
     def _budget(self, p: Prompt) -> int | None:
         ctx = self.path.context_length
@@ -203,18 +202,18 @@ class Runner:
                 f"context {ctx} - margin {self.config.safety_margin} leaves {room}, "
                 f"below --min-tokens {self.config.min_tokens}"
             )
-            self._record_failure(
-                Failure(p.id, p.line, "over_length", detail, input_tokens=p.input_tokens)
-            )
-        p.max_tokens = budget
+            self._record_failure(Failure(p.id, p.line, "over_length", detail, input_tokens=p.input_tokens))
         return budget
 
     async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
         while (prompt := await queue.get()) is not None:
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
-            assert prompt.max_tokens is not None
-            outcome = await self.path.generate_one(prompt, prompt.max_tokens)
+            # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
+            budget = self._budget(prompt)
+            if budget is None:
+                continue
+            outcome = await self.path.generate_one(prompt, budget)
             if isinstance(outcome, Failure):
                 self._record_failure(outcome)
                 continue
@@ -252,6 +251,12 @@ class Runner:
         finally:
             progress.update(self.stats)
             progress.close()
+
+
+def _raise_first_failure(done: set[asyncio.Task[Any]]) -> None:
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
 def chat_template_hash(counter: TokenCounter) -> str | None:

@@ -81,23 +81,26 @@ class Completion:
     meta: dict[str, Any]
 
     def to_line(self) -> bytes:
-        return orjson.dumps(
-            {
-                "id": self.id,
-                "messages": self.messages,
-                "completion": self.completion,
-                "finish_reason": self.finish_reason,
-                "input_tokens": self.input_tokens,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "max_tokens": self.max_tokens,
-                "server": self.server,
-                "attempts": self.attempts,
-                "latency_s": round(self.latency_s, 4),
-                "model": self.model,
-                "meta": self.meta,
-            }
-        ) + b"\n"
+        return (
+            orjson.dumps(
+                {
+                    "id": self.id,
+                    "messages": self.messages,
+                    "completion": self.completion,
+                    "finish_reason": self.finish_reason,
+                    "input_tokens": self.input_tokens,
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                    "max_tokens": self.max_tokens,
+                    "server": self.server,
+                    "attempts": self.attempts,
+                    "latency_s": round(self.latency_s, 4),
+                    "model": self.model,
+                    "meta": self.meta,
+                }
+            )
+            + b"\n"
+        )
 
 
 @dataclass(slots=True)
@@ -116,20 +119,23 @@ class Failure:
     max_tokens: int | None = None
 
     def to_line(self) -> bytes:
-        return orjson.dumps(
-            {
-                "id": self.id,
-                "line": self.line,
-                "reason": self.reason,
-                "status": self.status,
-                "detail": self.detail,
-                "attempts": self.attempts,
-                "input_tokens": self.input_tokens,
-                "max_tokens": self.max_tokens,
-                "server": self.server,
-                "source": self.source,
-            }
-        ) + b"\n"
+        return (
+            orjson.dumps(
+                {
+                    "id": self.id,
+                    "line": self.line,
+                    "reason": self.reason,
+                    "status": self.status,
+                    "detail": self.detail,
+                    "attempts": self.attempts,
+                    "input_tokens": self.input_tokens,
+                    "max_tokens": self.max_tokens,
+                    "server": self.server,
+                    "source": self.source,
+                }
+            )
+            + b"\n"
+        )
 
 
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.

@@ -1,9 +1,9 @@
 """The request path for one prompt, one concern per layer:
 
-    generate_one   -> budget retries: a context 400 re-computes max_tokens from the server's numbers
-    _with_retries  -> transport retries (tenacity): back off, move to another server
-    _on_server     -> lease a server slot, send once, record the outcome on the server
-    client.chat    -> HTTP
+generate_one   -> budget retries: a context 400 re-computes max_tokens from the server's numbers
+_with_retries  -> transport retries (tenacity): back off, move to another server
+_on_server     -> lease a server slot, send once, record the outcome on the server
+client.chat    -> HTTP
 """
 
 from __future__ import annotations
@@ -117,9 +117,7 @@ class RequestPath:
             self.pool.record_success(server, track.latency, result.completion_tokens or 0)
             return result
 
-    def _completion(
-        self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track
-    ) -> Completion:
+    def _completion(self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track) -> Completion:
         return Completion(
             id=prompt.id,
             messages=prompt.messages,
@@ -136,9 +134,7 @@ class RequestPath:
             meta=prompt.meta,
         )
 
-    def _failure(
-        self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track
-    ) -> Failure:
+    def _failure(self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track) -> Failure:
         return Failure(
             id=prompt.id,
             line=prompt.line,

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .records import ROLES, Messages, Prompt, RowId, content_digest, content_id, id_key
+from .records import ROLES, Messages, Prompt, RowId, content_digest, content_id
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling"})
@@ -73,9 +73,7 @@ def _row_id(row: dict[str, Any], messages: Messages) -> RowId:
 
 def _options(row: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
     max_tokens = row.get("max_tokens")
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-    ):
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise RowError(f"max_tokens must be a positive integer, not {max_tokens!r}")
     sampling = row.get("sampling")
     if sampling is not None:

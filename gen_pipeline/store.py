@@ -127,15 +127,10 @@ def check_manifest(out: Path, manifest: dict[str, Any], force: bool) -> None:
     path = out / MANIFEST
     if path.exists() and not force:
         old = orjson.loads(path.read_bytes())
-        diffs = [
-            f"{k}: {old.get(k)!r} -> {manifest.get(k)!r}"
-            for k in MANIFEST_KEYS
-            if old.get(k) != manifest.get(k)
-        ]
+        diffs = [f"{k}: {old.get(k)!r} -> {manifest.get(k)!r}" for k in MANIFEST_KEYS if old.get(k) != manifest.get(k)]
         if diffs:
             raise ManifestMismatchError(
-                f"{out} holds a run with other settings ({'; '.join(diffs)}); "
-                "use another --out, or --force to mix them"
+                f"{out} holds a run with other settings ({'; '.join(diffs)}); use another --out, or --force to mix them"
             )
     write_json_atomic(path, manifest)
 

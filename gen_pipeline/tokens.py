@@ -49,9 +49,7 @@ class HFTokenCounter:
         return [len(x) for x in ids["input_ids"]]
 
     def _render(self, conversations: list[Messages]) -> list[str]:
-        out = self.tokenizer.apply_chat_template(
-            conversations, tokenize=False, add_generation_prompt=True
-        )
+        out = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
         return [out] if isinstance(out, str) else list(out)
 
     def _count_one(self, messages: Messages) -> int | str:

@@ -64,7 +64,7 @@ def _conn_key():
         (aiohttp.ClientPayloadError("cut"), ConnectionLostError),
         (aiohttp.ClientOSError(104, "reset"), ConnectionLostError),
         (aiohttp.ServerTimeoutError("slow"), RequestTimeout),
-        (asyncio.TimeoutError(), RequestTimeout),
+        (TimeoutError(), RequestTimeout),
         (ConnectionResetError(), ConnectionLostError),
         (aiohttp.ClientResponseError(None, (), status=500), ConnectionLostError),  # type: ignore[arg-type]
     ],
@@ -79,8 +79,9 @@ def test_foreign_errors_map(exc, cls):
 def test_every_aiohttp_client_error_is_mapped():
     """Meta-test: every public aiohttp.ClientError subclass maps to a RequestError."""
     classes = {
-        obj for name in dir(aiohttp) if isinstance(obj := getattr(aiohttp, name), type)
-        and issubclass(obj, aiohttp.ClientError)
+        obj
+        for name in dir(aiohttp)
+        if isinstance(obj := getattr(aiohttp, name), type) and issubclass(obj, aiohttp.ClientError)
     }
     assert len(classes) > 10
     for cls in classes:
@@ -93,8 +94,13 @@ def test_malformed_200_is_a_server_error():
     """A 200 without choices is a retryable server error, not a crash."""
     with pytest.raises(ServerError):
         parse_chat({"object": "error"}, "s")
-    ok = parse_chat({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
-                     "usage": {"prompt_tokens": 3, "completion_tokens": 1}}, "s")
+    ok = parse_chat(
+        {
+            "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        },
+        "s",
+    )
     assert ok.content == "hi" and ok.prompt_tokens == 3
 
 
@@ -113,8 +119,12 @@ def test_chat_over_real_socket_sends_bearer_and_json():
         seen["auth"] = request.headers.get("Authorization")
         seen["ctype"] = request.headers.get("Content-Type")
         seen["body"] = await request.json()
-        return web.json_response({"choices": [{"message": {"content": "ok"}, "finish_reason": "length"}],
-                                  "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+        return web.json_response(
+            {
+                "choices": [{"message": {"content": "ok"}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+            }
+        )
 
     async def check(client, url):
         return await client.chat(url, {"messages": [], "max_tokens": 2}, 5)

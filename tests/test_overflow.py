@@ -10,11 +10,25 @@ from gen_pipeline.overflow import error_message, parse_overflow
 
 
 def sglang(message: str) -> dict:
-    return {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+    return {
+        "object": "error",
+        "message": message,
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
 
 
 def nested(message: str, **extra) -> dict:
-    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400, **extra}}
+    return {
+        "error": {
+            "message": message,
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+            **extra,
+        }
+    }
 
 
 CASES = [
@@ -125,21 +139,37 @@ CASES = [
     ),
     (
         "llamacpp.new",
-        {"error": {"code": 400, "message": "request (3000 tokens) exceeds the available context "
-                   "size (2048 tokens), try increasing it", "type": "invalid_request_error"}},
+        {
+            "error": {
+                "code": 400,
+                "message": "request (3000 tokens) exceeds the available context size (2048 tokens), try increasing it",
+                "type": "invalid_request_error",
+            }
+        },
         dict(context_length=2048, input_tokens=3000),
     ),
     (
         "llamacpp.nosplit",
-        {"error": {"code": 400, "message": "input (3000 tokens) is larger than the max context "
-                   "size (2048 tokens). skipping", "type": "invalid_request_error"}},
+        {
+            "error": {
+                "code": 400,
+                "message": "input (3000 tokens) is larger than the max context size (2048 tokens). skipping",
+                "type": "invalid_request_error",
+            }
+        },
         dict(context_length=2048, input_tokens=3000),
     ),
     (
         "llamacpp.fields",
-        {"error": {"code": 400, "message": "request (3001 tokens) exceeds the available context "
-                   "size (2048 tokens), try increasing it", "type": "exceed_context_size_error",
-                   "n_prompt_tokens": 3000, "n_ctx": 2048}},
+        {
+            "error": {
+                "code": 400,
+                "message": "request (3001 tokens) exceeds the available context size (2048 tokens), try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 3000,
+                "n_ctx": 2048,
+            }
+        },
         dict(context_length=2048, input_tokens=3000),  # the JSON fields win over the text
     ),
 ]

@@ -37,7 +37,11 @@ CTX = 8192
         (OverflowCounts("vllm.v018.total", 4096, 300, 4000, lower_bound=True), 4000, None),
         (OverflowCounts("no_counts"), 100, None),
         (OverflowCounts("sglang.total", CTX, CTX - 20, 100), 100, None),  # room below min_tokens
-        (OverflowCounts("llamacpp.fields", 2048, 1000), 4000, 2048 - 1000 - 16),  # smaller server ctx
+        (
+            OverflowCounts("llamacpp.fields", 2048, 1000),
+            4000,
+            2048 - 1000 - 16,
+        ),  # smaller server ctx
     ],
 )
 def test_rebudget_table(counts, sent, expected):

@@ -10,12 +10,17 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+Procs = list["subprocess.Popen[bytes]"]
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "run"
@@ -26,10 +31,25 @@ SCRIPTS = [LAUNCH, STOP, TMUX_GENERATE]
 
 # Variables the scripts read from the environment; a developer's shell must not leak into tests.
 CONFIG_KEYS = [
-    "MODEL_PATH", "SERVED_MODEL_NAME", "CONTEXT_LENGTH", "MEM_FRACTION", "MAX_RUNNING_REQUESTS",
-    "TP", "NUM_SERVERS", "BASE_PORT", "HOST", "EXTRA_ARGS", "RUN_DIR", "HEALTH_TIMEOUT",
-    "HEALTH_INTERVAL", "SGLANG_PYTHON", "PIN_WITH", "STOP_TIMEOUT", "CUDA_VISIBLE_DEVICES", "TMUX",
-]  # fmt: skip
+    "MODEL_PATH",
+    "SERVED_MODEL_NAME",
+    "CONTEXT_LENGTH",
+    "MEM_FRACTION",
+    "MAX_RUNNING_REQUESTS",
+    "TP",
+    "NUM_SERVERS",
+    "BASE_PORT",
+    "HOST",
+    "EXTRA_ARGS",
+    "RUN_DIR",
+    "HEALTH_TIMEOUT",
+    "HEALTH_INTERVAL",
+    "SGLANG_PYTHON",
+    "PIN_WITH",
+    "STOP_TIMEOUT",
+    "CUDA_VISIBLE_DEVICES",
+    "TMUX",
+]
 
 LEGEND = """
 Legend:
@@ -41,18 +61,23 @@ Legend:
   PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
   PIX  = Connection traversing at most a single PCIe bridge
   NV#  = Connection traversing a bonded set of # NVLinks
-"""  # noqa: E501  (the legend lines are nvidia-smi's own)
+"""
 
 
-def topo_table(gpu_nodes: list[int], node_cpus: dict[int, str]) -> str:
-    """The `nvidia-smi topo -m` table of GPUs on the given NUMA nodes, one NIC per node."""
+def topo_table(gpu_nodes: list[int], node_cpus: dict[int, str], numa: bool = True) -> str:
+    """The `nvidia-smi topo -m` table of GPUs on the given NUMA nodes, one NIC per node.
+
+    numa=False prints N/A as NUMA Affinity, as nvidia-smi does on some single-socket machines.
+    """
     nics = sorted(set(gpu_nodes))
-    header = [""] + [f"GPU{i}" for i in range(len(gpu_nodes))] + [f"NIC{j}" for j in range(len(nics))]
+    gpus = [f"GPU{i}" for i in range(len(gpu_nodes))]
+    header = ["", *gpus, *(f"NIC{j}" for j in range(len(nics)))]
     lines = ["\t".join([*header, "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])]
     for i, node in enumerate(gpu_nodes):
         gpu_cells = [" X " if j == i else "NV18" for j in range(len(gpu_nodes))]
         nic_cells = ["PIX" if nic_node == node else "SYS" for nic_node in nics]
-        cells = [f"GPU{i}", *gpu_cells, *nic_cells, node_cpus[node], str(node), "", "N/A"]
+        numa_affinity = str(node) if numa else "N/A"
+        cells = [f"GPU{i}", *gpu_cells, *nic_cells, node_cpus[node], numa_affinity, "", "N/A"]
         lines.append("\t".join(cells))
     for j, nic_node in enumerate(nics):
         gpu_cells = ["NODE" if node == nic_node else "SYS" for node in gpu_nodes]
@@ -93,8 +118,12 @@ echo "fake nvidia-smi: unsupported arguments: $*" >&2
 exit 2
 """,
     )
-    if numactl:
-        write_exe(bin_dir / "numactl", "#!/bin/sh\necho 'fake numactl must not run' >&2\nexit 99\n")
+    if numactl:  # logs its options, then runs the command in place (same pid, like the real one)
+        write_exe(
+            bin_dir / "numactl",
+            '#!/usr/bin/env bash\nopts=()\nwhile [[ $1 == --* ]]; do opts+=("$1"); shift; done\n'
+            'echo "numactl ${opts[*]}"\nexec "$@"\n',
+        )
     return bin_dir
 
 
@@ -107,13 +136,14 @@ def clean_env(bin_dir: Path | None, **extra: str) -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """Run a command, capturing text output."""
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a command, capturing text output (30 s at most)."""
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30, check=False)
 
 
-def dry_run(tmp_path: Path, *args: str, topo: str = EIGHT_GPUS_TWO_NODES, numactl: bool = True,
-            **env: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def dry_run(
+    tmp_path: Path, *args: str, topo: str = EIGHT_GPUS_TWO_NODES, numactl: bool = True, **env: str
+) -> subprocess.CompletedProcess[str]:
     """launch_sglang.sh --dry-run against a fake topology, RUN_DIR inside tmp_path."""
     base = {"MODEL_PATH": "/models/test-model", "RUN_DIR": str(tmp_path / "run")}
     proc_env = clean_env(fake_bin(tmp_path, topo, numactl), **{**base, **env})
@@ -187,9 +217,10 @@ def test_tp1_dry_run_pins_each_gpu_to_its_numa_node(tmp_path: Path) -> None:
     for i in range(8):
         cmd = cmds[30000 + i]
         assert cmd.startswith(numactl_prefix(str(i), str(i // 4))), cmd
-        assert "--model-path /models/test-model --port %d --host 127.0.0.1 --tp 1 " % (30000 + i) in cmd
+        port = 30000 + i
+        assert f"--model-path /models/test-model --port {port} --host 127.0.0.1 --tp 1 " in cmd
         assert "--context-length 32768 --mem-fraction-static 0.85 --max-running-requests 256" in cmd
-        assert cmd.endswith(f">> {tmp_path}/run/servers/server-{30000 + i}.log 2>&1")
+        assert cmd.endswith(f">> {tmp_path}/run/servers/server-{port}.log 2>&1")
     assert re.search(r"^3\s+30003\s+3\s+0\s+0-27\s+numactl$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^4\s+30004\s+4\s+1\s+28-55\s+numactl$", proc.stdout, re.M), proc.stdout
     assert not (tmp_path / "run").exists(), "a dry run must not create the run folder"
@@ -212,11 +243,15 @@ def test_taskset_pins_to_the_cpu_affinity_of_the_gpus(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     cmds = commands_by_port(proc.stdout)
     assert sorted(cmds) == [30000, 30001, 30002, 30003]
-    expected = {30000: ("0,1", "0-27"), 30001: ("2,3", "0-27"),
-                30002: ("4,5", "28-55"), 30003: ("6,7", "28-55")}  # fmt: skip
+    expected = {
+        30000: ("0,1", "0-27"),
+        30001: ("2,3", "0-27"),
+        30002: ("4,5", "28-55"),
+        30003: ("6,7", "28-55"),
+    }
     for port, (gpus, cpus) in expected.items():
-        prefix = f"CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={gpus} taskset -c {cpus} python "
-        assert cmds[port].startswith(prefix), cmds[port]
+        pin = f"CUDA_VISIBLE_DEVICES={gpus} taskset -c {cpus} python "
+        assert cmds[port].startswith(f"CUDA_DEVICE_ORDER=PCI_BUS_ID {pin}"), cmds[port]
 
 
 def test_auto_pinning_falls_back_to_taskset_without_numactl(tmp_path: Path) -> None:
@@ -249,6 +284,34 @@ def test_tp3_group_across_numa_nodes_is_accepted_with_force(tmp_path: Path) -> N
     assert "GPUs 6-7 stay idle" in proc.stderr
 
 
+def test_tp8_group_of_whole_numa_nodes_is_allowed(tmp_path: Path) -> None:
+    """TP 8 takes all GPUs of both nodes, which no placement avoids: allowed, bound to both."""
+    proc = dry_run(tmp_path, "--tp", "8")
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert list(cmds) == [30000]
+    assert cmds[30000].startswith(numactl_prefix("0,1,2,3,4,5,6,7", "0,1")), cmds[30000]
+
+
+def test_tp6_group_taking_part_of_a_node_is_refused(tmp_path: Path) -> None:
+    """TP 6 takes all of node 0 and half of node 1: refused, and the hint lists TPs that fit."""
+    proc = dry_run(tmp_path, "--tp", "6")
+    assert proc.returncode == 4
+    assert "GPUs 0,1,2,3,4,5, which span NUMA nodes 0,1" in proc.stderr
+    assert "use --tp 1/2/4/8" in proc.stderr
+
+
+def test_unknown_numa_affinity_falls_back_to_taskset(tmp_path: Path) -> None:
+    """NUMA Affinity N/A: no numactl binding, taskset on the CPU Affinity, and a warning."""
+    topo = topo_table([0, 0], {0: "0-15"}, numa=False)
+    proc = dry_run(tmp_path, topo=topo)
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert sorted(cmds) == [30000, 30001]
+    assert "CUDA_VISIBLE_DEVICES=1 taskset -c 0-15 python -m sglang.launch_server" in cmds[30001]
+    assert "cannot check that TP groups stay on one node" in proc.stderr
+
+
 def test_single_gpu_topology_gives_one_server(tmp_path: Path) -> None:
     """One GPU with TP 1: one server on port 30000, GPU 0 on node 0."""
     proc = dry_run(tmp_path, topo=ONE_GPU)
@@ -268,8 +331,10 @@ def test_more_servers_than_gpus_is_a_topology_error(tmp_path: Path) -> None:
 def test_failing_nvidia_smi_is_reported(tmp_path: Path) -> None:
     """nvidia-smi failing (no driver) exits 3 with its message."""
     bin_dir = fake_bin(tmp_path, EIGHT_GPUS_TWO_NODES)
-    write_exe(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'NVIDIA-SMI has failed because it "
-              "couldn'\\''t communicate with the NVIDIA driver.'\nexit 9\n")  # fmt: skip
+    write_exe(
+        bin_dir / "nvidia-smi",
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn'\\''t communicate with the NVIDIA driver.'\nexit 9\n",
+    )
     proc = run(["bash", str(LAUNCH), "--dry-run"], clean_env(bin_dir, MODEL_PATH="/m"))
     assert proc.returncode == 3
     assert "couldn't communicate with the NVIDIA driver" in proc.stderr
@@ -293,8 +358,16 @@ def test_config_file_environment_and_flags_precedence(tmp_path: Path) -> None:
         "HOST=0.0.0.0\nCONTEXT_LENGTH=8192\nMEM_FRACTION=0.9\nMAX_RUNNING_REQUESTS=64\n"
         'EXTRA_ARGS="--trust-remote-code --enable-metrics"\nSGLANG_PYTHON=/opt/sglang/bin/python\n'
     )
-    proc = dry_run(tmp_path, "--config", str(config), "--num-servers", "3",
-                   MODEL_PATH="/models/from-env", BASE_PORT="32000", CONTEXT_LENGTH="")  # fmt: skip
+    proc = dry_run(
+        tmp_path,
+        "--config",
+        str(config),
+        "--num-servers",
+        "3",
+        MODEL_PATH="/models/from-env",
+        BASE_PORT="32000",
+        CONTEXT_LENGTH="",
+    )
     assert proc.returncode == 0, proc.stderr
     cmds = commands_by_port(proc.stdout)
     assert sorted(cmds) == [32000, 32001, 32002]
@@ -314,6 +387,127 @@ def test_bad_values_are_configuration_errors(tmp_path: Path) -> None:
     bad_mem = dry_run(tmp_path, MEM_FRACTION="1.2")
     assert bad_mem.returncode == 2
     assert "MEM_FRACTION" in bad_mem.stderr
+
+
+# --- launch_sglang.sh for real, with a fake sglang ---------------------------------------------
+
+FAKE_SGLANG_SERVER = """
+import http.server, sys
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def fake_sglang_python(tmp_path: Path) -> Path:
+    """A stand-in for SGLANG_PYTHON: `-m sglang.launch_server --port P` serves GET /health."""
+    server = tmp_path / "fake_server.py"
+    server.write_text(FAKE_SGLANG_SERVER)
+    return write_exe(
+        tmp_path / "fake-python",
+        f"""#!/usr/bin/env bash
+[[ $1 == -c ]] && exit 0  # launch_sglang.sh checking that sglang is importable
+port=$(sed -E 's/.*--port ([0-9]+).*/\\1/' <<<"$*")
+echo "fake sglang: port $port CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES args: $*"
+if [[ $port == "${{FAKE_FAIL_PORT:-}}" ]]; then
+  echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+  exit 1
+fi
+exec {sys.executable} {server} "$port"
+""",
+    )
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P+1 are free on 127.0.0.1."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base: int = probe.getsockname()[1]
+        if base >= 65535:
+            continue
+        with socket.socket() as second:
+            try:
+                second.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no two consecutive free ports")
+
+
+def launch_for_real(tmp_path: Path, base_port: int, **env: str) -> subprocess.CompletedProcess[str]:
+    """launch_sglang.sh --tp 4 (two servers) with the fake sglang, polling /health every 0.2 s."""
+    (tmp_path / "model").mkdir(exist_ok=True)
+    settings = {
+        "MODEL_PATH": str(tmp_path / "model"),
+        "RUN_DIR": str(tmp_path / "run"),
+        "SGLANG_PYTHON": str(fake_sglang_python(tmp_path)),
+        "HEALTH_TIMEOUT": "20",
+        "HEALTH_INTERVAL": "0.2",
+        **env,
+    }
+    proc_env = clean_env(fake_bin(tmp_path, EIGHT_GPUS_TWO_NODES), **settings)
+    return run(["bash", str(LAUNCH), "--tp", "4", "--base-port", str(base_port)], proc_env)
+
+
+def cleanup_servers(run_dir: Path) -> None:
+    """Stop whatever a launch test left running."""
+    stop(run_dir, "--timeout", "2")
+    for pid_file in (run_dir / "servers").glob("*.pid"):
+        pid = int(pid_file.read_text())
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def test_launch_waits_for_health_then_stop_stops_the_fleet(tmp_path: Path) -> None:
+    """Real launch: pinned servers, pid and log files, healthy report; a relaunch is refused."""
+    base = free_port_pair()
+    run_dir = tmp_path / "run"
+    try:
+        proc = launch_for_real(tmp_path, base)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "All 2 server(s) healthy" in proc.stdout
+        pids = [int((run_dir / f"servers/server-{base + i}.pid").read_text()) for i in (0, 1)]
+        assert all(alive(pid) for pid in pids)
+        for i, (gpus, node) in enumerate([("0,1,2,3", "0"), ("4,5,6,7", "1")]):
+            log = (run_dir / f"servers/server-{base + i}.log").read_text()
+            assert f"numactl --cpunodebind={node} --membind={node}" in log
+            assert f"fake sglang: port {base + i} CUDA_VISIBLE_DEVICES={gpus} " in log
+
+        again = launch_for_real(tmp_path, base)
+        assert again.returncode == 5
+        assert "already running" in again.stderr
+
+        stopped = stop(run_dir, "--timeout", "5")
+        assert stopped.returncode == 0, stopped.stderr
+        deadline = time.monotonic() + 3
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in pids)
+        assert not list((run_dir / "servers").glob("*.pid"))
+    finally:
+        cleanup_servers(run_dir)
+
+
+def test_launch_reports_a_server_that_died_with_its_log(tmp_path: Path) -> None:
+    """A server that exits while loading is reported with its log tail; exit code 6."""
+    base = free_port_pair()
+    try:
+        proc = launch_for_real(tmp_path, base, FAKE_FAIL_PORT=str(base + 1))
+        assert proc.returncode == 6, proc.stdout + proc.stderr
+        assert re.search(rf"^1\s+{base + 1}\s+4,5,6,7\s+\d+\s+DIED$", proc.stdout, re.M)
+        assert re.search(rf"^0\s+{base}\s+0,1,2,3\s+\d+\s+healthy after", proc.stdout, re.M)
+        assert "CUDA out of memory" in proc.stdout
+        assert "1 of 2 server(s) did not come up" in proc.stderr
+    finally:
+        cleanup_servers(tmp_path / "run")
 
 
 # --- stop_sglang.sh ----------------------------------------------------------------------------
@@ -337,20 +531,22 @@ def wait_dead(proc: subprocess.Popen[bytes], timeout: float = 5) -> bool:
     return True
 
 
-def start(cmd: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], stdout: int | None = None, start_new_session: bool = False) -> subprocess.Popen[bytes]:
     """Start a background process the test owns."""
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stdout, start_new_session=start_new_session)
 
 
 @pytest.fixture
-def procs() -> list[subprocess.Popen[bytes]]:
+def procs() -> Iterator[Procs]:
     """Background processes started by a test, killed at its end whatever happens."""
     started: list[subprocess.Popen[bytes]] = []
-    yield started  # type: ignore[misc]
+    yield started
     for proc in started:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def write_pid_file(run_dir: Path, port: int, pid: int) -> Path:
@@ -367,7 +563,7 @@ def stop(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run(["bash", str(STOP), "--run-dir", str(run_dir), *args], clean_env(None))
 
 
-def test_stop_kills_exactly_the_recorded_pids(tmp_path: Path, procs: list) -> None:
+def test_stop_kills_exactly_the_recorded_pids(tmp_path: Path, procs: Procs) -> None:
     """Recorded sleeps get SIGTERM and their pid files go; an unrecorded sleep survives."""
     run_dir = tmp_path / "run"
     recorded = [start(["sleep", "300"]) for _ in range(2)]
@@ -387,7 +583,7 @@ def test_stop_kills_exactly_the_recorded_pids(tmp_path: Path, procs: list) -> No
     assert "stale pid file" in proc.stderr
 
 
-def test_stop_escalates_to_sigkill_after_the_timeout(tmp_path: Path, procs: list) -> None:
+def test_stop_escalates_to_sigkill_after_the_timeout(tmp_path: Path, procs: Procs) -> None:
     """A process that ignores SIGTERM is killed with SIGKILL once --timeout passes."""
     stubborn = start(["bash", "-c", "trap '' TERM; exec sleep 300"])
     procs.append(stubborn)
@@ -400,16 +596,15 @@ def test_stop_escalates_to_sigkill_after_the_timeout(tmp_path: Path, procs: list
     assert not pid_file.exists()
 
 
-def test_stop_also_kills_the_process_group_of_a_setsid_server(tmp_path: Path, procs: list) -> None:
+def test_stop_also_kills_the_process_group_of_a_setsid_server(tmp_path: Path, procs: Procs) -> None:
     """A recorded group leader (as launch_sglang.sh starts them) takes its children with it."""
-    leader = start(["bash", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE,
-                   start_new_session=True)  # fmt: skip
+    leader = start(["bash", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE, start_new_session=True)
     procs.append(leader)
     assert leader.stdout is not None
     child = int(leader.stdout.readline())
     write_pid_file(tmp_path / "run", 30000, leader.pid)
     try:
-        proc = stop(tmp_path / "run", "--timeout", "1")
+        proc = stop(tmp_path / "run", "--timeout", "0")
         assert proc.returncode == 0, proc.stderr
         assert wait_dead(leader)
         deadline = time.monotonic() + 3
@@ -421,14 +616,14 @@ def test_stop_also_kills_the_process_group_of_a_setsid_server(tmp_path: Path, pr
             os.kill(child, signal.SIGKILL)
 
 
-def test_stop_leaves_a_reused_pid_alone(tmp_path: Path, procs: list) -> None:
+def test_stop_leaves_a_reused_pid_alone(tmp_path: Path, procs: Procs) -> None:
     """A pid file older than the process now holding that pid is stale: nothing is signalled."""
     newcomer = start(["sleep", "300"])
     procs.append(newcomer)
     pid_file = write_pid_file(tmp_path / "run", 30000, newcomer.pid)
     an_hour_ago = time.time() - 3600
     os.utime(pid_file, (an_hour_ago, an_hour_ago))
-    proc = stop(tmp_path / "run", "--timeout", "1")
+    proc = stop(tmp_path / "run", "--timeout", "0")
     assert proc.returncode == 0, proc.stderr
     assert newcomer.poll() is None and alive(newcomer.pid)
     assert "not signalling it" in proc.stderr
@@ -449,8 +644,7 @@ def test_tmux_generate_dry_run_prints_the_tmux_commands(tmp_path: Path) -> None:
     """--dry-run prints new-session, the `make generate` it types, and attach; runs nothing."""
     session = f"gp-test-{uuid.uuid4().hex[:8]}"
     args = ["INPUT=prompts/x.jsonl", "OUT=runs/x", "ARGS=--resume --limit 10"]
-    proc = run(["bash", str(TMUX_GENERATE), "--dry-run", "--session", session, *args],
-               clean_env(None))  # fmt: skip
+    proc = run(["bash", str(TMUX_GENERATE), "--dry-run", "--session", session, *args], clean_env(None))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         f"tmux new-session -d -s {session} -c {REPO}",

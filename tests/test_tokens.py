@@ -26,7 +26,11 @@ CTX = 8192
 def test_clamp_table(requested, input_tokens, margin, min_tokens, expected):
     """The budget is min(requested, context - input - margin), or None under min_tokens."""
     got = clamp_max_tokens(
-        requested, context_length=CTX, input_tokens=input_tokens, margin=margin, min_tokens=min_tokens
+        requested,
+        context_length=CTX,
+        input_tokens=input_tokens,
+        margin=margin,
+        min_tokens=min_tokens,
     )
     assert got == expected
     if got is not None:
@@ -35,7 +39,10 @@ def test_clamp_table(requested, input_tokens, margin, min_tokens, expected):
 
 def test_chat_template_counts_are_what_the_server_counts(qwen3_counter):
     """The Qwen3 count equals the ids the real template produces (README example: 21 tokens)."""
-    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello, world!"}]
+    msgs = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hello, world!"},
+    ]
     assert qwen3_counter.count([msgs]) == [21]
     ids = qwen3_counter.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     ids = ids["input_ids"] if not isinstance(ids, list) else ids

@@ -1,0 +1,149 @@
+"""The simulated fleet's settings: one frozen value, validated once, shared by every port."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ..errors import ConfigError
+from ..tokens import TINY_TOKENIZER
+
+SGLANG_VERSION = "0.5.23"
+LEGACY_SGLANG_VERSION = "0.5.9"  # the last release whose check (B) rejects input + max_new == ctx
+QWEN_EOS_ID = 151645  # matched_stop when the tokenizer has no eos id
+KV_POOL_PER_CONTEXT = 8  # default max_total_num_tokens is this many full contexts
+
+
+def _frozen_map(value: Any) -> Mapping[Any, Any]:
+    """A read-only copy of a dict (or of (key, value) pairs)."""
+    return MappingProxyType(dict(value))
+
+
+def _check_probability(name: str, value: float) -> None:
+    """Reject a probability outside [0, 1]."""
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"simulator: {name} must be in [0, 1], got {value}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Settings for a fleet of simulated SGLang servers on 127.0.0.1.
+
+    Fleet: `ports` (one server each), `context_length`, `tokenizer` (its chat template counts
+    prompts; its path is reported as tokenizer_path), `model` (served_model_name).
+    Scheduler: `max_running` requests run at once per port; the rest queue, unbounded unless
+    `max_queued` is set (then 503 "The request queue is full."). `max_total_tokens` is the KV
+    pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter.
+    Timing: a completion sleeps `prefill_latency + n * token_latency` holding a running slot;
+    `/health` sleeps `health_delay` (SGLang takes >= 1 s).
+    SGLang quirks: `template_extra_tokens` are added to every chat prompt count (a server-side
+    template the client does not know); `reserved_tokens` (EAGLE) are added to the input of
+    checks (A) and (B) and their messages only; `legacy_offbyone` makes (B) reject
+    `input + max_new >= ctx` (<= 0.5.9); `explicit_context_length` models `--context-length`
+    (check (D), and a non-null context_length in /server_info).
+    Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`.
+    Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
+    `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `slow`
+    {port: factor} multiplies latencies; `p500`, `p503` (queue full), `p_drop` (connection
+    reset, no reply) and `p_hang` (no reply until the client gives up) apply to every port;
+    `crash_after` {port: n}: the port serves n generation requests and the next one crashes it
+    (listener closed, in-flight connections reset); with `restart_after` seconds it comes back,
+    `/health` answering 503 for `warmup` seconds while /v1/* is already served.
+    """
+
+    # fleet
+    ports: tuple[int, ...]
+    context_length: int = 8192
+    tokenizer: str = str(TINY_TOKENIZER)
+    model: str = "sim-model"
+    # scheduler
+    max_running: int = 64
+    max_queued: int | None = None
+    max_total_tokens: int | None = None
+    # timing
+    token_latency: float = 0.0
+    prefill_latency: float = 0.0
+    health_delay: float = 1.0
+    # SGLang quirks
+    template_extra_tokens: int = 0
+    reserved_tokens: int = 0
+    legacy_offbyone: bool = False
+    explicit_context_length: bool = False
+    # content
+    completion_words: int = 48
+    seed: int = 0
+    # faults
+    dead: tuple[int, ...] = ()
+    flaky: Mapping[int, float] = field(default_factory=dict)
+    slow: Mapping[int, float] = field(default_factory=dict)
+    p500: float = 0.0
+    p503: float = 0.0
+    p_drop: float = 0.0
+    p_hang: float = 0.0
+    crash_after: Mapping[int, int] = field(default_factory=dict)
+    restart_after: float | None = None
+    warmup: float = 2.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ports", tuple(self.ports))
+        object.__setattr__(self, "dead", tuple(self.dead))
+        for name in ("flaky", "slow", "crash_after"):
+            object.__setattr__(self, name, _frozen_map(getattr(self, name)))
+        self._validate_shape()
+        self._validate_faults()
+
+    def _validate_shape(self) -> None:
+        """Reject impossible fleet, scheduler and content settings."""
+        if not self.ports or len(set(self.ports)) != len(self.ports):
+            raise ConfigError(f"simulator: need distinct ports, got {list(self.ports)}")
+        if self.context_length < 8:
+            raise ConfigError(f"simulator: context_length must be >= 8, got {self.context_length}")
+        if self.max_running < 1 or (self.max_queued is not None and self.max_queued < 0):
+            raise ConfigError("simulator: max_running must be >= 1 and max_queued >= 0")
+        if self.completion_words < 1:
+            raise ConfigError("simulator: completion_words must be >= 1")
+        if min(self.token_latency, self.prefill_latency, self.health_delay, self.warmup) < 0:
+            raise ConfigError("simulator: latencies must be >= 0")
+
+    def _validate_faults(self) -> None:
+        """Reject fault settings that name unknown ports or impossible rates."""
+        for name in ("p500", "p503", "p_drop", "p_hang"):
+            _check_probability(name, getattr(self, name))
+        if self.p500 + self.p503 + self.p_drop + self.p_hang > 1.0:
+            raise ConfigError("simulator: p500 + p503 + p_drop + p_hang must be <= 1")
+        for port, p in self.flaky.items():
+            _check_probability(f"flaky rate of port {port}", p)
+        if any(f <= 0 for f in self.slow.values()) or any(n < 0 for n in self.crash_after.values()):
+            raise ConfigError("simulator: slow factors must be > 0 and crash_after counts >= 0")
+        named = set(self.dead) | set(self.flaky) | set(self.slow) | set(self.crash_after)
+        if not named <= set(self.ports):
+            raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
+        if self.restart_after is not None and self.restart_after < 0:
+            raise ConfigError("simulator: restart_after must be >= 0")
+
+    @property
+    def live_ports(self) -> tuple[int, ...]:
+        """The ports that listen (all but the dead ones)."""
+        return tuple(p for p in self.ports if p not in self.dead)
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """The KV pool size the scheduler reports."""
+        return self.max_total_tokens or self.context_length * KV_POOL_PER_CONTEXT
+
+    @property
+    def max_req_len(self) -> int:
+        """SGLang's per-request length cap: min(ctx - 1, pool - 1)."""
+        return min(self.context_length - 1, self.max_total_num_tokens - 1)
+
+    @property
+    def max_req_input_len(self) -> int:
+        """The scheduler's input cap of check (C): max_req_len - 5."""
+        return self.max_req_len - 5
+
+    @property
+    def version(self) -> str:
+        """The SGLang version this configuration imitates."""
+        return LEGACY_SGLANG_VERSION if self.legacy_offbyone else SGLANG_VERSION

@@ -1,0 +1,52 @@
+"""The server side of token counting: what SGLang would count for a chat or a completions prompt."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..tokens import HFTokenCounter
+from . import sglang
+from .sglang import GenRequest
+
+LONG_TEXT_CHARS = 20_000  # count longer prompts in a thread so one does not stall every port
+
+
+class ServerCounter:
+    """Counts prompts with the served tokenizer, plus the template tokens the client cannot see."""
+
+    def __init__(self, counter: HFTokenCounter, template_extra_tokens: int) -> None:
+        self.counter = counter
+        self.tokenizer = counter.tokenizer
+        self.extra = template_extra_tokens
+
+    async def count(self, req: GenRequest) -> int:
+        """usage.prompt_tokens: the chat template count (+ extra), or the raw prompt's ids."""
+        if req.messages is None:
+            if isinstance(req.prompt, str) and len(req.prompt) > LONG_TEXT_CHARS:
+                return len(await asyncio.to_thread(self.prompt_ids, req))
+            return len(self.prompt_ids(req))
+        size = sum(len(str(m.get("content", ""))) for m in req.messages)
+        if size > LONG_TEXT_CHARS:
+            counted = await asyncio.to_thread(self.counter.count, [req.messages])
+        else:
+            counted = self.counter.count([req.messages])
+        if isinstance(counted[0], str):
+            raise sglang.bad_request(counted[0], "BadRequest")
+        return counted[0] + self.extra
+
+    async def chat_ids(self, req: GenRequest) -> list[int]:
+        """The ids a chat request is encoded to (the extra template tokens appear as id 0)."""
+        try:
+            text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # jinja raise_exception() and type errors in the template
+            raise sglang.bad_request(f"chat template failed: {exc}", "BadRequest") from exc
+        encoded = await asyncio.to_thread(self.tokenizer, text, add_special_tokens=False)
+        ids: list[int] = encoded["input_ids"]
+        return ids + [0] * self.extra
+
+    def prompt_ids(self, req: GenRequest) -> list[int]:
+        """A completions prompt's ids: encoded with add_special_tokens=True, or given as ids."""
+        if isinstance(req.prompt, list):
+            return req.prompt
+        ids: list[int] = self.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]
+        return ids

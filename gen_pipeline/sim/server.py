@@ -1,0 +1,285 @@
+"""One simulated SGLang server: its routes, the generation path with faults, crash and restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from . import info, sglang
+from .config import SimConfig
+from .counting import ServerCounter
+from .faults import Fault, FaultPlan
+from .scheduler import PortStats, Scheduler
+from .sglang import GenRequest, Rejection
+
+HANG_SECONDS = 24 * 3600.0  # "never": the client gives up first, which cancels the handler
+KEEPALIVE_TIMEOUT = 5.0  # uvicorn's timeout_keep_alive, which SGLang keeps
+RESTART_RETRY_SECONDS = 0.5  # how often a restarting port retries a port someone else holds
+MEDIA_TYPE_ERROR = "Unsupported Media Type: Only 'application/json' is allowed"
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    """A JSON reply serialised with orjson."""
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+class PortServer:
+    """A simulated SGLang server on one 127.0.0.1 port."""
+
+    def __init__(self, cfg: SimConfig, port: int, counter: ServerCounter, eos: int) -> None:
+        self.cfg, self.port, self.counter, self.eos = cfg, port, counter, eos
+        self.stats = PortStats()
+        self.faults = FaultPlan.for_port(cfg, port)
+        self.scheduler = Scheduler(cfg, self.stats, cfg.slow.get(port, 1.0))
+        self.state = "down"  # down: refuses connections; warming: /health 503; up
+        self.started = time.time()
+        self.has_crashed = False
+        self._runner: web.AppRunner | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # lifecycle
+
+    async def start(self, warmup: float = 0.0) -> None:
+        """Listen; with a warmup, /health answers 503 for that long while /v1/* is served."""
+        runner = web.AppRunner(
+            self._app(),
+            handler_cancellation=True,  # SGLang aborts a request whose client went away
+            keepalive_timeout=KEEPALIVE_TIMEOUT,
+            shutdown_timeout=0.5,
+            access_log=None,
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner, self.started = runner, time.time()
+        self.state = "warming" if warmup > 0 else "up"
+        if warmup > 0:
+            self._spawn(self._finish_warmup(warmup))
+
+    async def aclose(self) -> None:
+        """Stop for good: a pending restart is cancelled and open connections are reset."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._kill()
+
+    async def _finish_warmup(self, seconds: float) -> None:
+        """Leave the warming state after `seconds`."""
+        await asyncio.sleep(seconds)
+        self.state = "up"
+
+    async def _kill(self) -> None:
+        """Close the listener, then reset every open connection, as a killed process would."""
+        runner = self._runner
+        self.state = "down"
+        if runner is None:
+            return
+        for site in list(runner.sites):
+            await site.stop()
+        for conn in runner.server.connections if runner.server else []:
+            if conn.transport is not None:
+                conn.transport.abort()
+        await asyncio.sleep(0)  # let connection_lost run, which cancels their handlers
+        try:
+            await runner.cleanup()
+        finally:  # kept until cleaned up, so that aclose() can finish a cancelled kill
+            if self._runner is runner:
+                self._runner = None
+
+    async def _crash(self) -> None:
+        """Die mid-run, then come back after restart_after seconds if configured."""
+        self.stats.crashes += 1
+        self.stats.dropped += self.stats.in_flight
+        await self._kill()
+        if self.cfg.restart_after is None:
+            return
+        await asyncio.sleep(self.cfg.restart_after)
+        while True:
+            try:
+                await self.start(warmup=self.cfg.warmup)
+                break
+            except OSError:  # someone took the port meanwhile: keep trying, as a supervisor would
+                await asyncio.sleep(RESTART_RETRY_SECONDS)
+        self.stats.restarts += 1
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a background task that aclose() can cancel."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # routes
+
+    def _app(self) -> web.Application:
+        """The aiohttp application with SGLang's routes."""
+        app = web.Application(client_max_size=1 << 30)
+        get = [
+            ("/health", self._health),
+            ("/health_generate", self._health),
+            ("/ready", self._ready),
+            ("/v1/models", self._models),
+            ("/v1/models/{model:.+}", self._model),
+            ("/model_info", self._model_info),
+            ("/get_model_info", self._model_info),
+            ("/server_info", self._server_info),
+            ("/get_server_info", self._server_info),
+        ]
+        post = [
+            ("/v1/chat/completions", self._chat),
+            ("/v1/completions", self._completions),
+            ("/v1/tokenize", self._tokenize),
+            ("/tokenize", self._tokenize),
+        ]
+        app.add_routes([web.get(path, handler) for path, handler in get])
+        app.add_routes([web.post(path, handler) for path, handler in post])
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        """503 while warming up; otherwise 200 after the probe generation (>= 1 s in SGLang)."""
+        if self.state != "up":
+            return web.Response(status=503)
+        if self.cfg.health_delay > 0:
+            await asyncio.sleep(self.cfg.health_delay)
+        return web.Response(status=200)
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        """200 when up, else 503, with no probe."""
+        return web.Response(status=200 if self.state == "up" else 503)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        """The model list with one card."""
+        card = info.model_card(self.cfg, int(self.started))
+        return json_response({"object": "list", "data": [card]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        """One card, or the 404 envelope for another name."""
+        name = request.match_info["model"]
+        if name != self.cfg.model:
+            return json_response(info.model_not_found(name), 404)
+        return json_response(info.model_card(self.cfg, int(self.started)))
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        """The model info (no context length, as in SGLang)."""
+        return json_response(info.model_info(self.cfg))
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        """The server args plus scheduler info."""
+        return json_response(info.server_info(self.cfg, self.port, self.started))
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """/v1/tokenize of a prompt or of chat messages; max_model_len is the tokenizer's."""
+        try:
+            payload = await _read_json(request)
+            if isinstance(payload, dict) and "messages" in payload:
+                ids = await self.counter.chat_ids(sglang.parse_chat(payload, self.cfg.model))
+            else:
+                ids = self.counter.prompt_ids(sglang.parse_completion(payload, self.cfg.model))
+        except Rejection as rej:
+            return json_response(rej.body, rej.status)
+        limit = self.counter.tokenizer.model_max_length
+        return json_response({"tokens": ids, "count": len(ids), "max_model_len": limit})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/chat/completions."""
+        return await self._generate(request, chat=True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/completions."""
+        return await self._generate(request, chat=False)
+
+    # the generation path
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """Crash, drop or hang if the dice say so; otherwise answer (a completion or an error)."""
+        self.stats.requests += 1
+        with self.scheduler.in_flight():
+            if self._should_crash():
+                self._spawn(self._crash())
+                return await _hang()  # reset with every other connection by the crash
+            fault = self.faults.draw()
+            if fault is Fault.DROP:
+                return self._drop(request)
+            if fault is Fault.HANG:
+                self.stats.hung += 1
+                return await _hang()
+            try:
+                body = await self._complete(request, chat, fault)
+            except Rejection as rej:
+                self.stats.errors += 1
+                return json_response(rej.body, rej.status)
+            self.stats.completions += 1
+            return json_response(body)
+
+    async def _complete(self, request: web.Request, chat: bool, fault: Fault) -> dict[str, Any]:
+        """The completion body, or a Rejection for a failed check or an injected error."""
+        _raise_fault(fault)
+        payload = await _read_json(request)
+        req = (sglang.parse_chat if chat else sglang.parse_completion)(payload, self.cfg.model)
+        if payload.get("stream"):
+            raise sglang.bad_request("the simulator does not stream: send stream=false")
+        prompt_tokens = await self.counter.count(req)
+        message = sglang.length_error(self.cfg, prompt_tokens, req.max_new, chat)
+        if message is not None:
+            self.stats.length_errors += 1
+            raise sglang.bad_request(message)
+        self.stats.max_prompt_tokens = max(self.stats.max_prompt_tokens, prompt_tokens)
+        max_new = sglang.effective_max_new(self.cfg, prompt_tokens, req.max_new)
+        gen = sglang.generate(_prompt_key(req), self.cfg, max_new, req.stop, self.eos)
+        async with self.scheduler.slot():
+            await self.scheduler.decode(gen.tokens)
+        build = sglang.chat_body if chat else sglang.text_body
+        return build(req, gen, prompt_tokens)
+
+    def _should_crash(self) -> bool:
+        """True for the first request past crash_after (a port crashes at most once)."""
+        limit = self.cfg.crash_after.get(self.port)
+        if limit is None or self.has_crashed or self.stats.requests <= limit:
+            return False
+        self.has_crashed = True
+        return True
+
+    def _drop(self, request: web.Request) -> web.Response:
+        """Reset the connection: the client sees a disconnect and no reply."""
+        self.stats.dropped += 1
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=500)  # never sent: the transport is gone
+
+
+async def _hang() -> web.Response:
+    """Never answer; the handler is cancelled when the client (or the server) hangs up."""
+    await asyncio.sleep(HANG_SECONDS)
+    return web.Response(status=504)
+
+
+def _raise_fault(fault: Fault) -> None:
+    """Turn an injected error fault into its reply."""
+    if fault is Fault.ERROR_500:
+        raise sglang.internal_error()
+    if fault is Fault.ERROR_502:
+        raise Rejection(502, {"message": "Bad Gateway", "code": 502})
+    if fault is Fault.QUEUE_FULL:
+        raise sglang.queue_full()
+
+
+async def _read_json(request: web.Request) -> Any:
+    """The request body as JSON, or the 400s FastAPI would give."""
+    if request.content_type != "application/json":
+        raise sglang.bad_request(MEDIA_TYPE_ERROR, "Bad Request")
+    try:
+        return orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise sglang.bad_request(f"JSON decode error: {exc}", "Bad Request") from exc
+
+
+def _prompt_key(req: GenRequest) -> bytes:
+    """The bytes a completion is derived from: the conversation or the prompt."""
+    return orjson.dumps(req.messages if req.messages is not None else req.prompt)

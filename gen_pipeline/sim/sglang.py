@@ -1,0 +1,228 @@
+"""SGLang 0.5.23's wire format as pure functions: request parsing, the length checks, reply bodies.
+
+Nothing here does I/O, so each rule of server-api.md §1 can be read (and tested) on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PipelineError
+from .config import SimConfig
+
+QUEUE_FULL = "The request queue is full."
+WORDS = (
+    "alpha", "bravo", "cedar", "delta", "ember", "fjord", "grove", "harbor", "island", "jade",
+    "kettle", "lantern", "meadow", "nectar", "orbit", "pebble", "quartz", "river", "saffron",
+    "timber", "umber", "valley", "willow", "xenon", "yarrow", "zephyr", "amber", "basil",
+    "canyon", "dune", "echo", "fern",
+)  # fmt: skip
+
+
+class Rejection(PipelineError):
+    """An HTTP error reply the simulated server sends instead of a completion."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(str(body.get("message", status)))
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    """The parts of a chat or completions request the simulator acts on."""
+
+    model: str
+    max_new: int | None
+    stop: tuple[str, ...]
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What the simulated model produced for one request."""
+
+    text: str
+    tokens: int
+    finish_reason: str
+    matched_stop: int | str | None
+
+
+def error_body(message: str, err_type: str = "BadRequestError", code: int = 400) -> dict[str, Any]:
+    """SGLang's flat OpenAI error envelope (serving_base.create_error_response)."""
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+
+
+def bad_request(message: str, err_type: str = "BadRequestError") -> Rejection:
+    """A 400 with the flat envelope."""
+    return Rejection(400, error_body(message, err_type))
+
+
+def queue_full() -> Rejection:
+    """The 503 of --max-queued-requests (type is str(HTTPStatus) on Python >= 3.11)."""
+    return Rejection(503, error_body(QUEUE_FULL, "503", 503))
+
+
+def internal_error() -> Rejection:
+    """An uncaught server exception: 500 InternalServerError."""
+    return Rejection(500, error_body("Internal server error: simulated", "InternalServerError", 500))
+
+
+def _stops(payload: dict[str, Any]) -> tuple[str, ...]:
+    """The request's stop strings as a tuple."""
+    stop = payload.get("stop")
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop)
+
+
+def _int_field(payload: dict[str, Any], key: str) -> int | None:
+    """An optional integer field; anything else is a validation error."""
+    value = payload.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise bad_request(f"{key}: Input should be a valid integer, got {value!r}", "Bad Request")
+    return value
+
+
+def _normalize_message(message: Any) -> dict[str, Any]:
+    """SGLang's message normalisation: None content -> "", text-part lists flattened."""
+    if not isinstance(message, dict) or "role" not in message:
+        raise bad_request("messages: each message must be an object with a role", "Bad Request")
+    content = message.get("content")
+    if content is None:
+        content = ""
+    elif isinstance(content, list):
+        content = " ".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return {**message, "content": content}
+
+
+def parse_chat(payload: Any, served: str) -> GenRequest:
+    """Validate a /v1/chat/completions body the way the pydantic model and _validate_request do."""
+    if not isinstance(payload, dict):
+        raise bad_request("Input should be a valid dictionary", "Bad Request")
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        raise bad_request(
+            "1 validation error for ChatCompletionRequest\nmessages\n  Field required",
+            "Bad Request",
+        )
+    if not messages:
+        raise bad_request("Messages cannot be empty.")
+    return GenRequest(
+        model=str(payload.get("model") or served),
+        max_new=_int_field(payload, "max_completion_tokens") or _int_field(payload, "max_tokens"),
+        stop=_stops(payload),
+        messages=[_normalize_message(m) for m in messages],
+    )
+
+
+def parse_completion(payload: Any, served: str) -> GenRequest:
+    """Validate a /v1/completions body: a string prompt (or token ids), max_tokens default 16."""
+    if not isinstance(payload, dict):
+        raise bad_request("Input should be a valid dictionary", "Bad Request")
+    prompt = payload.get("prompt")
+    is_ids = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+    if not (isinstance(prompt, str) or is_ids):
+        raise bad_request("1 validation error for CompletionRequest\nprompt\n  Field required", "Bad Request")
+    return GenRequest(
+        model=str(payload.get("model") or served),
+        max_new=_int_field(payload, "max_tokens") if "max_tokens" in payload else 16,
+        stop=_stops(payload),
+        prompt=prompt,
+    )
+
+
+def length_error(cfg: SimConfig, input_tokens: int, max_new: int | None, chat: bool) -> str | None:
+    """The message of the first failing length check, in SGLang's order D, A, B, C; else None."""
+    ctx = cfg.context_length
+    counted = input_tokens + cfg.reserved_tokens  # EAGLE reserve counts in (A) and (B) only
+    if chat and cfg.explicit_context_length and max_new and max_new > ctx:
+        return f"max_completion_tokens is too large: {max_new}.This model supports at most {ctx} completion tokens."
+    if counted >= ctx:
+        return f"The input ({counted} tokens) is longer than the model's context length ({ctx} tokens)."
+    if max_new is not None and _over_total(counted + max_new, ctx, cfg.legacy_offbyone):
+        return (
+            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+            f"You requested a total of {max_new + counted} tokens: {counted} tokens from the input "
+            f"messages and {max_new} tokens for the completion. Please reduce the number of tokens "
+            "in the input messages or the completion to fit within the limit."
+        )
+    if max_new is not None and max_new < 0:
+        return f"max_new_tokens must be at least 0, got {max_new}."
+    if input_tokens >= cfg.max_req_input_len:
+        return (
+            f"Input length ({input_tokens} tokens) exceeds the maximum allowed length "
+            f"({cfg.max_req_input_len} tokens). "
+            "Use a shorter input or enable --allow-auto-truncate."
+        )
+    return None
+
+
+def _over_total(total: int, ctx: int, legacy: bool) -> bool:
+    """Check (B)'s comparison: `>=` up to 0.5.9, `>` from 0.5.16 on."""
+    return total >= ctx if legacy else total > ctx
+
+
+def effective_max_new(cfg: SimConfig, input_tokens: int, requested: int | None) -> int:
+    """The scheduler's clamp: at most max_req_len - input - 1 (= ctx - 2 - input when omitted)."""
+    room = max(0, cfg.max_req_len - input_tokens - 1)
+    return room if requested is None else min(requested, room)
+
+
+def generate(key: bytes, cfg: SimConfig, max_new: int, stop: tuple[str, ...], eos: int) -> Generation:
+    """A prompt's deterministic completion: a hashed natural length, cut by max_new or a stop."""
+    digest = hashlib.blake2b(cfg.seed.to_bytes(8, "little", signed=True) + key, digest_size=16).digest()
+    natural = 1 + int.from_bytes(digest[:8], "little") % cfg.completion_words
+    rng = random.Random(int.from_bytes(digest, "little"))
+    words = [rng.choice(WORDS) for _ in range(min(natural, max_new))]
+    for i, word in enumerate(words):
+        if word in stop:  # the stop string's token is generated but not returned
+            return Generation(" ".join(words[:i]), i + 1, "stop", word)
+    if max_new < natural:
+        return Generation(" ".join(words), len(words), "length", None)
+    return Generation(" ".join(words), len(words), "stop", eos)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """SGLang's usage block without --enable-cache-report."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    }
+
+
+def chat_body(req: GenRequest, gen: Generation, prompt_tokens: int) -> dict[str, Any]:
+    """A non-streaming chat.completion body (server-api.md §1.5)."""
+    message = {"role": "assistant", "content": gen.text, "reasoning_content": None}
+    choice = {"index": 0, "message": message, "logprobs": None}
+    return _envelope("chat.completion", req, gen, prompt_tokens, choice)
+
+
+def text_body(req: GenRequest, gen: Generation, prompt_tokens: int) -> dict[str, Any]:
+    """A non-streaming text_completion body."""
+    choice = {"index": 0, "text": gen.text, "logprobs": None}
+    return _envelope("text_completion", req, gen, prompt_tokens, choice)
+
+
+def _envelope(obj: str, req: GenRequest, gen: Generation, prompt_tokens: int, choice: dict[str, Any]) -> dict[str, Any]:
+    """The fields chat and text completions share; `model` echoes the request."""
+    choice.update(finish_reason=gen.finish_reason, matched_stop=gen.matched_stop)
+    return {
+        "id": uuid.uuid4().hex,
+        "object": obj,
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, gen.tokens),
+        "metadata": {"weight_version": "default"},
+    }

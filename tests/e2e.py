@@ -1,0 +1,66 @@
+"""Helpers for end-to-end tests: a simulated fleet and a generate run in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.pipeline import Outcome, run_async
+from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+
+
+def prompts(n: int, words: int = 20, start: int = 0) -> list[dict[str, Any]]:
+    """`n` distinct chat rows of varying length."""
+    return [
+        {
+            "id": i,
+            "messages": [{"role": "user", "content": f"Q{i}: " + "tell me more " * (1 + (i * 7) % words)}],
+        }
+        for i in range(start, start + n)
+    ]
+
+
+async def run_against_sim(
+    input_path: Path, out: Path, sim: dict[str, Any] | None = None, **run: Any
+) -> tuple[Outcome, Any]:
+    """Start a simulated fleet (8 ports unless told), run generate against it, return both."""
+    sim = {"health_delay": 0.0, **(sim or {})}
+    n = sim.pop("n_ports", 8)
+    config = SimConfig(ports=tuple(free_ports(n)), **sim)
+    async with await start_fleet(config) as fleet:
+        settings = {"retry": RetryPolicy.testing(), "progress": "off", "max_tokens": 64, **run}
+        cfg = RunConfig(input=input_path, out=out, servers=tuple(fleet.urls), **settings)
+        outcome = await run_async(cfg)
+        return outcome, fleet
+
+
+def run_sim(input_path: Path, out: Path, sim: dict[str, Any] | None = None, timeout: float = 60, **run: Any):
+    """Synchronous wrapper with a deadline."""
+    return asyncio.run(asyncio.wait_for(run_against_sim(input_path, out, sim, **run), timeout))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def check_invariant(input_ids: list[Any], out: Path) -> dict[str, Any]:
+    """Every id once in the output, or else in the ledger; never twice in the output."""
+    done = Counter(str(r["id"]) for r in read_jsonl(out / "completions.jsonl"))
+    dupes = {k: v for k, v in done.items() if v > 1}
+    ledger = {str(r["id"]) for r in read_jsonl(out / "failures.jsonl") if r["id"] is not None}
+    lost = [i for i in map(str, input_ids) if i not in done and i not in ledger]
+    assert not dupes, f"duplicated ids in output: {dupes}"
+    assert not lost, f"ids neither in output nor ledger: {lost[:10]}"
+    return {"done": len(done), "ledger": len(ledger)}
+
+
+def replace(cfg: Any, **kw: Any) -> Any:
+    return dataclasses.replace(cfg, **kw)

@@ -1,0 +1,85 @@
+"""Helpers for tests that run gen-pipeline as a user does: as subprocesses."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from gen_pipeline.sim import free_ports
+
+PY = sys.executable
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
+
+
+@contextlib.contextmanager
+def sim_fleet(n: int = 4, *args: str) -> Iterator[str]:
+    """A simulator subprocess on `n` free ports; yields the --servers value."""
+    ports = free_ports(n)
+    spec = f"{ports[0]}" if n == 1 else ",".join(map(str, ports))
+    proc = subprocess.Popen(
+        [PY, "-m", "gen_pipeline", "simulate", "--ports", spec, "--health-delay", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env(),
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "simulator ready" in line:
+                break
+            assert time.monotonic() < deadline, "simulator did not start"
+        else:
+            raise AssertionError(f"simulator exited with {proc.wait()}")
+        yield ",".join(f"127.0.0.1:{p}" for p in ports)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def generate(inp: Path, out: Path, servers: str, *args: str) -> subprocess.Popen[str]:
+    """Start `gen-pipeline generate` as a subprocess."""
+    return subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "gen_pipeline",
+            "generate",
+            "--input",
+            str(inp),
+            "--out",
+            str(out),
+            "--servers",
+            servers,
+            "--progress",
+            "log",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(),
+        text=True,
+    )
+
+
+def wait_for_lines(path: Path, n: int, timeout: float) -> None:
+    """Block until `path` holds at least `n` lines (or the timeout passes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        time.sleep(0.02)

@@ -1,0 +1,138 @@
+"""The command line as users run it: exit codes, errors, kill -9 and Ctrl-C, then resume."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+from e2e import check_invariant, prompts, read_jsonl
+from procs import PY, env, generate, sim_fleet, wait_for_lines
+
+from gen_pipeline.cli import build_parser, main
+
+
+def test_help_lists_the_commands_and_exit_codes(capsys):
+    """--help names the subcommands and documents every exit code."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for word in ("generate", "simulate", "130", "resumable"):
+        assert word in text
+
+
+def test_every_generate_flag_is_in_the_readme():
+    """The README documents each generate flag, so the docs cannot drift from the CLI."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    sub = build_parser()._subparsers._group_actions[0].choices["generate"]  # type: ignore[union-attr]
+    flags = [s for a in sub._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    missing = [f for f in flags if f"`{f}" not in readme]
+    assert not missing, f"README lacks {missing}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["generate", "--input", "nope.jsonl", "--out", "o", "--servers", "127.0.0.1:1"],
+            "input file not found",
+        ),
+        (["generate", "--input", "x", "--out", "o", "--servers", "bad server"], "bad server"),
+        (["generate", "--input", "x", "--out", "o", "--max-tokens", "0"], "--max-tokens"),
+        (
+            ["generate", "--input", "x", "--out", "o", "--retry-failed", "typo"],
+            "unknown ledger reason",
+        ),
+        (["generate", "--input", "x", "--out", "o", "--sampling", "{"], "--sampling"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_1(argv, message, capsys, tmp_path, monkeypatch):
+    """A user error prints one 'error:' line and exits 1, with no traceback."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_unreachable_fleet_exits_1(write_jsonl, tmp_path, capsys):
+    """No server answering within --startup-timeout is a clear error."""
+    path = write_jsonl(prompts(2))
+    code = main(
+        [
+            "generate",
+            "--input",
+            str(path),
+            "--out",
+            str(tmp_path / "o"),
+            "--servers",
+            "127.0.0.1:1",
+            "--startup-timeout",
+            "0.2",
+            "--progress",
+            "off",
+        ]
+    )
+    assert code == 1 and "no server answered" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_gives_exactly_one_line_per_id(write_jsonl, tmp_path):
+    """SIGKILL at random moments loses no finished line and duplicates none; resume completes."""
+    rows = prompts(400)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    rng = random.Random(2)
+    kills = 0
+    with sim_fleet(4, "--token-latency", "0.004", "--seed", "1") as servers:
+        for _ in range(3):
+            proc = generate(path, out, servers, "--concurrency", "8")
+            wait_for_lines(out / "completions.jsonl", 40 * (kills + 1), 60)
+            time.sleep(rng.random() * 0.3)
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+            kills += 1
+        final = generate(path, out, servers, "--concurrency", "8")
+        _, stderr = final.communicate(timeout=120)
+    assert final.returncode == 0, stderr
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 400, "ledger": 0}
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_resumable_then_completes(write_jsonl, tmp_path):
+    """The first SIGINT drains and exits 130 with a resume hint; the rerun finishes the job."""
+    rows = prompts(300)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    with sim_fleet(2, "--token-latency", "0.005") as servers:
+        proc = generate(path, out, servers, "--concurrency", "4")
+        wait_for_lines(out / "completions.jsonl", 20, 60)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stderr
+        assert "to resume, run the same command again" in stdout
+        partial = len(read_jsonl(out / "completions.jsonl"))
+        assert 20 <= partial < 300
+        again = subprocess.run(
+            [
+                PY,
+                "-m",
+                "gen_pipeline",
+                "generate",
+                "--input",
+                str(path),
+                "--out",
+                str(out),
+                "--servers",
+                servers,
+                "--progress",
+                "off",
+            ],
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=120,
+        )
+    assert again.returncode == 0, again.stderr
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 300, "ledger": 0}

@@ -1,0 +1,174 @@
+"""generate end to end against the simulated SGLang fleet, in-process, over real sockets."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from e2e import check_invariant, prompts, read_jsonl, run_sim
+
+from gen_pipeline.errors import ManifestMismatchError
+
+
+def test_all_rows_complete_and_balance(write_jsonl, tmp_path):
+    """Every row completes once; the load spreads over all eight servers; counts match."""
+    rows = prompts(400)
+    out = tmp_path / "out"
+    outcome, fleet = run_sim(write_jsonl(rows), out)
+    assert outcome.exit_code == 0
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 400, "ledger": 0}
+    served = [s.completions for s in fleet.stats.values()]
+    assert sum(served) == 400 and min(served) >= 25, served
+    lines = read_jsonl(out / "completions.jsonl")
+    assert all(r["prompt_tokens"] == r["input_tokens"] for r in lines)  # exact count, zero drift
+    assert outcome.summary["token_drift"]["differed"] == 0
+    first = lines[0]
+    for field in (
+        "id",
+        "messages",
+        "completion",
+        "finish_reason",
+        "input_tokens",
+        "prompt_tokens",
+        "completion_tokens",
+        "max_tokens",
+        "server",
+        "attempts",
+        "latency_s",
+        "model",
+        "meta",
+    ):
+        assert field in first
+    assert (out / "summary.json").exists() and (out / "manifest.json").exists()
+
+
+def test_over_length_rows_are_never_sent(write_jsonl, tmp_path):
+    """Prompts with no room left go to the ledger with their counts and cost no request."""
+    rows = prompts(30) + [{"id": f"long{i}", "prompt": "word " * 3000} for i in range(3)]
+    out = tmp_path / "out"
+    outcome, fleet = run_sim(write_jsonl(rows), out, {"context_length": 2048})
+    assert outcome.exit_code == 0
+    ledger = read_jsonl(out / "failures.jsonl")
+    assert sorted(r["id"] for r in ledger) == ["long0", "long1", "long2"]
+    assert all(r["reason"] == "over_length" and r["input_tokens"] > 2048 for r in ledger)
+    assert sum(s.requests for s in fleet.stats.values()) == 30
+    assert max(s.max_prompt_tokens for s in fleet.stats.values()) < 2048
+
+
+def test_max_tokens_equal_to_context_is_clamped(write_jsonl, tmp_path):
+    """max_tokens = context (the classic every-request-400s mistake) is clamped, nothing fails."""
+    rows = prompts(50)
+    out = tmp_path / "out"
+    outcome, fleet = run_sim(write_jsonl(rows), out, {"context_length": 1024}, max_tokens=1024)
+    assert outcome.exit_code == 0 and outcome.summary["completed"] == 50
+    assert sum(s.errors for s in fleet.stats.values()) == 0
+    for r in read_jsonl(out / "completions.jsonl"):
+        assert r["input_tokens"] + r["max_tokens"] <= 1024 - 16
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_uncounted_template_tokens_recovered_by_400_parse(write_jsonl, tmp_path, legacy):
+    """A server whose template adds 40 uncounted tokens 400s near the limit; the parse fixes it."""
+    rows = prompts(40)
+    out = tmp_path / "out"
+    outcome, _ = run_sim(
+        write_jsonl(rows),
+        out,
+        {"context_length": 512, "template_extra_tokens": 40, "legacy_offbyone": legacy},
+        max_tokens=512,
+    )
+    assert outcome.exit_code == 0 and outcome.summary["completed"] == 40
+    lines = read_jsonl(out / "completions.jsonl")
+    assert any(r["attempts"] == 2 for r in lines)
+    assert all(r["prompt_tokens"] + r["max_tokens"] <= 512 for r in lines)
+    assert outcome.summary["token_drift"]["by_offset"] == {"40": 40}
+    assert any("not the server's" in w for w in outcome.summary["warnings"])
+
+
+def test_speculative_reserve_is_learned(write_jsonl, tmp_path):
+    """SGLang's EAGLE reserve in its 400 counts is learned after a few rows, then budgeted."""
+    rows = prompts(200)
+    out = tmp_path / "out"
+    outcome, fleet = run_sim(
+        write_jsonl(rows),
+        out,
+        {"context_length": 512, "reserved_tokens": 24},
+        max_tokens=512,
+        concurrency=1,
+    )
+    assert outcome.exit_code == 0 and outcome.summary["completed"] == 200
+    assert outcome.summary["learned_offset"] == 24
+    overflow_400s = sum(s.length_errors for s in fleet.stats.values())
+    assert 3 <= overflow_400s < 20  # paid a few times, not on every row
+
+
+def test_bad_rows_ledgered_once_across_reruns(write_jsonl, tmp_path):
+    """Bad rows get one ledger line each; a rerun neither re-ledgers nor re-sends anything."""
+    rows = [*prompts(5), b"{broken", {"id": "e", "messages": []}, {"id": 1, "prompt": "conflict"}]
+    path, out = write_jsonl(rows), tmp_path / "out"
+    first, _ = run_sim(path, out)
+    assert first.summary["failed"] == {"bad_input": 3}
+    second, fleet = run_sim(path, out)
+    assert second.summary["completed"] == 0 and second.summary["failed"] == {}
+    assert second.summary["skipped"] == {"done": 5, "bad_input": 3}
+    assert sum(s.requests for s in fleet.stats.values()) == 0
+    assert len(read_jsonl(out / "failures.jsonl")) == 3
+
+
+def test_resume_skips_done_and_permanent_but_retries_transient(write_jsonl, tmp_path):
+    """A rerun sends only rows that are not done and whose last failure was transient."""
+    rows = prompts(10)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    out.mkdir()
+    # pretend an earlier run finished ids 0-3, failed 4 permanently and 5 transiently
+    run_sim(write_jsonl(rows[:4], "first.jsonl"), out)
+    with (out / "failures.jsonl").open("ab") as f:
+        f.write(orjson.dumps({"id": 4, "reason": "bad_request", "line": 5}) + b"\n")
+        f.write(orjson.dumps({"id": 5, "reason": "timeout", "line": 6}) + b"\n")
+    outcome, fleet = run_sim(path, out)
+    assert outcome.summary["skipped"] == {"done": 4, "bad_request": 1}
+    assert outcome.summary["completed"] == 5
+    assert sum(s.requests for s in fleet.stats.values()) == 5
+    again, _ = run_sim(path, out, retry_failed=frozenset({"bad_request"}))
+    assert again.summary["completed"] == 1
+    check_invariant([r["id"] for r in rows], out)
+
+
+def test_changed_settings_refused(write_jsonl, tmp_path):
+    """Resuming with other sampling parameters is refused unless forced."""
+    path, out = write_jsonl(prompts(3)), tmp_path / "out"
+    run_sim(path, out, sampling={"temperature": 0.7})
+    with pytest.raises(ManifestMismatchError, match="sampling"):
+        run_sim(path, out, sampling={"temperature": 1.0})
+    forced, _ = run_sim(path, out, sampling={"temperature": 1.0}, force=True)
+    assert forced.exit_code == 0
+
+
+def test_flaky_and_dead_servers_are_routed_around(write_jsonl, tmp_path):
+    """A dead port and a flaky one cost retries, never rows; retries go to another server."""
+    rows = prompts(300)
+    out = tmp_path / "out"
+    outcome, _ = run_sim(write_jsonl(rows), out, {"n_ports": 4, "p500": 0.1, "seed": 3})
+    assert outcome.exit_code == 0
+    check_invariant([r["id"] for r in rows], out)
+    lines = read_jsonl(out / "completions.jsonl")
+    assert any(r["attempts"] > 1 for r in lines)
+    assert max(r["attempts"] for r in lines) <= 6
+
+
+def test_exhausted_transport_retries_are_transient_and_rerun(write_jsonl, tmp_path):
+    """When every attempt fails the row is ledgered as transient (exit 3) and a rerun retries it."""
+    rows = prompts(20)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    outcome, _ = run_sim(path, out, {"n_ports": 4, "p500": 0.5, "seed": 1}, retry=_policy(1))
+    failed = outcome.summary["failed"].get("server_error", 0)
+    assert outcome.exit_code == 3 and 0 < failed < 20
+    assert outcome.summary["completed"] + failed == 20
+    again, _ = run_sim(path, out, {"n_ports": 2})
+    assert again.exit_code == 0 and again.summary["completed"] == failed
+    check_invariant([r["id"] for r in rows], out)
+
+
+def _policy(attempts: int):
+    from gen_pipeline.config import RetryPolicy
+
+    return RetryPolicy.testing(max_attempts=attempts)
