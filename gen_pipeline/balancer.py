@@ -36,6 +36,7 @@ class ServerState:
     cooldown: float = INITIAL_COOLDOWN
     down_until: float = 0.0
     down_since: float | None = None
+    out_reason: str = ""  # the ledger reason of the failure that took the server out
     out_of_service_s: float = 0.0
     trial: bool = False  # half-open: after a cooldown, one request at a time until one succeeds
 
@@ -53,12 +54,15 @@ class ServerState:
     def view(self) -> dict[str, object]:
         """The per-server figures for the summary."""
         done = self.completions
+        busy = self.latency_total
         return {
             "requests": self.requests,
             "completions": done,
             "failures": dict(self.failures),
             "mean_latency_s": round(self.latency_total / done, 3) if done else None,
             "output_tokens": self.output_tokens,
+            # tokens per second of request time: the server's speed as this client saw it
+            "output_tokens_per_request_s": round(self.output_tokens / busy, 1) if busy else None,
             "out_of_service_s": round(self.out_of_service_s, 1),
             "capacity": self.capacity,
         }
@@ -135,16 +139,33 @@ class ServerPool:
         server.consecutive_failures += 1
         refused = isinstance(error, ConnectError)
         if server.trial or refused or server.consecutive_failures >= FAILURE_THRESHOLD:
-            self._take_out(server)
+            self._take_out(server, error.reason)
 
     def mark_down(self, server: ServerState) -> None:
         """Take a server out of rotation now (found dead at discovery)."""
-        self._take_out(server)
+        self._take_out(server, "connection")
 
-    def _take_out(self, server: ServerState) -> None:
+    def out_of_service(self) -> list[ServerState]:
+        """Servers taken out and not yet back: the ones the health prober watches."""
+        return [s for s in self.servers if s.down_since is not None]
+
+    def record_probe(self, server: ServerState, ok: bool, interval: float) -> None:
+        """An active health probe's answer for a server that is out of service.
+
+        A server that was unreachable comes back as soon as it answers (for one trial request);
+        one that answered with errors still waits out its cooldown. A failed probe keeps it out.
+        """
+        now = self.clock()
+        if not ok:
+            server.down_until = max(server.down_until, now + 2 * interval)
+        elif server.out_reason in ("connection", "timeout"):
+            server.down_until = min(server.down_until, now)
+
+    def _take_out(self, server: ServerState, reason: str) -> None:
         now = self.clock()
         if server.down_since is None:
             server.down_since = now
+        server.out_reason = reason
         server.down_until = now + server.cooldown
         server.cooldown = min(server.cooldown * 2, MAX_COOLDOWN)
         server.trial = True

@@ -44,13 +44,22 @@ PLUGGED = {
     "simulate": ("gen_pipeline.simulator", "serve a simulated SGLang fleet on localhost"),
     "prepare": ("gen_pipeline.prepare", "turn datasets into deduplicated prompt JSONL"),
     "export": ("gen_pipeline.export", "turn a run directory into a training dataset"),
+    "check": ("gen_pipeline.check", "preflight: fleet, tokenizer agreement and the budget plan"),
+    "status": ("gen_pipeline.status", "show how a run is doing (running, finished or stopped)"),
+    "report": ("gen_pipeline.report", "a run's summary as a table, plus plots"),
 }
 
 
 def _add_generate(sub: Any) -> None:
     p = sub.add_parser("generate", help="generate completions for a prompts file")
-    p.add_argument("--input", "-i", type=Path, required=True, help="prompts JSONL")
     p.add_argument("--out", "-o", type=Path, required=True, help="run directory (created)")
+    add_run_flags(p)
+    p.set_defaults(func=_generate)
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Every `generate` flag but --out: `check` takes the same ones, so a plan matches the run."""
+    p.add_argument("--input", "-i", type=Path, required=True, help="prompts JSONL")
     p.add_argument(
         "--servers",
         "-s",
@@ -86,8 +95,8 @@ def _add_generate(sub: Any) -> None:
     p.add_argument(
         "--concurrency",
         type=int,
-        default=DEFAULT_CONCURRENCY,
-        help=f"requests in flight per server (default {DEFAULT_CONCURRENCY})",
+        help="requests in flight per server (default: the server's max_running_requests, "
+        f"else {DEFAULT_CONCURRENCY})",
     )
     p.add_argument(
         "--max-attempts",
@@ -131,7 +140,6 @@ def _add_generate(sub: Any) -> None:
         help="seconds between fsyncs of the output (lines are flushed at once)",
     )
     p.add_argument("--progress", choices=["auto", "bar", "log", "off"], default="auto")
-    p.set_defaults(func=_generate)
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:

@@ -133,7 +133,8 @@ class RunConfig:
         max_tokens: the default output budget; a row's own max_tokens caps it further.
         min_tokens: below this many tokens of room a prompt is not sent (ledger: over_length).
         safety_margin: tokens kept free beyond the exact count.
-        concurrency: requests in flight per server.
+        concurrency: requests in flight per server; None means each server's own
+            max_running_requests (from /server_info) where it reports one, else DEFAULT_CONCURRENCY.
         model: the model name to send; None means the id the servers report.
         sampling: extra request fields (temperature, top_p, seed, ...); rows may override them.
         api_key: sent as a Bearer token; never written anywhere.
@@ -157,7 +158,7 @@ class RunConfig:
     safety_margin: int = DEFAULT_SAFETY_MARGIN
     sampling: dict[str, Any] = field(default_factory=dict)
     # parallelism and retries
-    concurrency: int = DEFAULT_CONCURRENCY
+    concurrency: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     request_timeout: float | None = None
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
@@ -176,7 +177,7 @@ class RunConfig:
             (self.min_tokens >= 1, "--min-tokens must be at least 1"),
             (self.min_tokens <= self.max_tokens, "--min-tokens must not exceed --max-tokens"),
             (self.safety_margin >= 0, "--safety-margin must not be negative"),
-            (self.concurrency >= 1, "--concurrency must be at least 1"),
+            (self.concurrency is None or self.concurrency >= 1, "--concurrency must be at least 1"),
             (self.context_length is None or self.context_length > 0, "bad --context-length"),
             (self.request_timeout is None or self.request_timeout > 0, "bad --request-timeout"),
             (self.tokenize_batch >= 1, "bad tokenize batch size"),
@@ -188,6 +189,10 @@ class RunConfig:
         reserved = {"model", "messages", "max_tokens", "max_completion_tokens", "stream"}
         if reserved & self.sampling.keys():
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
+
+    def capacity_for(self, reported: int | None) -> int:
+        """Requests to keep in flight on a server that reports `reported` running slots."""
+        return self.concurrency or reported or DEFAULT_CONCURRENCY
 
     def timeout_for(self, max_tokens: int) -> float:
         """The timeout of one request that may generate `max_tokens` tokens."""

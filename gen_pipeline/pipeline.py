@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__
+from . import __version__, health
 from .balancer import ServerPool, ServerState
 from .client import Client, make_session
 from .config import RunConfig
@@ -115,6 +115,7 @@ class Runner:
     writer: RunWriter
     resume: ResumeState
     stats: RunStats
+    client: Client | None = None
     warnings: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str = ""
@@ -131,14 +132,14 @@ class Runner:
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
         monitor = asyncio.create_task(self._monitor())
+        prober = asyncio.create_task(health.watch(self.pool, self.client)) if self.client else monitor
         producer = asyncio.create_task(self._produce(queue, workers))
         try:
             await self._until_done_or_stopped(producer, tasks)
         finally:
-            monitor.cancel()
-            for t in [producer, *tasks]:
+            for t in [monitor, prober, producer, *tasks]:
                 t.cancel()
-            await asyncio.gather(producer, monitor, *tasks, return_exceptions=True)
+            await asyncio.gather(monitor, prober, producer, *tasks, return_exceptions=True)
 
     async def _until_done_or_stopped(self, producer: asyncio.Task[None], tasks: list[Any]) -> None:
         stop = asyncio.create_task(self.stopping.wait())
@@ -243,7 +244,8 @@ class Runner:
         try:
             while True:
                 outage = self.pool.outage_seconds()
-                extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else ""
+                up = f"servers up {len(self.pool.healthy())}/{len(self.pool.servers)}"
+                extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
                 progress.update(self.stats, extra)
                 if outage > self.config.outage_timeout:
                     self.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)")
@@ -299,6 +301,16 @@ def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
     if not tokenizer:
         raise ConfigError("the servers report no tokenizer_path; pass --tokenizer")
     return model, ctx, tokenizer
+
+
+def build_pool(config: RunConfig, fleet: FleetInfo) -> ServerPool:
+    """One slot per request each server runs at once; servers down at start begin out of service."""
+    reported = {s.url: s.max_running_requests for s in fleet.servers}
+    pool = ServerPool(ServerState(url, config.capacity_for(reported.get(url))) for url in config.servers)
+    for server in pool.servers:
+        if server.url in fleet.down:
+            pool.mark_down(server)
+    return pool
 
 
 def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
@@ -388,14 +400,11 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
         counter = await asyncio.to_thread(load_tokenizer, tokenizer)
     check_manifest(config.out, manifest_for(config, model, ctx, counter), config.force)
     resume = scan(config.out)
-    pool = ServerPool(ServerState(url, config.concurrency) for url in config.servers)
-    for server in pool.servers:
-        if server.url in fleet.down:
-            pool.mark_down(server)
+    pool = build_pool(config, fleet)
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
     writer = RunWriter(config.out, config.fsync_interval)
-    runner = Runner(config, counter, path, pool, writer, resume, stats)
+    runner = Runner(config, counter, path, pool, writer, resume, stats, client=client)
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
     if resume.torn_bytes:

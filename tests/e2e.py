@@ -32,7 +32,9 @@ async def run_against_sim(
     """Start a simulated fleet (8 ports unless told), run generate against it, return both."""
     sim = {"health_delay": 0.0, **(sim or {})}
     n = sim.pop("n_ports", 8)
-    config = SimConfig(ports=tuple(free_ports(n)), **sim)
+    ports = tuple(free_ports(n))
+    per_port = sim.pop("per_port", None)  # a function of the ports, for faults that name ports
+    config = SimConfig(ports=ports, **sim, **(per_port(ports) if per_port else {}))
     async with await start_fleet(config) as fleet:
         settings = {"retry": RetryPolicy.testing(), "progress": "off", "max_tokens": 64, **run}
         cfg = RunConfig(input=input_path, out=out, servers=tuple(fleet.urls), **settings)
