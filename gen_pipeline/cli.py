@@ -13,6 +13,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--concurrency",
         type=int,
-        help="requests in flight per server (default: the server's max_running_requests, "
-        f"else {DEFAULT_CONCURRENCY})",
+        help=f"requests in flight per server (default: the server's max_running_requests, else {DEFAULT_CONCURRENCY})",
     )
     p.add_argument(
         "--max-attempts",
@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gen-pipeline` command."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    # A file-size limit (ulimit -f) then fails the write with EFBIG, which we report and survive,
+    # instead of killing the process mid-line.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = build_parser().parse_args(argv)
     try:

@@ -84,7 +84,8 @@ class Progress:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """The end-of-run summary as a few readable lines."""
-    lines = [
+    lines = [f"stopped: {summary['stop_reason']}"] if summary.get("stop_reason") else []
+    lines += [
         f"completed {summary['completed']} | skipped {sum(summary['skipped'].values())} "
         f"{dict(summary['skipped']) or ''} | failed {sum(summary['failed'].values())} "
         f"{dict(summary['failed']) or ''}",

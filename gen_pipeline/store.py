@@ -177,6 +177,7 @@ class RunWriter:
         self.fsync_interval = fsync_interval
         self._files: dict[str, IO[bytes]] = {}
         self._last_sync = time.monotonic()
+        self.failed: OutputError | None = None  # after one failed write, nothing more is written
         for name in (COMPLETIONS, FAILURES):
             try:
                 self._files[name] = (out / name).open("ab")
@@ -190,6 +191,8 @@ class RunWriter:
         self._append(FAILURES, failure.to_line())
 
     def _append(self, name: str, line: bytes) -> None:
+        if self.failed is not None:
+            raise self.failed
         f = self._files[name]
         try:
             f.write(line)
@@ -197,7 +200,8 @@ class RunWriter:
             if time.monotonic() - self._last_sync >= self.fsync_interval:
                 self.sync()
         except OSError as exc:
-            raise OutputError(f"cannot write {f.name}: {exc.strerror or exc}") from exc
+            self.failed = OutputError(f"cannot write {f.name}: {exc.strerror or exc}")
+            raise self.failed from exc
 
     def sync(self) -> None:
         """Flush and fsync both files."""
