@@ -15,7 +15,7 @@ ARGS ?=
 DEMO_PORTS ?= 31000-31007
 DEMO_OUT ?= runs/demo
 
-.PHONY: install generate demo simulate test lint fmt check bench clean
+.PHONY: install generate demo simulate test lint fmt check bench nightly clean
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,12 @@ fmt: install
 	$(BIN)/ruff format gen_pipeline tests
 
 check: lint test
+
+nightly: install
+	bash run/nightly.sh $(ARGS)
+
+bench: install
+	$(BIN)/python bench/balance.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

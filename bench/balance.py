@@ -4,8 +4,9 @@
 
 The simulated fleet (a separate process) has 8 ports: one 4x slower, one dead, one flaky (fails 20% of
 requests with 500/502), the rest healthy, all with per-token latency. It prints, side by side:
-  - ideal: the sum of the live servers' capacities, from a measured single healthy port
-    (6 healthy + 1/4 for the slow one + 0.8 for the flaky one);
+  - ideal: the sum of the live servers' capacities, from a measured single healthy port:
+    5 healthy + 1 flaky (its failures come back at once, so it is counted at full capacity,
+    the stricter choice) + 1/4 for the slow one = 6.25 ports;
   - gen-pipeline: `generate` with its defaults (capacity from /server_info);
   - round-robin: a plain asyncio+aiohttp client, one global semaphore of the same total size,
     round-robin over the ports, a failed request moves on to the next port.
@@ -148,7 +149,7 @@ def main() -> None:
         single = run_generate(tmp / "single.jsonl", f"127.0.0.1:{port}", tmp / "single-out")
     finally:
         stop(sim)
-    ideal = single * (6 + 1 / 4 + (1 - FLAKY_P))
+    ideal = single * (5 + 1 + 1 / 4)
 
     # 2. the troubled fleet
     ports = free_ports(8)

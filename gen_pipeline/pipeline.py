@@ -23,11 +23,12 @@ from .client import Client, make_session
 from .config import RunConfig
 from .errors import ConfigError, OutputError, PipelineError
 from .fleet import FleetInfo, discover
-from .progress import Progress, RunStats, format_summary
+from .progress import Progress, RunStats, format_summary, snapshot
 from .records import Failure, Prompt
 from .requests import RequestPath
 from .retry import OffsetLearner
 from .source import BadRow, PromptSource
+from .status import STATUS, write_status
 from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, scan, write_json_atomic
 from .tokens import TokenCounter, clamp_max_tokens, load_tokenizer
 
@@ -39,6 +40,7 @@ EXIT_INCOMPLETE = 3
 EXIT_OUTAGE = 4
 EXIT_OUTPUT = 5
 EXIT_INTERRUPTED = 130
+STATUS_INTERVAL = 2.0
 
 
 @dataclass(slots=True)
@@ -67,6 +69,7 @@ class BatchReader:
         self.retry = config.retry_failed
         self.batch = config.tokenize_batch
         self.name = config.input.name
+        self.size = config.input.stat().st_size
         self.stats = stats
 
     def next_batch(self) -> list[Prompt | BadRow | Skipped]:
@@ -80,6 +83,7 @@ class BatchReader:
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats
+        self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
         self._count(prompts)
         return [self._as_bad(x) if isinstance(x, Prompt) and x.input_tokens < 0 else x for x in out]
 
@@ -230,6 +234,7 @@ class Runner:
         failure.source = self.config.input.name
         self._write(self.writer.write_failure, failure)
         self.stats.failed[failure.reason] += 1
+        self.stats.last_error[failure.reason] = f"{failure.server or failure.source}: {failure.detail}"[:300]
 
     def _write(self, write: Any, record: Any) -> None:
         try:
@@ -239,10 +244,19 @@ class Runner:
             self.request_stop(str(exc))
             raise
 
+    def write_status(self, state: str) -> None:
+        """Replace status.json with a snapshot (a failure to write it never stops the run)."""
+        with contextlib.suppress(OutputError):
+            write_status(self.config.out / STATUS, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
+
     async def _monitor(self) -> None:
         progress = Progress(self.config.progress)
+        last_status = 0.0
         try:
             while True:
+                if time.monotonic() - last_status >= STATUS_INTERVAL:
+                    last_status = time.monotonic()
+                    self.write_status("stopping" if self.stopping.is_set() else "running")
                 outage = self.pool.outage_seconds()
                 up = f"servers up {len(self.pool.healthy())}/{len(self.pool.servers)}"
                 extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
@@ -420,6 +434,7 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
         runner.warnings.append(warning)
     exit_code = _exit_code(runner)
     summary = _summary(runner, fleet, exit_code)
+    runner.write_status("finished")
     with contextlib.suppress(OutputError):
         write_json_atomic(config.out / SUMMARY, summary)
     return Outcome(summary, exit_code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections import Counter
@@ -32,6 +33,17 @@ class RunStats:
     in_flight: int = 0
     drift: Counter[int] = field(default_factory=Counter)  # server prompt_tokens - ours -> rows
     repeats: int = 0
+    input_fraction: float = 0.0  # how much of the input file the reader has consumed
+    last_error: dict[str, str] = field(default_factory=dict)  # newest detail per ledger reason
+
+    def eta(self) -> float | None:
+        """Seconds left, from the share of the input read and the rate rows settle at."""
+        settled = self.completed + sum(self.failed.values()) + sum(self.skipped.values())
+        if self.input_fraction <= 0 or not self.completed:
+            return None
+        remaining = max(settled / self.input_fraction - settled, 0.0) if self.input_fraction < 1 else 0.0
+        remaining += self.in_flight
+        return remaining / max(self.completed / self.elapsed(), 1e-9)
 
     def elapsed(self) -> float:
         return max(time.monotonic() - self.started, 1e-9)
@@ -80,6 +92,36 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dict[str, Any]:
+    """The status.json document (schema in gen_pipeline/status.py)."""
+    t = stats.elapsed()
+    eta = stats.eta()
+    return {
+        "updated": time.time(),
+        "pid": os.getpid(),
+        "state": state,
+        "counts": {
+            "done": stats.completed,
+            "skipped": sum(stats.skipped.values()),
+            "failed": dict(stats.failed),
+            "in_flight": stats.in_flight,
+        },
+        "rates": {"req_per_s": round(stats.completed / t, 2), "out_tok_per_s": round(stats.output_tokens / t, 1)},
+        "eta_s": round(eta, 1) if eta is not None else None,
+        "servers": {
+            s.url: {
+                "in_flight": s.in_flight,
+                "capacity": s.capacity,
+                "healthy": now >= s.down_until,
+                "requests": s.requests,
+                "failures": dict(s.failures),
+            }
+            for s in servers
+        },
+        "last_error": dict(stats.last_error),
+    }
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -119,10 +119,12 @@ class PromptSource:
         self.path = path
         self.seen: dict[int, bytes] = {}
         self.repeats = 0
+        self.bytes_read = 0
 
     def __iter__(self) -> Iterator[Prompt | BadRow]:
         with self.path.open("rb") as f:
             for line, raw in enumerate(f, start=1):
+                self.bytes_read += len(raw)
                 raw = raw.rstrip(b"\r\n")
                 if not raw.strip():
                     continue  # blank lines are not rows

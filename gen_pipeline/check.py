@@ -1,0 +1,489 @@
+"""`gen-pipeline check`: a preflight with the same flags as `generate`, before any GPU hour is spent.
+
+    gen-pipeline check -i prompts/my.jsonl -s 127.0.0.1:30000-30007 --max-tokens 8192 --json check.json
+
+fleet      every server answers its model card and /health; one model and one max_model_len everywhere;
+           each server's max_running_requests (the concurrency generate uses unless --concurrency).
+tokenizer  a few chat requests with max_tokens 1, built from the first rows of the input, to every server
+           that is up: the server's usage.prompt_tokens must equal our count, or every budget is off.
+plan       every row read, validated and counted exactly as generate does, nothing sent: the input-length
+           distribution, rows sent with their full budget, rows clamped (and to what), rows skipped as
+           over_length, bad rows, and the tokens the run may use. With --out naming an existing run,
+           what it already settled is left out, as a resume would.
+
+It does not wait for servers to come up: it reports who answers now. The flags that only shape a run
+(--startup-timeout, --outage-timeout, --grace-period, --fsync-interval, --progress) are accepted and
+ignored. Problems: a server down or unhealthy, different models or context lengths, tokenizer drift,
+a refused resume, no valid row, every prompt over_length, or more than half of the prompts over_length
+or clamped below a quarter of their budget.
+
+Exit codes: 0 the run looks fine (warnings may be printed); 1 the run would fail or waste most of its
+budget, with one line per problem saying why (bad flags exit 1 too, as for generate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import time
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .cli import add_run_flags, config_from_args
+from .client import Client, make_session
+from .config import DEFAULT_SAFETY_MARGIN, RunConfig
+from .errors import ConfigError, RequestError
+from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
+from .pipeline import BatchReader, Skipped, manifest_for, resolve
+from .progress import RunStats
+from .records import Prompt, id_key
+from .report import distribution
+from .source import BadRow, PromptSource
+from .store import COMPLETIONS, FAILURES, MANIFEST, MANIFEST_KEYS, ResumeState, iter_json_lines, write_json_atomic
+from .tokens import TokenCounter, clamp_max_tokens, load_tokenizer
+
+log = logging.getLogger("gen_pipeline")
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+PROBE_ROWS = 3  # probe prompts per server
+WASTE_SHARE = 0.5  # more than this share of prompts over_length or starved is a problem
+STARVED_FRACTION = 0.25  # a clamp below this fraction of the requested budget starves the row
+PLAN_LOG_INTERVAL = 10.0
+EXAMPLES = 3
+
+
+@dataclass
+class ServerCheck:
+    """One server as the preflight found it."""
+
+    url: str
+    info: ServerInfo | None = None
+    healthy: bool = False
+    error: str | None = None
+
+    def view(self, config: RunConfig) -> dict[str, Any]:
+        i = self.info
+        running = i.max_running_requests if i else None
+        return {
+            "url": self.url,
+            "up": i is not None,
+            "healthy": self.healthy,
+            "model": i.model if i else None,
+            "context_length": i.context_length if i else None,
+            "max_running_requests": running,
+            "capacity": config.capacity_for(running) if i else None,
+            "error": self.error,
+        }
+
+
+@dataclass
+class Findings:
+    """What the preflight concluded: problems fail the check, warnings do not."""
+
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """The budget plan over the whole input, with generate's own arithmetic."""
+
+    rows: int = 0
+    bad: int = 0
+    repeats: int = 0
+    settled: Counter[str] = field(default_factory=Counter)
+    full: int = 0
+    clamped: int = 0
+    starved: int = 0
+    over_length: int = 0
+    own_budget: int = 0
+    input_tokens: int = 0
+    output_budget: int = 0
+    lengths: array[int] = field(default_factory=lambda: array("q"))
+    clamped_to: array[int] = field(default_factory=lambda: array("q"))
+    bad_examples: list[str] = field(default_factory=list)
+
+    @property
+    def prompts(self) -> int:
+        return self.full + self.clamped + self.over_length
+
+    def add(self, p: Prompt, requested: int, budget: int | None) -> None:
+        """Count one valid row and the budget generate would give it."""
+        self.lengths.append(p.input_tokens)
+        self.own_budget += p.max_tokens is not None
+        if budget is None:
+            self.over_length += 1
+            return
+        self.input_tokens += p.input_tokens
+        self.output_budget += budget
+        if budget >= requested:
+            self.full += 1
+            return
+        self.clamped += 1
+        self.clamped_to.append(budget)
+        self.starved += budget < STARVED_FRACTION * requested
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "prompts": self.prompts,
+            "full": self.full,
+            "clamped": self.clamped,
+            "clamped_to": distribution(self.clamped_to),
+            "starved": self.starved,
+            "over_length": self.over_length,
+            "bad_input": self.bad,
+            "bad_examples": self.bad_examples,
+            "repeats_dropped": self.repeats,
+            "already_settled": dict(self.settled),
+            "rows_with_own_max_tokens": self.own_budget,
+            "input_length": distribution(self.lengths),
+            "input_tokens": self.input_tokens,
+            "output_budget": self.output_budget,
+            "expected_total_tokens": self.input_tokens + self.output_budget,
+        }
+
+
+# fleet
+
+
+async def _check_server(client: Client, url: str) -> ServerCheck:
+    try:
+        info = await probe(client, url)
+    except RequestError as exc:
+        return ServerCheck(url, error=str(exc))
+    try:
+        await client.get_json(url, "/health", DISCOVERY_TIMEOUT)
+    except RequestError as exc:
+        return ServerCheck(url, info, error=f"/health: {exc}")
+    return ServerCheck(url, info, healthy=True)
+
+
+def _spread(checks: list[ServerCheck], attr: str) -> dict[str, list[str]]:
+    """Servers grouped by one ServerInfo field (servers that are down left out)."""
+    groups: dict[str, list[str]] = {}
+    for c in checks:
+        if c.info is not None and getattr(c.info, attr) is not None:
+            groups.setdefault(str(getattr(c.info, attr)), []).append(c.url)
+    return groups
+
+
+def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings) -> None:
+    """Servers down or unhealthy, and disagreement on model, context or capacity."""
+    down = [f"{c.url} ({c.error})" for c in checks if c.info is None]
+    if len(down) == len(checks):
+        found.problems.append(f"no server is up: {'; '.join(down)}")
+        return
+    if down:
+        found.problems.append(f"{len(down)} of {len(checks)} servers down: {'; '.join(down)}")
+    sick = [f"{c.url} ({c.error})" for c in checks if c.info is not None and not c.healthy]
+    if sick:
+        found.problems.append(f"{len(sick)} server(s) answer but are not healthy: {'; '.join(sick)}")
+    for attr, what in (("model", "models"), ("context_length", "context lengths (max_model_len)")):
+        groups = _spread(checks, attr)
+        if len(groups) > 1:
+            found.problems.append(f"servers report different {what}: {groups}")
+    running = _spread(checks, "max_running_requests")
+    if len(running) > 1:
+        found.warnings.append(f"servers report different max_running_requests: {running}")
+    if config.concurrency and running and config.concurrency < min(map(int, running)):
+        found.warnings.append(
+            f"--concurrency {config.concurrency} is below the servers' max_running_requests "
+            f"({min(map(int, running))}): they will have idle slots"
+        )
+
+
+def fleet_info(checks: list[ServerCheck]) -> FleetInfo:
+    """The checks as the FleetInfo generate's `resolve` reads."""
+    up = [c.info for c in checks if c.info is not None]
+    return FleetInfo(servers=up, down=[c.url for c in checks if c.info is None])
+
+
+# tokenizer agreement
+
+
+def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = PROBE_ROWS) -> list[Prompt]:
+    """The first `n` valid rows that fit the context, counted."""
+    rows = (x for x in PromptSource(config.input) if isinstance(x, Prompt))
+    picked: list[Prompt] = []
+    for batch in iter(lambda: list(itertools.islice(rows, 4 * n)), []):
+        for p, count in zip(batch, counter.count([p.messages for p in batch]), strict=True):
+            if isinstance(count, int) and _budget(config, ctx, p.max_tokens, count) is not None:
+                p.input_tokens = count
+                picked.append(p)
+        if len(picked) >= n:
+            break
+    return picked[:n]
+
+
+async def _probe_count(client: Client, url: str, model: str, p: Prompt, config: RunConfig) -> int | str:
+    body: dict[str, Any] = {**config.sampling, **(p.sampling or {})}
+    body.update(model=model, messages=p.messages, max_tokens=1)
+    try:
+        result = await client.chat(url, body, config.timeout_for(1))
+    except RequestError as exc:
+        return f"{url} id {p.id}: {exc}"
+    if result.prompt_tokens is None:
+        return f"{url} id {p.id}: the server reported no usage.prompt_tokens"
+    return result.prompt_tokens - p.input_tokens
+
+
+async def tokenizer_agreement(
+    client: Client, urls: list[str], model: str, prompts: list[Prompt], config: RunConfig
+) -> dict[str, Any]:
+    """Every probe prompt to every server: the server's count minus ours, or the error."""
+    pairs = [(u, p) for u in urls for p in prompts]
+    results = await asyncio.gather(*(_probe_count(client, u, model, p, config) for u, p in pairs))
+    drift = Counter(r for r in results if isinstance(r, int))
+    worst = max(drift, default=0)
+    return {
+        "probes": len(pairs),
+        "compared": sum(drift.values()),
+        "drift": {str(k): v for k, v in sorted(drift.items())},
+        "agree": set(drift) <= {0},
+        "suggested_safety_margin": max(worst, 0) + DEFAULT_SAFETY_MARGIN if set(drift) - {0} else None,
+        "errors": [r for r in results if isinstance(r, str)],
+    }
+
+
+def tokenizer_findings(view: dict[str, Any], tokenizer: str, found: Findings) -> None:
+    """Drift between the servers' counts and ours is a problem; failed probes are reported."""
+    errors, compared = view["errors"], view["compared"]
+    if errors and not compared:
+        found.problems.append(f"no tokenizer probe succeeded: {errors[0]}")
+    elif errors:
+        found.warnings.append(f"{len(errors)} of {view['probes']} tokenizer probes failed: {errors[0]}")
+    differed = {k: v for k, v in view["drift"].items() if k != "0"}
+    if differed:
+        found.problems.append(
+            f"tokenizer drift: the servers' usage.prompt_tokens minus our count ({tokenizer}) was "
+            f"{differed} on {sum(differed.values())} of {compared} probes; use the servers' tokenizer "
+            f"and chat template (--tokenizer), or at least --safety-margin {view['suggested_safety_margin']}"
+        )
+
+
+# budget plan
+
+
+def _budget(config: RunConfig, ctx: int, row_max_tokens: int | None, input_tokens: int) -> int | None:
+    return clamp_max_tokens(
+        row_max_tokens or config.max_tokens,
+        context_length=ctx,
+        input_tokens=input_tokens,
+        margin=config.safety_margin,
+        min_tokens=config.min_tokens,
+    )
+
+
+def resume_state(out: Path | None) -> ResumeState:
+    """What a resume of `out` would skip, read without repairing anything (check writes nothing)."""
+    state = ResumeState()
+    if out is None:
+        return state
+    for _, obj in iter_json_lines(out / COMPLETIONS):
+        if obj is not None and "id" in obj:
+            state.done.add(id_key(obj["id"]))
+    for _, obj in iter_json_lines(out / FAILURES):
+        if obj is None or "reason" not in obj:
+            continue
+        if obj["reason"] == "bad_input" and obj.get("line") is not None:
+            state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
+        elif obj.get("id") is not None:
+            state.last_reason[id_key(obj["id"])] = obj["reason"]
+    return state
+
+
+def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: ResumeState) -> Plan:
+    """Read and count every row as generate does (BatchReader), and budget it as generate does."""
+    plan, stats = Plan(), RunStats()
+    reader = BatchReader(config, counter, resume, stats)
+    last_log = time.monotonic()
+    while batch := reader.next_batch():
+        for item in batch:
+            _plan_item(plan, item, config, ctx)
+        if time.monotonic() - last_log > PLAN_LOG_INTERVAL:
+            last_log = time.monotonic()
+            log.info("check: counted %d rows", plan.rows)
+    plan.repeats = stats.repeats
+    return plan
+
+
+def _plan_item(plan: Plan, item: Prompt | BadRow | Skipped, config: RunConfig, ctx: int) -> None:
+    plan.rows += 1
+    if isinstance(item, Skipped):
+        plan.settled[item.reason] += 1
+    elif isinstance(item, BadRow):
+        plan.bad += 1
+        if len(plan.bad_examples) < EXAMPLES:
+            plan.bad_examples.append(f"line {item.line}: {item.detail}")
+    else:
+        requested = item.max_tokens or config.max_tokens
+        plan.add(item, requested, _budget(config, ctx, item.max_tokens, item.input_tokens))
+
+
+def plan_findings(plan: Plan, found: Findings) -> None:
+    """Nothing to send, everything over-length, or most of the budget wasted are problems."""
+    n = plan.prompts
+    if n == 0 and not plan.settled:
+        found.problems.append(f"no valid prompt in the input ({plan.bad} bad row(s))")
+    elif n == 0:
+        found.warnings.append(f"nothing left to send: --out already settled every row {dict(plan.settled)}")
+    elif n and plan.over_length == n:
+        found.problems.append(f"every prompt ({n}) is over_length: nothing would be sent")
+    elif n and plan.over_length + plan.starved > WASTE_SHARE * n:
+        share = (plan.over_length + plan.starved) / n
+        found.problems.append(
+            f"{share:.0%} of prompts are over_length ({plan.over_length}) or clamped below a quarter of "
+            f"their budget ({plan.starved}): use a longer context, a lower --max-tokens or shorter prompts"
+        )
+    if plan.bad:
+        found.warnings.append(f"{plan.bad} bad row(s) go to the ledger as bad_input, e.g. {plan.bad_examples[0]}")
+    if plan.over_length and plan.over_length < n:
+        found.warnings.append(f"{plan.over_length} prompt(s) go to the ledger as over_length (not sent)")
+
+
+def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any], found: Findings) -> None:
+    """A resume that generate would refuse (settings changed) is a problem."""
+    path = out / MANIFEST if out else None
+    if path is None or not path.exists() or config.force:
+        return
+    old = orjson.loads(path.read_bytes())
+    diffs = [f"{k}: {old.get(k)!r} -> {ours.get(k)!r}" for k in MANIFEST_KEYS if old.get(k) != ours.get(k)]
+    if diffs:
+        found.problems.append(f"{out} holds a run with other settings ({'; '.join(diffs)}); generate would refuse")
+
+
+# the whole check
+
+
+async def _fleet_and_probes(
+    config: RunConfig, counter: TokenCounter | None, report: dict[str, Any], found: Findings
+) -> tuple[TokenCounter, str, int] | None:
+    async with make_session(config.api_key) as session:
+        client = Client(session)
+        checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
+        report["fleet"] = [c.view(config) for c in checks]
+        fleet_findings(checks, config, found)
+        fleet = fleet_info(checks)
+        try:
+            model, ctx, tokenizer = resolve(config, fleet)
+            loaded = counter if counter is not None else await asyncio.to_thread(load_tokenizer, tokenizer)
+        except ConfigError as exc:
+            found.problems.append(f"no budget plan: {exc}")
+            return None
+        found.warnings.extend(fleet.warnings)
+        report["settings"] = {"model": model, "context_length": ctx, "tokenizer": loaded.name}
+        up = [c.url for c in checks if c.info is not None]
+        prompts = await asyncio.to_thread(first_prompts, config, loaded, ctx)
+        if up and prompts:
+            report["tokenizer"] = await tokenizer_agreement(client, up, model, prompts, config)
+            tokenizer_findings(report["tokenizer"], loaded.name, found)
+        return loaded, model, ctx
+
+
+async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, resume: bool = False) -> dict[str, Any]:
+    """The whole preflight as one JSON-able report; `resume` reads config.out as a run to resume."""
+    if not config.input.is_file():
+        raise ConfigError(f"input file not found: {config.input}")
+    found = Findings()
+    report: dict[str, Any] = {"input": str(config.input), "servers": list(config.servers)}
+    resolved = await _fleet_and_probes(config, counter, report, found)
+    if resolved is not None:
+        loaded, model, ctx = resolved
+        out = config.out if resume and config.out.is_dir() else None
+        manifest_findings(config, out, manifest_for(config, model, ctx, loaded), found)
+        plan = await asyncio.to_thread(budget_plan, config, loaded, ctx, resume_state(out))
+        report["plan"] = plan.view()
+        plan_findings(plan, found)
+    report["budget"] = {k: getattr(config, k) for k in ("max_tokens", "min_tokens", "safety_margin")}
+    report.update(ok=not found.problems, problems=found.problems, warnings=found.warnings)
+    return report
+
+
+# rendering and the command
+
+
+def _server_line(s: dict[str, Any]) -> str:
+    if not s["up"]:
+        return f"  {s['url']}  DOWN  {s['error']}"
+    health = "healthy" if s["healthy"] else f"UNHEALTHY ({s['error']})"
+    return (
+        f"  {s['url']}  {health}  model {s['model']}  context {s['context_length']}  "
+        f"max_running {s['max_running_requests']}  capacity {s['capacity']}"
+    )
+
+
+def _tokenizer_lines(report: dict[str, Any]) -> list[str]:
+    view = report.get("tokenizer")
+    if view is None:
+        return ["tokenizer: not probed (no server up or no row that fits)"]
+    if view["agree"] and view["compared"]:
+        return [f"tokenizer: {report['settings']['tokenizer']} agrees exactly on {view['compared']} probes"]
+    return [f"tokenizer: drift {view['drift']} over {view['compared']} probes (server count - ours)"]
+
+
+def _plan_lines(report: dict[str, Any]) -> list[str]:
+    plan, b, s = report.get("plan"), report["budget"], report.get("settings", {})
+    if plan is None:
+        return ["plan: not made"]
+    sent = plan["full"] + plan["clamped"]
+    clamped = plan["clamped_to"]
+    lines = [
+        f"plan: context {s['context_length']}, --max-tokens {b['max_tokens']}, --min-tokens {b['min_tokens']}, "
+        f"--safety-margin {b['safety_margin']} ({plan['rows_with_own_max_tokens']} rows set their own max_tokens)",
+        f"  {plan['rows']} rows: {sent} sent ({plan['full']} with the full budget, {plan['clamped']} clamped), "
+        f"{plan['over_length']} over_length, {plan['bad_input']} bad_input, {plan['repeats_dropped']} repeats dropped",
+        f"  input tokens  {_dist(plan['input_length'])}",
+    ]
+    if plan["clamped"]:
+        lines.append(f"  clamped to    {_dist(clamped)}; {plan['starved']} below a quarter of their budget")
+    if plan["already_settled"]:
+        lines.append(f"  already settled in --out (skipped): {plan['already_settled']}")
+    lines.append(
+        f"  tokens: input {plan['input_tokens']:,} + output at most {plan['output_budget']:,} "
+        f"= {plan['expected_total_tokens']:,}"
+    )
+    return lines
+
+
+def _dist(d: dict[str, Any]) -> str:
+    return "  ".join(f"{k} {v}" for k, v in d.items()) if d["n"] else "none"
+
+
+def render_check(report: dict[str, Any]) -> str:
+    """The report as readable lines."""
+    up = sum(s["up"] for s in report.get("fleet", []))
+    lines = [f"fleet: {up} of {len(report.get('fleet', []))} servers up"]
+    lines += [_server_line(s) for s in report.get("fleet", [])]
+    lines += _tokenizer_lines(report) + _plan_lines(report)
+    lines += [f"WARNING: {w}" for w in report["warnings"]]
+    lines += [f"PROBLEM: {p}" for p in report["problems"]]
+    lines.append("check: OK" if report["ok"] else f"check: FAILED ({len(report['problems'])} problem(s))")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `check` flags: generate's own, with --out optional, plus --json."""
+    parser.epilog = __doc__.rsplit("\n\n", 1)[1] if __doc__ else None
+    parser.add_argument("--out", "-o", type=Path, help="a run directory to resume: what it settled is left out")
+    add_run_flags(parser)
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the preflight from parsed flags; exit 0 when fine, 1 when a problem was found."""
+    resume = args.out is not None
+    config = config_from_args(argparse.Namespace(**{**vars(args), "out": args.out or Path(".")}))
+    report = asyncio.run(run_check(config, resume=resume))
+    print(render_check(report))
+    if args.json:
+        write_json_atomic(args.json, report)
+    return EXIT_OK if report["ok"] else EXIT_PROBLEMS

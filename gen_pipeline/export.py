@@ -1,0 +1,325 @@
+"""`gen-pipeline export`: run directories become a training dataset.
+
+    gen-pipeline export runs/nightly --out datasets/nightly --drop-truncated \\
+        --columns id,finish_reason,prompt_tokens,completion_tokens,model,meta.source_id
+
+One row per completion: `messages` (the prompt turns plus the new assistant turn) and the chosen
+columns. Written as Parquet shards under OUT/data/ (the hub's layout) or, with --save-to-disk, as a
+`datasets` folder; OUT/README.md is a dataset card with the counts and the generation settings.
+Nothing in the run directory is changed; a torn last line is skipped, and an id seen twice is
+exported once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .errors import ConfigError
+from .formats import jsonl_rows
+from .records import id_key
+from .store import FAILURES, MANIFEST
+
+DEFAULT_COLUMNS = ("id", "finish_reason", "prompt_tokens", "completion_tokens", "model")
+DEFAULT_SHARD_ROWS = 100_000
+# The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
+_STRINGS = ("id", "completion", "finish_reason", "server", "model", "meta")
+_INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts")
+COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
+COLUMN_TYPES["latency_s"] = "float64"
+# Manifest fields shown in the card's settings table (the whole manifest follows it).
+CARD_SETTINGS = ("model", "tokenizer", "context_length", "max_tokens", "safety_margin", "sampling")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """What one `export` reads and writes.
+
+    Attributes:
+        runs: run directories (completions*.jsonl, failures.jsonl, manifest.json), read in order.
+        out: the dataset folder to create. overwrite: replace it if it exists.
+        columns: columns besides `messages`: completion fields or "meta.KEY".
+        drop_truncated: leave out completions that stopped at max_tokens (finish_reason "length").
+        save_to_disk: a `datasets` folder instead of Parquet shards. shard_rows: rows per shard.
+        push_to_hub: also push to this hub dataset repo (private if `private`).
+    """
+
+    runs: tuple[Path, ...]
+    out: Path
+    columns: tuple[str, ...] = DEFAULT_COLUMNS
+    drop_truncated: bool = False
+    save_to_disk: bool = False
+    shard_rows: int = DEFAULT_SHARD_ROWS
+    overwrite: bool = False
+    push_to_hub: str | None = None
+    private: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.columns if c not in COLUMN_TYPES and not c.startswith("meta.")]
+        if unknown:
+            known = ", ".join(COLUMN_TYPES)
+            raise ConfigError(f"unknown --columns {unknown}; use {known} or meta.KEY")
+        if self.shard_rows < 1:
+            raise ConfigError("--shard-rows must be at least 1")
+        for run in self.runs:
+            if not completion_files(run):
+                raise ConfigError(f"{run} is not a run directory (no completions*.jsonl)")
+        if self.out.exists() and any(self.out.iterdir()) and not self.overwrite:
+            raise ConfigError(f"{self.out} exists and is not empty; use --overwrite to replace it")
+
+
+@dataclass
+class ExportStats:
+    """What went into the dataset and what was left out."""
+
+    rows: int = 0
+    truncated: int = 0
+    duplicates: int = 0
+    unreadable: int = 0
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    done: set[int] = field(default_factory=set)
+
+    def add(self, obj: dict[str, Any]) -> None:
+        self.rows += 1
+        self.finish_reasons[str(obj.get("finish_reason"))] += 1
+        self.prompt_tokens += obj.get("prompt_tokens") or 0
+        self.completion_tokens += obj.get("completion_tokens") or 0
+
+
+def completion_files(run: Path) -> list[Path]:
+    """The output files of a run: completions.jsonl and any per-worker shards."""
+    return sorted(run.glob("completions*.jsonl"))
+
+
+def _is_completion(obj: Any) -> bool:
+    return (
+        isinstance(obj, dict)
+        and obj.get("id") is not None
+        and isinstance(obj.get("messages"), list)
+        and isinstance(obj.get("completion"), str)
+    )
+
+
+def _value(obj: dict[str, Any], column: str) -> Any:
+    """One column of a training row; ids and meta values become strings for a stable schema."""
+    if column.startswith("meta."):
+        value = (obj.get("meta") or {}).get(column[5:])
+    elif column in ("id", "meta"):
+        value = obj.get(column)
+    else:
+        return obj.get(column)
+    return value if value is None or isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def training_row(obj: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    """A completion line as a training row: prompt turns plus the new assistant turn."""
+    turns = [{"role": m.get("role"), "content": m.get("content")} for m in obj["messages"]]
+    row = {"messages": [*turns, {"role": "assistant", "content": obj["completion"]}]}
+    row.update((c, _value(obj, c)) for c in columns)
+    return row
+
+
+def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
+    """Every exportable completion of every run, once per id, counted into `stats`."""
+    for f in (f for run in config.runs for f in completion_files(run)):
+        for obj in jsonl_rows(f):
+            if not _is_completion(obj):
+                stats.unreadable += 1
+                continue
+            key = id_key(obj["id"])
+            if key in stats.done:
+                stats.duplicates += 1
+            elif config.drop_truncated and obj.get("finish_reason") == "length":
+                stats.truncated += 1
+            else:
+                stats.done.add(key)
+                stats.add(obj)
+                yield training_row(obj, config.columns)
+
+
+def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> Any:
+    """The dataset, streamed to Arrow files under `cache_dir` (never the whole run in memory)."""
+    import datasets
+
+    features = datasets.Features(
+        {
+            "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+            **{c: datasets.Value(COLUMN_TYPES.get(c, "string")) for c in config.columns},
+        }
+    )
+    kwargs = {"config": config, "stats": stats}
+    try:
+        return datasets.Dataset.from_generator(
+            training_rows, gen_kwargs=kwargs, features=features, cache_dir=str(cache_dir)
+        )
+    except ValueError:
+        if stats.rows:
+            raise
+        # datasets refuses to build an empty split from a generator
+        return datasets.Dataset.from_dict({k: [] for k in features}, features=features)
+
+
+def write_dataset(ds: Any, out: Path, config: ExportConfig) -> None:
+    """Parquet shards under out/data/, or a save_to_disk folder."""
+    if config.save_to_disk:
+        ds.save_to_disk(str(out))
+        return
+    shards = max(1, -(-len(ds) // config.shard_rows))
+    (out / "data").mkdir(parents=True)
+    for i in range(shards):
+        part = ds.shard(shards, i, contiguous=True)
+        part.to_parquet(str(out / "data" / f"train-{i:05d}-of-{shards:05d}.parquet"))
+
+
+def ledger_counts(runs: tuple[Path, ...], done: set[int]) -> Counter[str]:
+    """Ledger reasons (newest per id) of the ids that have no completion."""
+    last: dict[int, str] = {}
+    for run in runs:
+        for obj in jsonl_rows(run / FAILURES):
+            if isinstance(obj, dict) and obj.get("id") is not None and "reason" in obj:
+                last[id_key(obj["id"])] = str(obj["reason"])
+    return Counter(reason for key, reason in last.items() if key not in done)
+
+
+def _manifest(run: Path) -> dict[str, Any]:
+    path = run / MANIFEST
+    return orjson.loads(path.read_bytes()) if path.exists() else {}
+
+
+def _front_matter(config: ExportConfig) -> list[str]:
+    lines = ["---", "tags:", "- synthetic", "- gen-pipeline"]
+    if not config.save_to_disk:  # lets the hub viewer and load_dataset(repo) find the shards
+        lines += ["configs:", "- config_name: default", "  data_files:", "  - split: train"]
+        lines += ["    path: data/train-*.parquet"]
+    return [*lines, "---"]
+
+
+def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
+    """OUT/README.md: what the dataset holds, how it was made, and what was left out."""
+    layout = "a save_to_disk folder" if config.save_to_disk else "Parquet shards (data/)"
+    reasons = ", ".join(f"{k} {v}" for k, v in stats.finish_reasons.most_common()) or "-"
+    rows = [
+        ("rows", stats.rows),
+        ("finish reasons", reasons),
+        ("prompt tokens", stats.prompt_tokens),
+        ("completion tokens", stats.completion_tokens),
+        ("left out: truncated (finish_reason length)", stats.truncated),
+        ("left out: duplicate ids", stats.duplicates),
+        ("left out: unreadable lines", stats.unreadable),
+    ]
+    ledger = ledger_counts(config.runs, stats.done)
+    rows += [(f"not generated: {reason} (ledger)", n) for reason, n in ledger.most_common()]
+    lines = [
+        *_front_matter(config),
+        "",
+        f"# {config.out.name}",
+        "",
+        f"Completions generated by gen-pipeline from {', '.join(r.name for r in config.runs)}, "
+        f"as {layout}. Columns: messages (the prompt turns and the generated assistant turn), "
+        f"{', '.join(config.columns)}.",
+        "",
+        "## Counts",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {name} | {value} |" for name, value in rows),
+    ]
+    for run in config.runs:
+        lines += _settings(run)
+    return "\n".join(lines) + "\n"
+
+
+def _settings(run: Path) -> list[str]:
+    manifest = _manifest(run)
+    lines = ["", f"## Generation settings: {run.name}", "", "| setting | value |", "|---|---|"]
+    for key in CARD_SETTINGS:
+        lines.append(f"| {key} | `{orjson.dumps(manifest.get(key)).decode()}` |")
+    full = orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+    return [*lines, "", "<details><summary>manifest.json</summary>", "", "```json", full, "```", "</details>"]
+
+
+def export(config: ExportConfig) -> ExportStats:
+    """Build the dataset and its card in a temporary folder, then move it to `config.out`."""
+    config.out.parent.mkdir(parents=True, exist_ok=True)
+    stats = ExportStats()
+    with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
+        ds = build_dataset(config, stats, Path(tmp) / "cache")
+        staged = Path(tmp) / "out"
+        write_dataset(ds, staged, config)
+        (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
+        if config.push_to_hub:
+            push(ds, staged / "README.md", config)
+        del ds
+        if config.out.exists():
+            shutil.rmtree(config.out)
+        staged.rename(config.out)
+    return stats
+
+
+def push(ds: Any, card: Path, config: ExportConfig) -> None:
+    """Push the dataset and its card to the hub (needs a token and network)."""
+    from huggingface_hub import HfApi
+
+    assert config.push_to_hub is not None
+    ds.push_to_hub(config.push_to_hub, private=config.private)
+    api = HfApi()
+    api.upload_file(
+        path_or_fileobj=str(card), path_in_repo="README.md", repo_id=config.push_to_hub, repo_type="dataset"
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `export` flags."""
+    add = parser.add_argument
+    add("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories to export")
+    add("--out", "-o", type=Path, required=True, help="dataset folder to create")
+    add(
+        "--columns",
+        default=",".join(DEFAULT_COLUMNS),
+        help="columns besides messages: completion fields or meta.KEY, comma separated "
+        f"(default {','.join(DEFAULT_COLUMNS)})",
+    )
+    add("--drop-truncated", action="store_true", help='leave out finish_reason "length" rows')
+    add("--save-to-disk", action="store_true", help="write a datasets folder instead of Parquet")
+    add("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, help="rows per Parquet shard")
+    add("--overwrite", action="store_true", help="replace --out if it exists")
+    add("--push-to-hub", metavar="REPO", help="also push to this hub dataset repo")
+    add("--private", action="store_true", help="make the pushed repo private")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `export` from parsed flags; print the one-line summary."""
+    config = ExportConfig(
+        runs=tuple(args.runs),
+        out=args.out,
+        columns=tuple(c.strip() for c in args.columns.split(",") if c.strip()),
+        drop_truncated=args.drop_truncated,
+        save_to_disk=args.save_to_disk,
+        shard_rows=args.shard_rows,
+        overwrite=args.overwrite,
+        push_to_hub=args.push_to_hub,
+        private=args.private,
+    )
+    stats = export(config)
+    print(
+        f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
+        f"{stats.duplicates} duplicate ids, {stats.unreadable} unreadable lines)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    from .cli import main as cli_main
+
+    sys.exit(cli_main(["export", *sys.argv[1:]]))

@@ -1,0 +1,172 @@
+"""`gen-pipeline check` against the simulated fleet: fleet, tokenizer agreement, and a plan that equals the run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from e2e import prompts, read_jsonl
+
+from gen_pipeline.check import run_check
+from gen_pipeline.cli import main
+from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.pipeline import run_async
+from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+
+CTX = 1024
+MAX_TOKENS = 600
+
+
+def sim(n: int = 2, **kw: Any) -> SimConfig:
+    return SimConfig(ports=tuple(free_ports(n)), health_delay=0.0, **kw)
+
+
+async def _check_against(sims: list[SimConfig], input_path, tmp_path, **run: Any) -> dict[str, Any]:
+    fleets = [await start_fleet(s) for s in sims]
+    try:
+        urls = tuple(u for f in fleets for u in f.urls)
+        settings = {"max_tokens": MAX_TOKENS, **run}
+        return await run_check(RunConfig(input=input_path, out=tmp_path / "out", servers=urls, **settings))
+    finally:
+        for f in fleets:
+            await f.aclose()
+
+
+def check(sims: list[SimConfig], input_path, tmp_path, **run: Any) -> dict[str, Any]:
+    """run_check against simulated fleets, with a deadline."""
+    return asyncio.run(asyncio.wait_for(_check_against(sims, input_path, tmp_path, **run), 30))
+
+
+def test_healthy_fleet_passes(write_jsonl, tmp_path):
+    """Every server up and alike, the tokenizer agrees exactly, the plan sends everything in full."""
+    report = check([sim(2, context_length=CTX)], write_jsonl(prompts(8)), tmp_path)
+    assert report["ok"], report["problems"]
+    assert all(s["up"] and s["healthy"] and s["max_running_requests"] == 64 for s in report["fleet"])
+    assert report["tokenizer"]["agree"] and report["tokenizer"]["compared"] == 6  # 3 rows x 2 servers
+    assert report["plan"]["full"] == 8 and report["plan"]["clamped"] == report["plan"]["over_length"] == 0
+
+
+def _two_contexts() -> list[SimConfig]:
+    return [sim(1, context_length=CTX), sim(1, context_length=2 * CTX)]
+
+
+def _one_down() -> list[SimConfig]:
+    ports = tuple(free_ports(3))
+    return [SimConfig(ports=ports, dead=(ports[1],), context_length=CTX, health_delay=0.0)]
+
+
+@pytest.mark.parametrize(
+    ("sims", "reason"),
+    [
+        (_one_down, "1 of 3 servers down"),
+        (_two_contexts, "different context lengths"),
+        (lambda: [sim(2, context_length=CTX, template_extra_tokens=5)], "tokenizer drift"),
+    ],
+    ids=["one-port-down", "context-differs", "tokenizer-mismatch"],
+)
+def test_fleet_faults_fail_with_their_reason(sims, reason, write_jsonl, tmp_path):
+    """A dead port, a different max_model_len and a tokenizer that miscounts each fail the check."""
+    report = check(sims(), write_jsonl(prompts(6)), tmp_path)
+    assert not report["ok"]
+    assert len(report["problems"]) == 1 and reason in report["problems"][0], report["problems"]
+
+
+def test_tokenizer_drift_suggests_a_margin(write_jsonl, tmp_path):
+    """Five uncounted template tokens: drift +5 on every probe, and a margin of at least 5 + 16."""
+    report = check([sim(1, template_extra_tokens=5)], write_jsonl(prompts(4)), tmp_path)
+    assert report["tokenizer"]["drift"] == {"5": 3}
+    assert report["tokenizer"]["suggested_safety_margin"] == 21
+    assert "--safety-margin 21" in report["problems"][0]
+
+
+def mixed_rows() -> list[Any]:
+    """Short, long and too-long prompts, a row budget, bad rows and a repeat."""
+    rows: list[Any] = [{"id": i, "prompt": "tell me more " * (1 + (i * 37) % 120)} for i in range(40)]
+    rows += [{"id": "own", "prompt": "short one", "max_tokens": 10}, {"id": "own-long", "prompt": "x " * 700}]
+    rows += [b"{not json", {"id": "empty", "prompt": "  "}, rows[3], {"id": 3, "prompt": "other content"}]
+    return rows
+
+
+async def _plan_then_generate(input_path, tmp_path) -> tuple[dict[str, Any], Any]:
+    async with await start_fleet(sim(2, context_length=CTX)) as fleet:
+        cfg = RunConfig(
+            input=input_path,
+            out=tmp_path / "run",
+            servers=tuple(fleet.urls),
+            max_tokens=MAX_TOKENS,
+            retry=RetryPolicy.testing(),
+            progress="off",
+        )
+        report = await run_check(cfg)
+        return report, await run_async(cfg)
+
+
+def test_plan_counts_equal_what_generate_does(write_jsonl, tmp_path):
+    """full / clamped / over_length / bad and the clamped budgets equal generate's ledger and output."""
+    path = write_jsonl(mixed_rows())
+    report, outcome = asyncio.run(asyncio.wait_for(_plan_then_generate(path, tmp_path), 30))
+    plan = report["plan"]
+    done = read_jsonl(tmp_path / "run" / "completions.jsonl")
+    ledger = Counter(r["reason"] for r in read_jsonl(tmp_path / "run" / "failures.jsonl"))
+    requested = {"own": 10}
+    full = [r for r in done if r["max_tokens"] == requested.get(r["id"], MAX_TOKENS)]
+    clamped = sorted(r["max_tokens"] for r in done if r["max_tokens"] < requested.get(r["id"], MAX_TOKENS))
+    assert plan["full"] > 0 and plan["clamped"] > 0 and plan["over_length"] > 0  # the input exercises all three
+    assert (plan["full"], plan["clamped"]) == (len(full), len(clamped))
+    assert (plan["over_length"], plan["bad_input"]) == (ledger["over_length"], ledger["bad_input"]) == (5, 3)
+    assert (plan["clamped_to"]["min"], plan["clamped_to"]["max"]) == (clamped[0], clamped[-1])
+    assert plan["input_tokens"] == outcome.summary["input_tokens"]
+    assert plan["output_budget"] == sum(r["max_tokens"] for r in done)
+    assert plan["repeats_dropped"] == outcome.summary["repeats_dropped"] == 1
+
+
+def test_mostly_clamped_input_fails_as_waste(write_jsonl, tmp_path):
+    """Prompts that leave under a quarter of --max-tokens for most rows are a problem."""
+    rows = [{"id": i, "prompt": "tell me more " * 95} for i in range(6)] + prompts(2)
+    report = check([sim(1, context_length=CTX)], write_jsonl(rows), tmp_path)
+    assert report["plan"]["starved"] == 6
+    assert any("clamped below a quarter" in p for p in report["problems"]), report["problems"]
+
+
+def test_everything_over_length_fails(write_jsonl, tmp_path):
+    """No prompt fits: the check fails and says nothing would be sent."""
+    rows = [{"id": i, "prompt": "word " * 1500} for i in range(3)]
+    report = check([sim(1, context_length=CTX)], write_jsonl(rows), tmp_path)
+    assert report["plan"]["over_length"] == 3 and "tokenizer" not in report
+    assert any("every prompt (3) is over_length" in p for p in report["problems"])
+
+
+@contextlib.contextmanager
+def fleet_in_thread(config: SimConfig) -> Iterator[str]:
+    """A simulated fleet served by its own event loop in a thread; yields the --servers value."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    fleet = asyncio.run_coroutine_threadsafe(start_fleet(config), loop).result(30)
+    try:
+        yield ",".join(fleet.urls)
+    finally:
+        asyncio.run_coroutine_threadsafe(fleet.aclose(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_command_line_exit_codes_and_json(write_jsonl, tmp_path, capsys):
+    """check exits 0 on a good fleet and 1 with one PROBLEM line per problem; --json writes the report."""
+    path = write_jsonl(prompts(5))
+    with fleet_in_thread(sim(2, context_length=CTX)) as servers:
+        args = ["check", "-i", str(path), "-s", servers, "--max-tokens", str(MAX_TOKENS), "--json"]
+        assert main([*args, str(tmp_path / "ok.json")]) == 0
+        assert "check: OK" in capsys.readouterr().out
+        assert main([*args, str(tmp_path / "bad.json"), "--context-length", "20"]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEM: every prompt (5) is over_length" in out and "check: FAILED (1 problem(s))" in out
+    assert orjson.loads((tmp_path / "ok.json").read_bytes())["ok"] is True
+    assert orjson.loads((tmp_path / "bad.json").read_bytes())["ok"] is False

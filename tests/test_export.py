@@ -1,0 +1,155 @@
+"""Tests of `export`: a run directory read back as a `datasets` training dataset."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import datasets
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from gen_pipeline import export
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.records import Completion, Failure
+
+MANIFEST = {
+    "model": "sim-model",
+    "tokenizer": "tiny-tokenizer",
+    "context_length": 8192,
+    "sampling": {"temperature": 0.7},
+    "max_tokens": 256,
+    "safety_margin": 16,
+}
+
+
+def completion(i: int, finish: str = "stop", meta: dict[str, Any] | None = None) -> bytes:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Q{i}"}]
+    c = Completion(i, messages, f"A{i}", finish, 9, 9, 3, 256, "s0", 1, 0.2, "sim-model", meta or {})
+    return c.to_line()
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A run with a worker shard, a repeated id, a truncated row, a ledger and a torn last line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    meta = {"source_id": 100, "label": {"a": 1}}
+    main = [completion(0, meta=meta), completion(1, "length")]
+    (run / "completions.jsonl").write_bytes(b"".join(main) + b'{"id": 9, "messa')
+    shard = [completion(2), completion(0, meta=meta)]  # id 0 again: exported once
+    (run / "completions-00001.jsonl").write_bytes(b"".join(shard))
+    ledger = [Failure(5, 6, "timeout", "t").to_line(), Failure(6, 7, "over_length", "o").to_line()]
+    (run / "failures.jsonl").write_bytes(b"".join(ledger))
+    (run / "manifest.json").write_bytes(orjson.dumps(MANIFEST))
+    return run
+
+
+def run_export(*argv: Any) -> int:
+    parser = argparse.ArgumentParser()
+    export.add_arguments(parser)
+    return export.main(parser.parse_args([str(a) for a in argv]))
+
+
+def read_parquet(out: Path, tmp_path: Path) -> datasets.Dataset:
+    files = sorted(str(p) for p in (out / "data").glob("*.parquet"))
+    return datasets.Dataset.from_parquet(files, cache_dir=str(tmp_path / "hf-cache"))
+
+
+def test_round_trip_through_parquet(run_dir, tmp_path):
+    """Each completion becomes one row: prompt turns plus the assistant turn, default columns."""
+    out = tmp_path / "ds"
+    assert run_export(run_dir, "--out", out) == 0
+    ds = read_parquet(out, tmp_path)
+    assert ds.column_names == ["messages", *export.DEFAULT_COLUMNS]
+    assert sorted(ds["id"]) == ["0", "1", "2"]
+    row = next(r for r in ds if r["id"] == "0")
+    assert row["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Q0"},
+        {"role": "assistant", "content": "A0"},
+    ]
+    assert (row["finish_reason"], row["prompt_tokens"], row["model"]) == ("stop", 9, "sim-model")
+
+
+def test_drop_truncated_and_the_dataset_card(run_dir, tmp_path):
+    """--drop-truncated leaves out "length" rows; the card counts them and shows the settings."""
+    out = tmp_path / "ds"
+    run_export(run_dir, "--out", out, "--drop-truncated")
+    assert sorted(read_parquet(out, tmp_path)["id"]) == ["0", "2"]
+    card = (out / "README.md").read_text()
+    for line in [
+        "| rows | 2 |",
+        "| left out: truncated (finish_reason length) | 1 |",
+        "| left out: duplicate ids | 1 |",
+        "| left out: unreadable lines | 1 |",
+        "| not generated: timeout (ledger) | 1 |",
+        "| not generated: over_length (ledger) | 1 |",
+        "| context_length | `8192` |",
+        '| sampling | `{"temperature":0.7}` |',
+        "    path: data/train-*.parquet",
+    ]:
+        assert line in card
+
+
+def test_save_to_disk_with_meta_columns(run_dir, tmp_path):
+    """--save-to-disk writes a load_from_disk folder; meta.KEY columns hold strings."""
+    out = tmp_path / "ds"
+    run_export(run_dir, "--out", out, "--save-to-disk", "--columns", "id,meta.source_id,meta.label")
+    ds = datasets.load_from_disk(str(out))
+    assert ds.column_names == ["messages", "id", "meta.source_id", "meta.label"]
+    row = next(r for r in ds if r["id"] == "0")
+    assert (row["meta.source_id"], row["meta.label"]) == ("100", '{"a":1}')
+    assert next(r for r in ds if r["id"] == "2")["meta.source_id"] is None
+    assert (out / "README.md").exists()
+
+
+def test_shards_hold_every_row_once(run_dir, tmp_path):
+    """--shard-rows splits the Parquet output; together the shards hold each row once."""
+    out = tmp_path / "ds"
+    run_export(run_dir, "--out", out, "--shard-rows", "2")
+    assert sorted(p.name for p in (out / "data").iterdir()) == [
+        "train-00000-of-00002.parquet",
+        "train-00001-of-00002.parquet",
+    ]
+    assert sorted(read_parquet(out, tmp_path)["id"]) == ["0", "1", "2"]
+
+
+def test_an_empty_run_exports_an_empty_dataset(tmp_path):
+    """A run with no completions yet gives a dataset with the right columns and no rows."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "completions.jsonl").touch()
+    run_export(run, "--out", tmp_path / "ds")
+    # datasets cannot load a split with no rows, so read the file with pyarrow
+    table = pq.read_table(tmp_path / "ds" / "data" / "train-00000-of-00001.parquet")
+    assert (table.num_rows, table.column_names) == (0, ["messages", *export.DEFAULT_COLUMNS])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--columns", "id,colour"], "unknown --columns"),
+        (["--shard-rows", "0"], "--shard-rows"),
+    ],
+)
+def test_bad_flags_are_config_errors(run_dir, tmp_path, argv, message):
+    """Unknown columns and bad shard sizes are refused before anything is written."""
+    with pytest.raises(ConfigError, match=message):
+        run_export(run_dir, "--out", tmp_path / "ds", *argv)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_existing_output_needs_overwrite(run_dir, tmp_path):
+    """An existing dataset is replaced only with --overwrite; a folder without output is refused."""
+    out = tmp_path / "ds"
+    run_export(run_dir, "--out", out)
+    with pytest.raises(ConfigError, match="--overwrite"):
+        run_export(run_dir, "--out", out, "--drop-truncated")
+    run_export(run_dir, "--out", out, "--drop-truncated", "--overwrite")
+    assert len(read_parquet(out, tmp_path)) == 2
+    with pytest.raises(ConfigError, match="not a run directory"):
+        run_export(tmp_path, "--out", tmp_path / "other")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".export-")] == []

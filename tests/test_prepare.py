@@ -1,0 +1,319 @@
+"""Tests of `prepare` and `formats`: format detection, normalization, dedup, exclusion, sources."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gen_pipeline import cli, prepare
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.formats import InvalidRowError, RowConverter, detect_format
+from gen_pipeline.records import Completion, Failure, content_id
+
+U = "user"
+
+
+def msgs(*turns: tuple[str, str]) -> list[dict[str, str]]:
+    return [{"role": r, "content": c} for r, c in turns]
+
+
+def infinity_row(i: int, question: str, answer: str = "Sure.") -> dict[str, Any]:
+    """A row shaped like BAAI/Infinity-Instruct."""
+    return {
+        "id": i,
+        "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}],
+        "label": {"ability_en": ["math"], "cate_ability_en": ["logic"]},
+        "langdetect": "en",
+        "source": "sharegpt",
+    }
+
+
+def run_prepare(*argv: Any) -> int:
+    parser = argparse.ArgumentParser()
+    prepare.add_arguments(parser)
+    return prepare.main(parser.parse_args([str(a) for a in argv]))
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("raw", "fmt", "messages", "reference"),
+    [
+        (
+            {"messages": msgs(("system", "Be brief."), (U, "Hi"), ("assistant", "Hello"))},
+            "messages",
+            msgs(("system", "Be brief."), (U, "Hi")),
+            "Hello",
+        ),
+        (infinity_row(7, "What is 2+2?", "4"), "sharegpt", msgs((U, "What is 2+2?")), "4"),
+        (
+            {"conversations": [{"role": "user", "content": "Hey"}]},
+            "sharegpt",
+            msgs((U, "Hey")),
+            None,
+        ),
+        (
+            {"instruction": "Translate.", "input": "bonjour", "output": "hello"},
+            "alpaca",
+            msgs((U, "Translate.\n\nbonjour")),
+            "hello",
+        ),
+        (
+            {"instruction": "Add 2 and 2.", "input": "", "output": "4"},
+            "alpaca",
+            msgs((U, "Add 2 and 2.")),
+            "4",
+        ),
+        ({"prompt": "Tell a joke.", "response": "No."}, "prompt", msgs((U, "Tell a joke.")), "No."),
+        (
+            {"prompt": msgs(("system", "S"), (U, "Q"))},
+            "prompt",
+            msgs(("system", "S"), (U, "Q")),
+            None,
+        ),
+        ({"text": "Once upon a time"}, "text", msgs((U, "Once upon a time")), None),
+    ],
+)
+def test_each_format_is_detected_and_normalized(raw, fmt, messages, reference):
+    """Every supported format becomes role/content messages ending at the last user turn."""
+    assert detect_format(raw) == fmt
+    converted = RowConverter(keep_reference=True)(raw)
+    assert converted.row["messages"] == messages
+    assert converted.row.get("reference") == reference
+    assert converted.row["id"] == content_id(messages)
+
+
+def test_infinity_instruct_row_keeps_its_columns_and_source_id():
+    """The source id becomes source_id; other columns are carried; the old answer is dropped."""
+    row = RowConverter()(infinity_row(42, "Why is the sky blue?")).row
+    assert row["source_id"] == 42
+    assert row["label"] == {"ability_en": ["math"], "cate_ability_en": ["logic"]}
+    assert (row["langdetect"], row["source"]) == ("en", "sharegpt")
+    assert "reference" not in row and "conversations" not in row
+
+
+def test_multi_turn_keeps_everything_up_to_the_last_user_turn():
+    """Earlier answers stay (they are context); only the final answer is cut."""
+    turns = [("human", "A"), ("gpt", "B"), ("human", "C"), ("gpt", "D")]
+    raw = {"conversations": [{"from": f, "value": v} for f, v in turns]}
+    converted = RowConverter(keep_reference=True)(raw)
+    assert converted.row["messages"] == msgs((U, "A"), ("assistant", "B"), (U, "C"))
+    assert converted.row["reference"] == "D"
+
+
+def test_empty_system_turn_is_dropped():
+    """ShareGPT dumps often carry an empty system turn; it is not a reason to reject the row."""
+    raw = {"conversations": [{"from": "system", "value": ""}, {"from": "human", "value": "Q"}]}
+    assert RowConverter()(raw).row["messages"] == msgs((U, "Q"))
+
+
+def test_format_flag_overrides_the_guess():
+    """--format picks the column when a row would fit several formats."""
+    raw = {"prompt": "from prompt", "text": "from text"}
+    assert RowConverter()(raw).row["messages"] == msgs((U, "from prompt"))
+    assert RowConverter("text")(raw).row["messages"] == msgs((U, "from text"))
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (None, "not_json_object"),
+        ([1, 2], "not_json_object"),
+        ({"foo": "bar"}, "unknown_format"),
+        ({"messages": []}, "no_messages"),
+        ({"messages": msgs(("assistant", "only an answer"))}, "no_user_turn"),
+        ({"messages": msgs(("robot", "beep"))}, "bad_role"),
+        ({"messages": msgs((U, "   "))}, "empty_content"),
+        ({"messages": [{"role": U, "content": 5}]}, "bad_content"),
+        (
+            {"messages": [{"role": U, "content": [{"type": "image_url", "image_url": {}}]}]},
+            "non_text_content",
+        ),
+        ({"conversations": [{"from": "alien", "value": "x"}]}, "bad_role"),
+        ({"text": ""}, "empty_content"),
+    ],
+)
+def test_invalid_rows_are_rejected_with_a_reason(raw, reason):
+    """Each kind of bad row has its own reason tag for the report."""
+    with pytest.raises(InvalidRowError) as info:
+        RowConverter()(raw)
+    assert info.value.reason == reason
+
+
+def test_text_content_parts_are_joined():
+    """OpenAI content parts that are all text become one string."""
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert RowConverter()({"messages": [{"role": U, "content": parts}]}).row["messages"] == msgs((U, "a\nb"))
+
+
+def test_dedup_collapses_whitespace_and_unicode_variants_but_not_roles(tmp_path, write_jsonl, capsys):
+    """NFC and collapsed whitespace compare equal; the same text under another role does not."""
+    src = write_jsonl(
+        [
+            {"messages": msgs((U, "Café  au lait?"))},
+            {"messages": msgs((U, " Cafe\u0301 au\tlait? \n"))},  # decomposed é, other whitespace
+            {"conversations": [{"from": "human", "value": "Café au lait?"}]},
+            {"messages": msgs(("system", "Be brief."), (U, "Hi"))},
+            {"messages": msgs((U, "Be brief."), (U, "Hi"))},
+            b'{"messages": [{"role": "user", "content": "torn',
+        ]
+    )
+    out, report = tmp_path / "prompts.jsonl", tmp_path / "report.json"
+    assert run_prepare("--input", src, "--out", out, "--report", report) == 0
+    rows = read_rows(out)
+    assert [r["messages"][-1]["content"] for r in rows] == ["Café  au lait?", "Hi", "Hi"]
+    assert len({r["id"] for r in rows}) == 3
+    counts = orjson.loads(report.read_bytes())
+    assert (counts["read"], counts["duplicates"], counts["written"]) == (6, 2, 3)
+    assert counts["invalid_reasons"] == {"not_json_object": 1}
+    assert "duplicates 2" in capsys.readouterr().out
+
+
+def test_ids_are_stable_across_runs(tmp_path, write_jsonl):
+    """The same prompt gets the same id in every run, whatever the source's own id."""
+    a = write_jsonl([infinity_row(1, "Same question")], "a.jsonl")
+    b = write_jsonl([{"id": "other", "messages": msgs((U, " Same  question "))}], "b.jsonl")
+    run_prepare("--input", a, "--out", tmp_path / "a_out.jsonl")
+    run_prepare("--input", b, "--out", tmp_path / "b_out.jsonl")
+    assert read_rows(tmp_path / "a_out.jsonl")[0]["id"] == read_rows(tmp_path / "b_out.jsonl")[0]["id"]
+
+
+def write_run(run: Path, done: list[str], failed: list[tuple[str, str]]) -> None:
+    """A run directory as generate leaves it, with a torn last completion line."""
+    run.mkdir()
+    with (run / "completions.jsonl").open("wb") as f:
+        for q in done:
+            m = msgs((U, q))
+            c = Completion(content_id(m), m, "ans", "stop", 3, 3, 1, 64, "s", 1, 0.1, "m", {})
+            f.write(c.to_line())
+        f.write(b'{"id": "torn", "messages": [{"role": "us')
+    with (run / "failures.jsonl").open("wb") as f:
+        for q, reason in failed:
+            f.write(Failure(content_id(msgs((U, q))), 1, reason, "detail").to_line())
+
+
+def test_exclude_drops_prompts_in_earlier_files_and_runs(tmp_path, write_jsonl):
+    """Earlier prompt files, run outputs and permanent ledger ids are excluded; transient not."""
+    earlier = write_jsonl([{"id": "x", "messages": msgs((U, "in an earlier file"))}], "earlier.jsonl")
+    write_run(tmp_path / "run", ["already done"], [("too long", "over_length"), ("timed out", "timeout")])
+    questions = ["in an earlier file", "already  done", "too long", "timed out", "brand new"]
+    src = write_jsonl([infinity_row(i, q) for i, q in enumerate(questions)], "new.jsonl")
+    out, report = tmp_path / "out.jsonl", tmp_path / "report.json"
+    run_prepare(
+        "--input",
+        src,
+        "--out",
+        out,
+        "--exclude",
+        earlier,
+        "--exclude",
+        tmp_path / "run",
+        "--report",
+        report,
+    )
+    assert [r["messages"][0]["content"] for r in read_rows(out)] == ["timed out", "brand new"]
+    counts = orjson.loads(report.read_bytes())
+    assert (counts["excluded"], counts["written"]) == (3, 2)
+
+
+def test_exclude_of_a_folder_reads_every_jsonl_in_it(tmp_path, write_jsonl):
+    """A folder that is not a run directory stands for its *.jsonl prompt files."""
+    (tmp_path / "prompts").mkdir()
+    write_jsonl([{"messages": msgs((U, "old"))}], "prompts/night-1.jsonl")
+    src = write_jsonl([{"messages": msgs((U, "old"))}, {"messages": msgs((U, "new"))}], "src.jsonl")
+    run_prepare("--input", src, "--out", tmp_path / "out.jsonl", "--exclude", tmp_path / "prompts")
+    assert [r["messages"][0]["content"] for r in read_rows(tmp_path / "out.jsonl")] == ["new"]
+
+
+def test_a_failed_run_leaves_the_old_output_in_place(tmp_path, write_jsonl):
+    """The output is replaced only when every source was read; no .tmp file is left behind."""
+    out = tmp_path / "out.jsonl"
+    out.write_text("old\n")
+    good = write_jsonl([{"text": "fine"}])
+    with pytest.raises(ConfigError, match="no such file"):
+        run_prepare("--input", good, "--input", tmp_path / "missing.jsonl", "--out", out)
+    assert out.read_text() == "old\n"
+    assert not (tmp_path / "out.jsonl.tmp").exists()
+
+
+def test_limit_reads_at_most_n_rows_per_source(tmp_path, write_jsonl):
+    """--limit caps each source."""
+    a = write_jsonl([{"text": f"a{i}"} for i in range(5)], "a.jsonl")
+    b = write_jsonl([{"text": f"b{i}"} for i in range(5)], "b.jsonl")
+    run_prepare("--input", a, "--input", b, "--out", tmp_path / "out.jsonl", "--limit", "2")
+    assert [r["messages"][0]["content"] for r in read_rows(tmp_path / "out.jsonl")] == [
+        "a0",
+        "a1",
+        "b0",
+        "b1",
+    ]
+
+
+ALPACA = [
+    {"id": "a1", "instruction": "Add 2 and 2.", "input": "", "output": "4"},
+    {"id": "a2", "instruction": "Translate.", "input": "bonjour", "output": "hello"},
+    {"id": "a3", "instruction": "Add  2 and 2.", "input": "", "output": "four"},
+]
+
+
+def write_source(kind: str, tmp_path: Path) -> Path:
+    """The ALPACA rows in one of the formats `datasets` reads."""
+    import datasets
+
+    ds = datasets.Dataset.from_list(ALPACA)
+    path = tmp_path / f"src.{kind}"
+    if kind == "parquet":
+        ds.to_parquet(str(path))
+    elif kind == "csv":
+        ds.to_csv(str(path), index=False)
+    elif kind == "json":
+        path.write_bytes(orjson.dumps(ALPACA))  # one JSON array, not JSON lines
+    elif kind == "disk":
+        datasets.DatasetDict({"train": ds.select([0]), "test": ds}).save_to_disk(str(path))
+    elif kind == "folder":
+        path.mkdir()
+        ds.to_json(str(path / "test.jsonl"))  # a split named by its file
+    return path
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv", "json", "disk", "folder"])
+def test_dataset_sources_are_read_through_datasets(kind, tmp_path):
+    """Parquet, CSV, a JSON array, a save_to_disk DatasetDict (--split) and a folder all work."""
+    src = write_source(kind, tmp_path)
+    out, report = tmp_path / "out.jsonl", tmp_path / "report.json"
+    assert run_prepare("--input", src, "--out", out, "--split", "test", "--report", report) == 0
+    rows = read_rows(out)
+    assert [r["messages"][0]["content"] for r in rows] == ["Add 2 and 2.", "Translate.\n\nbonjour"]
+    assert [r["source_id"] for r in rows] == ["a1", "a2"]
+    assert orjson.loads(report.read_bytes())["formats"] == {str(src): {"alpaca": 3}}
+
+
+def test_cli_reports_config_errors_on_one_line(tmp_path, capsys):
+    """Through the gen-pipeline CLI, a user error is one "error:" line and exit code 1."""
+    code = cli.main(["prepare", "--input", str(tmp_path / "nope.parquet"), "--out", str(tmp_path / "o.jsonl")])
+    assert code == 1
+    assert "error: --input" in capsys.readouterr().err
+
+
+def test_module_runs_alone_and_reports_an_unreachable_hub(tmp_path):
+    """`python -m gen_pipeline.prepare` runs alone; an unreachable hub name is a clean error."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    argv = ["--input", "someone/no-such-dataset", "--out", str(tmp_path / "o.jsonl")]
+    result = subprocess.run(
+        [sys.executable, "-m", "gen_pipeline.prepare", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "error: cannot read someone/no-such-dataset" in result.stderr
