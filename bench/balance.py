@@ -1,6 +1,6 @@
 """Balancing benchmark: gen-pipeline vs plain round-robin on a troubled 8-port fleet.
 
-    python bench/balance.py [--prompts 1600] [--token-latency 0.02] [--max-running 8]
+    python bench/balance.py [--prompts 3200] [--token-latency 0.02] [--max-running 8]
 
 The simulated fleet (a separate process) has 8 ports: one 4x slower, one dead, one flaky (fails 20% of
 requests with 500/502), the rest healthy, all with per-token latency. It prints, side by side:
@@ -134,7 +134,7 @@ async def round_robin(rows: list[dict], urls: list[str], concurrency: int) -> fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=1600)
+    ap.add_argument("--prompts", type=int, default=3200)
     ap.add_argument("--token-latency", type=float, default=0.02)
     ap.add_argument("--max-running", type=int, default=8)
     args = ap.parse_args()
