@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, PipelineError
-from .records import ROLES, Messages, content_digest
+from .records import ROLES, Messages, content_digest, id_from_digest
 from .store import iter_json_lines
 
 # Suffixes read by `datasets` builders; .jsonl is read directly (faster, no Arrow copy).
@@ -207,8 +207,8 @@ class RowConverter:
             raise InvalidRowError("unknown_format")
         messages, answer = _extract(raw, fmt)
         digest = content_digest(messages)
-        # content_id(messages) from the digest in hand: hashing twice was half of prepare's time.
-        row: dict[str, Any] = {"id": "h" + digest.hex()[:24], "messages": messages}
+        # the id from the digest in hand: hashing twice was half of prepare's time.
+        row: dict[str, Any] = {"id": id_from_digest(digest), "messages": messages}
         row.update(_extras(raw, fmt))
         if self.keep_reference and answer is not None:
             row["reference"] = answer

@@ -33,7 +33,12 @@ def content_digest(messages: Messages) -> bytes:
 
 def content_id(messages: Messages) -> str:
     """The stable id of a row that has none: a hex hash of its normalized messages."""
-    return "h" + content_digest(messages).hex()[:24]
+    return id_from_digest(content_digest(messages))
+
+
+def id_from_digest(digest: bytes) -> str:
+    """The content id for a `content_digest` already computed (saves hashing a row twice)."""
+    return "h" + digest.hex()[:24]
 
 
 def id_key(row_id: RowId) -> int:
