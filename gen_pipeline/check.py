@@ -43,10 +43,10 @@ from .errors import ConfigError, RequestError
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
 from .pipeline import BatchReader, Skipped, manifest_for, resolve
 from .progress import RunStats
-from .records import Prompt, id_key
+from .records import Prompt
 from .report import distribution
 from .source import BadRow, PromptSource
-from .store import COMPLETIONS, FAILURES, MANIFEST, MANIFEST_KEYS, ResumeState, iter_json_lines, write_json_atomic
+from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
 from .tokens import TokenCounter, clamp_max_tokens, load_tokenizer
 
 log = logging.getLogger("gen_pipeline")
@@ -285,20 +285,7 @@ def _budget(config: RunConfig, ctx: int, row_max_tokens: int | None, input_token
 
 def resume_state(out: Path | None) -> ResumeState:
     """What a resume of `out` would skip, read without repairing anything (check writes nothing)."""
-    state = ResumeState()
-    if out is None:
-        return state
-    for _, obj in iter_json_lines(out / COMPLETIONS):
-        if obj is not None and "id" in obj:
-            state.done.add(id_key(obj["id"]))
-    for _, obj in iter_json_lines(out / FAILURES):
-        if obj is None or "reason" not in obj:
-            continue
-        if obj["reason"] == "bad_input" and obj.get("line") is not None:
-            state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
-        elif obj.get("id") is not None:
-            state.last_reason[id_key(obj["id"])] = obj["reason"]
-    return state
+    return scan(out, repair=False) if out is not None else ResumeState()
 
 
 def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: ResumeState) -> Plan:

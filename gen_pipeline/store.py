@@ -102,10 +102,10 @@ class ResumeState:
         return None
 
 
-def scan(out: Path) -> ResumeState:
-    """Read the output and the ledger into compact key sets."""
+def scan(out: Path, repair: bool = True) -> ResumeState:
+    """Read the output and the ledger into compact key sets; `repair=False` only reads (for check)."""
     state = ResumeState()
-    for name in (COMPLETIONS, FAILURES):
+    for name in (COMPLETIONS, FAILURES) if repair else ():
         state.torn_bytes += repair_tail(out / name)
     for n, obj in iter_json_lines(out / COMPLETIONS):
         if obj is None or "id" not in obj:
