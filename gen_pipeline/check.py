@@ -45,9 +45,10 @@ from .pipeline import BatchReader, Skipped, manifest_for, resolve
 from .progress import RunStats
 from .records import Prompt
 from .report import distribution
+from .requests import request_body
 from .source import BadRow, PromptSource
 from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
-from .tokens import TokenCounter, clamp_max_tokens, load_tokenizer
+from .tokens import TokenCounter, load_tokenizer
 
 log = logging.getLogger("gen_pipeline")
 
@@ -216,7 +217,7 @@ def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = P
     picked: list[Prompt] = []
     for batch in iter(lambda: list(itertools.islice(rows, 4 * n)), []):
         for p, count in zip(batch, counter.count([p.messages for p in batch]), strict=True):
-            if isinstance(count, int) and _budget(config, ctx, p.max_tokens, count) is not None:
+            if isinstance(count, int) and config.budget(ctx, count, p.max_tokens) is not None:
                 p.input_tokens = count
                 picked.append(p)
         if len(picked) >= n:
@@ -225,8 +226,7 @@ def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = P
 
 
 async def _probe_count(client: Client, url: str, model: str, p: Prompt, config: RunConfig) -> int | str:
-    body: dict[str, Any] = {**config.sampling, **(p.sampling or {})}
-    body.update(model=model, messages=p.messages, max_tokens=1)
+    body = request_body(config.sampling, p, model, max_tokens=1)
     try:
         result = await client.chat(url, body, config.timeout_for(1))
     except RequestError as exc:
@@ -273,16 +273,6 @@ def tokenizer_findings(view: dict[str, Any], tokenizer: str, found: Findings) ->
 # budget plan
 
 
-def _budget(config: RunConfig, ctx: int, row_max_tokens: int | None, input_tokens: int) -> int | None:
-    return clamp_max_tokens(
-        row_max_tokens or config.max_tokens,
-        context_length=ctx,
-        input_tokens=input_tokens,
-        margin=config.safety_margin,
-        min_tokens=config.min_tokens,
-    )
-
-
 def resume_state(out: Path | None) -> ResumeState:
     """What a resume of `out` would skip, read without repairing anything (check writes nothing)."""
     return scan(out, repair=False) if out is not None else ResumeState()
@@ -313,7 +303,7 @@ def _plan_item(plan: Plan, item: Prompt | BadRow | Skipped, config: RunConfig, c
             plan.bad_examples.append(f"line {item.line}: {item.detail}")
     else:
         requested = item.max_tokens or config.max_tokens
-        plan.add(item, requested, _budget(config, ctx, item.max_tokens, item.input_tokens))
+        plan.add(item, requested, config.budget(ctx, item.input_tokens, item.max_tokens))
 
 
 def plan_findings(plan: Plan, found: Findings) -> None:

@@ -30,7 +30,7 @@ from .retry import OffsetLearner
 from .source import BadRow, PromptSource
 from .status import STATUS, write_status
 from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, scan, write_json_atomic
-from .tokens import TokenCounter, clamp_max_tokens, load_tokenizer
+from .tokens import TokenCounter, load_tokenizer
 
 log = logging.getLogger("gen_pipeline")
 
@@ -193,13 +193,7 @@ class Runner:
     def _budget(self, p: Prompt) -> int | None:
         ctx = self.path.context_length
         counted = p.input_tokens + self.path.learner.offset
-        budget = clamp_max_tokens(
-            p.max_tokens or self.config.max_tokens,
-            context_length=ctx,
-            input_tokens=counted,
-            margin=self.config.safety_margin,
-            min_tokens=self.config.min_tokens,
-        )
+        budget = self.config.budget(ctx, counted, p.max_tokens)
         if budget is None:
             room = ctx - counted - self.config.safety_margin
             detail = (

@@ -21,6 +21,13 @@ from .records import Completion, Failure, Prompt
 from .retry import OffsetLearner, rebudget, transport_retrying
 
 
+def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_tokens: int) -> dict[str, Any]:
+    """Global sampling, then the row's own sampling, then the fixed fields."""
+    body: dict[str, Any] = {**sampling, **(prompt.sampling or {})}
+    body.update(model=model, messages=prompt.messages, max_tokens=max_tokens)
+    return body
+
+
 @dataclass
 class Track:
     """What happened to one prompt so far."""
@@ -53,10 +60,8 @@ class RequestPath:
         self.stats = stats
 
     def payload(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
-        """The request body: global sampling, then the row's own sampling, then the fixed fields."""
-        body: dict[str, Any] = {**self.config.sampling, **(prompt.sampling or {})}
-        body.update(model=self.model, messages=prompt.messages, max_tokens=max_tokens)
-        return body
+        """The request body for this prompt."""
+        return request_body(self.config.sampling, prompt, self.model, max_tokens)
 
     async def generate_one(self, prompt: Prompt, max_tokens: int) -> Completion | Failure:
         """Send the prompt; on a context 400, shrink the budget to what the server says fits."""
