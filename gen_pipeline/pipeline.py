@@ -77,15 +77,16 @@ class BatchReader:
         out: list[Prompt | BadRow | Skipped] = []
         prompts: list[Prompt] = []
         for item in self.items:
-            out.append(self._settle(item))
-            if isinstance(out[-1], Prompt):
-                prompts.append(item)  # type: ignore[arg-type]
+            settled = self._settle(item)
+            out.append(settled)
+            if isinstance(settled, Prompt):
+                prompts.append(settled)
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats
         self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
-        self._count(prompts)
-        return [self._as_bad(x) if isinstance(x, Prompt) and x.input_tokens < 0 else x for x in out]
+        failed = self._count(prompts)
+        return [BadRow(x.line, failed[id(x)], x.id) if id(x) in failed else x for x in out]
 
     def _settle(self, item: Prompt | BadRow) -> Prompt | BadRow | Skipped:
         if isinstance(item, BadRow):
@@ -94,18 +95,16 @@ class BatchReader:
         reason = self.resume.settled(item.key, self.retry)
         return Skipped(reason) if reason else item
 
-    def _count(self, prompts: list[Prompt]) -> None:
-        if not prompts:
-            return
-        for p, n in zip(prompts, self.counter.count([p.messages for p in prompts]), strict=True):
+    def _count(self, prompts: list[Prompt]) -> dict[int, str]:
+        """Set each prompt's input_tokens; return why counting failed, by id() of the prompt."""
+        failed: dict[int, str] = {}
+        counts = self.counter.count([p.messages for p in prompts]) if prompts else []
+        for p, n in zip(prompts, counts, strict=True):
             if isinstance(n, int):
                 p.input_tokens = n
             else:
-                p.input_tokens, p.meta = -1, {**p.meta, "_count_error": n}
-
-    @staticmethod
-    def _as_bad(p: Prompt) -> BadRow:
-        return BadRow(p.line, str(p.meta.pop("_count_error")), p.id)
+                failed[id(p)] = n
+        return failed
 
 
 @dataclass

@@ -172,3 +172,29 @@ def _policy(attempts: int):
     from gen_pipeline.config import RetryPolicy
 
     return RetryPolicy.testing(max_attempts=attempts)
+
+
+def test_rows_the_chat_template_refuses_become_bad_input(write_jsonl, tmp_path):
+    """A conversation the template cannot render is a bad_input row; its batch neighbours are counted."""
+    from conftest import FakeCounter
+
+    from gen_pipeline.config import RunConfig
+    from gen_pipeline.pipeline import BatchReader
+    from gen_pipeline.progress import RunStats
+    from gen_pipeline.source import BadRow
+    from gen_pipeline.store import ResumeState
+
+    class Refusing(FakeCounter):
+        def count(self, conversations):
+            counts = super().count(conversations)
+            return [
+                "template says no" if "refuse" in c[0]["content"] else n
+                for c, n in zip(conversations, counts, strict=True)
+            ]
+
+    rows = [{"id": 1, "prompt": "a b c"}, {"id": 2, "prompt": "refuse me"}, {"id": 3, "prompt": "d"}]
+    cfg = RunConfig(input=write_jsonl(rows), out=tmp_path / "o")
+    batch = BatchReader(cfg, Refusing(), ResumeState(), RunStats()).next_batch()
+    assert [type(x).__name__ for x in batch] == ["Prompt", "BadRow", "Prompt"]
+    assert isinstance(batch[1], BadRow) and batch[1].detail == "template says no" and batch[1].line == 2
+    assert batch[0].input_tokens == 8 and batch[2].input_tokens == 6
