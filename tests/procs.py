@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from gen_pipeline.sim import free_ports
 
@@ -51,29 +52,24 @@ def sim_fleet(n: int = 4, *args: str) -> Iterator[str]:
             proc.communicate()
 
 
+def generate_argv(inp: Path, out: Path, servers: str, *args: str, progress: str = "log") -> list[str]:
+    """The command line of `gen-pipeline generate` over `inp` into `out`."""
+    return [PY, "-m", "gen_pipeline", "generate", "--input", str(inp), "--out", str(out),
+            "--servers", servers, "--progress", progress, *args]  # fmt: skip
+
+
 def generate(inp: Path, out: Path, servers: str, *args: str) -> subprocess.Popen[str]:
     """Start `gen-pipeline generate` as a subprocess."""
-    return subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "gen_pipeline",
-            "generate",
-            "--input",
-            str(inp),
-            "--out",
-            str(out),
-            "--servers",
-            servers,
-            "--progress",
-            "log",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env(),
-        text=True,
-    )
+    argv = generate_argv(inp, out, servers, *args)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), text=True)
+
+
+def run_generate(
+    inp: Path, out: Path, servers: str, *args: str, timeout: float = 180, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run `gen-pipeline generate` to the end (no progress output) and return its result."""
+    argv = generate_argv(inp, out, servers, *args, progress="off")
+    return subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=timeout, **kw)
 
 
 def wait_for_lines(path: Path, n: int, timeout: float) -> None:

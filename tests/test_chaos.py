@@ -9,13 +9,12 @@ from __future__ import annotations
 import random
 import resource
 import signal
-import subprocess
 import time
 
 import orjson
 import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
-from procs import PY, env, generate, sim_fleet, wait_for_lines
+from procs import generate, run_generate, sim_fleet, wait_for_lines
 
 pytestmark = pytest.mark.slow
 
@@ -55,26 +54,7 @@ def test_kill_9_campaign(write_jsonl, tmp_path):
     rng = random.Random(11)
     with sim_fleet(4, "--token-latency", "0.003", "--seed", "2") as servers:
         kills = _campaign(path, out, servers, rng, [signal.SIGKILL], 10, len(rows))
-        final = subprocess.run(
-            [
-                PY,
-                "-m",
-                "gen_pipeline",
-                "generate",
-                "--input",
-                str(path),
-                "--out",
-                str(out),
-                "--servers",
-                servers,
-                "--progress",
-                "off",
-            ],
-            capture_output=True,
-            text=True,
-            env=env(),
-            timeout=180,
-        )
+        final = run_generate(path, out, servers)
     assert final.returncode == 0, final.stderr
     assert kills >= 10
     assert check_invariant([r["id"] for r in rows], out) == {"done": 1200, "ledger": 0}
@@ -89,26 +69,7 @@ def test_term_and_int_campaign_with_faults(write_jsonl, tmp_path):
     faults = ("--token-latency", "0.003", "--p500", "0.05", "--p-drop", "0.05", "--seed", "4")
     with sim_fleet(4, *faults) as servers:
         kills = _campaign(path, out, servers, rng, [signal.SIGTERM, signal.SIGINT], 6, len(rows))
-        final = subprocess.run(
-            [
-                PY,
-                "-m",
-                "gen_pipeline",
-                "generate",
-                "--input",
-                str(path),
-                "--out",
-                str(out),
-                "--servers",
-                servers,
-                "--progress",
-                "off",
-            ],
-            capture_output=True,
-            text=True,
-            env=env(),
-            timeout=180,
-        )
+        final = run_generate(path, out, servers)
     assert final.returncode in (0, 3), final.stderr
     counts = check_invariant([r["id"] for r in rows], out)
     assert counts["done"] + counts["ledger"] >= 800 and kills >= 1
@@ -127,28 +88,12 @@ def test_full_disk_stops_cleanly_then_resumes(write_jsonl, tmp_path):
     rows = prompts(300)
     path, out = write_jsonl(rows), tmp_path / "out"
     with sim_fleet(2) as servers:
-        cmd = [
-            PY,
-            "-m",
-            "gen_pipeline",
-            "generate",
-            "--input",
-            str(path),
-            "--out",
-            str(out),
-            "--servers",
-            servers,
-            "--progress",
-            "off",
-        ]
-        limited = subprocess.run(
-            cmd, capture_output=True, text=True, env=env(), timeout=120, preexec_fn=_limit_file_size(40_000)
-        )
+        limited = run_generate(path, out, servers, timeout=120, preexec_fn=_limit_file_size(40_000))
         assert limited.returncode == 5, limited.stderr
         assert "completions.jsonl" in limited.stdout + limited.stderr
         whole = (out / "completions.jsonl").read_bytes().count(b"\n")  # a torn tail may follow
         assert 0 < whole < 300
-        again = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
+        again = run_generate(path, out, servers, timeout=120)
     assert again.returncode == 0, again.stderr
     _all_lines_valid(out)
     assert check_invariant([r["id"] for r in rows], out) == {"done": 300, "ledger": 0}
@@ -161,52 +106,12 @@ def test_second_writer_refused_and_stale_lock_taken_over(write_jsonl, tmp_path):
     with sim_fleet(2, "--token-latency", "0.01") as servers:
         first = generate(path, out, servers, "--concurrency", "2")
         wait_for_lines(out / "completions.jsonl", 5, 60)
-        second = subprocess.run(
-            [
-                PY,
-                "-m",
-                "gen_pipeline",
-                "generate",
-                "--input",
-                str(path),
-                "--out",
-                str(out),
-                "--servers",
-                servers,
-                "--progress",
-                "off",
-            ],
-            capture_output=True,
-            text=True,
-            env=env(),
-            timeout=60,
-        )
+        second = run_generate(path, out, servers, timeout=60)
         assert second.returncode == 1 and f"in use by pid {first.pid} on " in second.stderr
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=30)
         assert (out / ".lock").read_text().startswith(f"pid {first.pid}")  # stale: its holder is dead
-        third = subprocess.run(
-            [
-                PY,
-                "-m",
-                "gen_pipeline",
-                "generate",
-                "--input",
-                str(path),
-                "--out",
-                str(out),
-                "--servers",
-                servers,
-                "--progress",
-                "off",
-                "--concurrency",
-                "32",
-            ],
-            capture_output=True,
-            text=True,
-            env=env(),
-            timeout=120,
-        )
+        third = run_generate(path, out, servers, "--concurrency", "32", timeout=120)
     assert third.returncode == 0, third.stderr
     check_invariant([r["id"] for r in rows], out)
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import time
 
 import pytest
 from e2e import check_invariant, prompts, read_jsonl
-from procs import PY, env, generate, sim_fleet, wait_for_lines
+from procs import generate, run_generate, sim_fleet, wait_for_lines
 
 from gen_pipeline.cli import build_parser, main
 
@@ -114,25 +113,6 @@ def test_ctrl_c_exits_130_resumable_then_completes(write_jsonl, tmp_path):
         assert "to resume, run the same command again" in stdout
         partial = len(read_jsonl(out / "completions.jsonl"))
         assert 20 <= partial < 300
-        again = subprocess.run(
-            [
-                PY,
-                "-m",
-                "gen_pipeline",
-                "generate",
-                "--input",
-                str(path),
-                "--out",
-                str(out),
-                "--servers",
-                servers,
-                "--progress",
-                "off",
-            ],
-            capture_output=True,
-            text=True,
-            env=env(),
-            timeout=120,
-        )
+        again = run_generate(path, out, servers, timeout=120)
     assert again.returncode == 0, again.stderr
     assert check_invariant([r["id"] for r in rows], out) == {"done": 300, "ledger": 0}
