@@ -42,7 +42,7 @@ from .errors import ConfigError, OutputError, PipelineError
 API_KEY_ENV = "GEN_PIPELINE_API_KEY"
 # Subcommands that live in their own modules: name -> (module, help).
 PLUGGED = {
-    "simulate": ("gen_pipeline.simulator", "serve a simulated SGLang fleet on localhost"),
+    "simulate": ("gen_pipeline.sim", "serve a simulated SGLang fleet on localhost"),
     "prepare": ("gen_pipeline.prepare", "turn datasets into deduplicated prompt JSONL"),
     "export": ("gen_pipeline.export", "turn a run directory into a training dataset"),
     "check": ("gen_pipeline.check", "preflight: fleet, tokenizer agreement and the budget plan"),

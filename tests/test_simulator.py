@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.sim import SimConfig, SimFleet, add_arguments, free_ports, start_fleet
 from gen_pipeline.sim.faults import Fault, FaultPlan
-from gen_pipeline.simulator import SimConfig, SimFleet, add_arguments, free_ports, start_fleet
 from gen_pipeline.tokens import HFTokenCounter
 
 ROOT = Path(__file__).resolve().parents[1]

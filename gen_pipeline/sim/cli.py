@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
 
+from ..config import parse_ports as config_parse_ports
 from ..errors import ConfigError, PipelineError
 from ..tokens import TINY_TOKENIZER
 from .config import SimConfig
@@ -20,15 +21,12 @@ DESCRIPTION = "Serve simulated SGLang servers on 127.0.0.1 until SIGINT or SIGTE
 
 
 def parse_ports(text: str) -> tuple[int, ...]:
-    """Ports from "30000-30007", "30000,30002" or a mix of both."""
-    ports: list[int] = []
+    """Ports from "30000-30007", "30000,30002" or a mix of both (an argparse type over config.parse_ports)."""
     try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            ports.extend(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port list: {text!r} (e.g. 30000-30007,30010)") from None
-    if not ports or not all(0 < p < 65536 for p in ports):
+        ports = config_parse_ports(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"not a port list: {text!r} ({exc}; e.g. 30000-30007,30010)") from None
+    if not ports:
         raise argparse.ArgumentTypeError(f"not a port list: {text!r}")
     return tuple(ports)
 
