@@ -24,7 +24,7 @@ from .config import RunConfig
 from .errors import ConfigError, OutputError, PipelineError
 from .fleet import FleetInfo, discover
 from .progress import Progress, RunStats, format_summary, snapshot
-from .records import Failure, Prompt
+from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
 from .retry import OffsetLearner
 from .source import BadRow, PromptSource
@@ -122,12 +122,13 @@ class Runner:
     warnings: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str = ""
+    stop_code: int = 0  # the exit code the stop asks for
     fatal: PipelineError | None = None
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
         if not self.stopping.is_set():
-            self.stop_reason = reason
+            self.stop_reason, self.stop_code = reason, exit_code
             self.stopping.set()
 
     async def run(self) -> None:
@@ -234,7 +235,7 @@ class Runner:
             write(record)
         except OutputError as exc:
             self.fatal = exc
-            self.request_stop(str(exc))
+            self.request_stop(str(exc), EXIT_OUTPUT)
             raise
 
     def write_status(self, state: str) -> None:
@@ -255,7 +256,7 @@ class Runner:
                 extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
                 progress.update(self.stats, extra)
                 if outage > self.config.outage_timeout:
-                    self.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)")
+                    self.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
                 await asyncio.sleep(0.5)
         finally:
             progress.update(self.stats)
@@ -348,12 +349,9 @@ def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]
 def _exit_code(runner: Runner) -> int:
     if runner.fatal is not None:
         return EXIT_OUTPUT
-    if runner.stop_reason.startswith("no server usable"):
-        return EXIT_OUTAGE
     if runner.stopping.is_set():
-        return EXIT_INTERRUPTED
-    transient = {"server_error", "timeout", "connection"}
-    return EXIT_INCOMPLETE if transient & runner.stats.failed.keys() else EXIT_OK
+        return runner.stop_code
+    return EXIT_INCOMPLETE if TRANSIENT_REASONS & runner.stats.failed.keys() else EXIT_OK
 
 
 def _drift_warning(stats: RunStats) -> str | None:
