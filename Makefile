@@ -15,7 +15,11 @@ ARGS ?=
 DEMO_PORTS ?= 31000-31007
 DEMO_OUT ?= runs/demo
 
-.PHONY: install generate demo simulate test lint fmt check bench nightly clean
+# make realserver: llama.cpp's llama-server, a tiny Qwen3 model and the Qwen3 tokenizer, built once into a cache.
+LLAMA_DIR ?= $(or $(GEN_PIPELINE_CACHE),$(HOME)/.cache/gen-pipeline)/llama
+LLAMA_MODELS := $(LLAMA_DIR)/models
+
+.PHONY: install generate demo simulate test lint fmt check bench nightly realserver clean
 
 install: $(VENV)/.installed
 
@@ -47,6 +51,14 @@ fmt: install
 	$(BIN)/ruff format gen_pipeline tests
 
 check: lint test
+
+realserver: install
+	bash run/llama/build.sh
+	test -f $(LLAMA_MODELS)/tiny-qwen3.gguf || $(BIN)/python run/llama/make_tiny_gguf.py \
+		$(LLAMA_MODELS)/ggml-vocab-qwen2.gguf $(LLAMA_MODELS)/Qwen-Qwen3-0.6B.jinja $(LLAMA_MODELS)/tiny-qwen3.gguf
+	test -f ../shared/tokenizers/qwen3/tokenizer.json || test -f $(LLAMA_DIR)/qwen3-tokenizer/tokenizer.json || \
+		$(BIN)/python run/llama/build_qwen3_tokenizer.py \
+		$(LLAMA_MODELS)/ggml-vocab-qwen2.gguf $(LLAMA_MODELS)/Qwen-Qwen3-0.6B.jinja $(LLAMA_DIR)/qwen3-tokenizer
 
 nightly: install
 	bash run/nightly.sh $(ARGS)

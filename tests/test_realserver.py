@@ -1,0 +1,136 @@
+"""generate against real llama.cpp `llama-server`s (tiny random Qwen3, real Qwen3 vocabulary and template).
+
+Needs the binary and model that run/llama/build.sh and run/llama/make_tiny_gguf.py put in the cache.
+Skipped with the reason when they are absent, unless GEN_PIPELINE_REALSERVER=1 asks for them (as
+.ci/run does after building them): then their absence is a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import QWEN3
+from e2e import check_invariant, prompts, read_jsonl
+from procs import wait_for_lines
+
+from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.pipeline import run_async
+from gen_pipeline.sim import free_ports
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "run" / "llama"))
+import fleet as llama
+
+pytestmark = [pytest.mark.realserver, pytest.mark.slow]
+
+LLAMA = Path(llama.default_server()).parents[1]
+MODEL = LLAMA / "models" / "tiny-qwen3.gguf"
+REBUILT_TOKENIZER = LLAMA / "qwen3-tokenizer"
+CTX = 2048
+
+
+def _require() -> None:
+    missing = [str(p) for p in (Path(llama.default_server()), MODEL) if not p.exists()]
+    if not missing:
+        return
+    reason = f"llama-server or tiny model missing ({', '.join(missing)}); run run/llama/build.sh and make_tiny_gguf.py"
+    if os.environ.get("GEN_PIPELINE_REALSERVER") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> str:
+    """The real Qwen3 tokenizer: the shared copy, or the one rebuilt from the llama.cpp vocabulary."""
+    for path in (QWEN3, REBUILT_TOKENIZER):
+        if (path / "tokenizer.json").exists():
+            return str(path)
+    pytest.skip("no Qwen3 tokenizer: run run/llama/build_qwen3_tokenizer.py")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Two llama-servers, 8 slots of 2048 tokens each, stopped after the module."""
+    _require()
+    run_dir = tmp_path_factory.mktemp("llama")
+    started = llama.start_fleet(MODEL, free_ports(2), run_dir, parallel=8, ctx_per_slot=CTX, log=lambda _: None)
+    try:
+        yield started
+    finally:
+        llama.stop_fleet(run_dir, log=lambda _: None)
+
+
+def _config(inp: Path, out: Path, servers, tokenizer: str, **kw) -> RunConfig:
+    settings = {"max_tokens": 16, "min_tokens": 1, "progress": "off", "retry": RetryPolicy.testing(), **kw}
+    return RunConfig(input=inp, out=out, servers=tuple(s.url for s in servers), tokenizer=tokenizer, **settings)
+
+
+def test_generate_counts_exactly_and_skips_what_cannot_fit(servers, tokenizer, write_jsonl, tmp_path):
+    """Every row completes with zero token drift; the prompt that cannot fit is skipped unsent."""
+    rows = [*prompts(300), {"id": "long", "prompt": "word " * 3000}]
+    out = tmp_path / "out"
+    outcome = asyncio.run(asyncio.wait_for(run_async(_config(write_jsonl(rows), out, servers, tokenizer)), 300))
+    assert outcome.exit_code == 0, outcome.summary
+    assert outcome.summary["completed"] == 300 and outcome.summary["failed"] == {"over_length": 1}
+    lines = read_jsonl(out / "completions.jsonl")
+    assert all(r["prompt_tokens"] == r["input_tokens"] for r in lines)  # the server's count is ours
+    assert outcome.summary["token_drift"] == {"compared": 300, "differed": 0, "by_offset": {}}
+    [ledger] = read_jsonl(out / "failures.jsonl")
+    assert ledger["id"] == "long" and ledger["attempts"] == 0 and ledger["input_tokens"] > CTX
+    assert sum(v["requests"] for v in outcome.summary["servers"].values()) == 300
+
+
+def test_forced_overflow_gets_the_real_400_and_is_ledgered(servers, tokenizer, write_jsonl, tmp_path):
+    """With budgeting defeated (a huge --context-length) the server's own 400 ends in the ledger, once."""
+    rows = [*prompts(5), {"id": "long", "prompt": "word " * 3000}]
+    out = tmp_path / "out"
+    config = _config(write_jsonl(rows), out, servers, tokenizer, context_length=100_000)
+    outcome = asyncio.run(asyncio.wait_for(run_async(config), 120))
+    assert outcome.summary["failed"] == {"context_overflow": 1}
+    [ledger] = read_jsonl(out / "failures.jsonl")
+    assert ledger["status"] == 400 and ledger["attempts"] == 1
+    m = re.search(r"request \((\d+) tokens\) exceeds the available context size \((\d+) tokens\)", ledger["detail"])
+    assert m, ledger["detail"]
+    assert int(m[1]) == ledger["input_tokens"] and int(m[2]) == CTX  # the server's numbers, equal to ours
+
+
+def test_check_passes_against_the_real_fleet(servers, tokenizer, write_jsonl, tmp_path):
+    """The preflight finds a consistent fleet and exact tokenizer agreement."""
+    from gen_pipeline.check import run_check
+
+    config = _config(write_jsonl(prompts(20)), tmp_path / "out", servers, tokenizer)
+    report = asyncio.run(asyncio.wait_for(run_check(config), 120))
+    assert report["ok"], report["problems"]
+
+
+# Last: it kills one of the module's servers.
+def test_killed_server_is_routed_around_and_readmitted(servers, tokenizer, write_jsonl, tmp_path):
+    """A server SIGKILLed mid-run and restarted costs no prompt; the run completes exactly once."""
+    rows = prompts(600)
+    out = tmp_path / "out"
+    victim = servers[0]
+    restart_dir = tmp_path / "restart"
+
+    async def scenario():
+        task = asyncio.create_task(run_async(_config(write_jsonl(rows), out, servers, tokenizer)))
+        await asyncio.to_thread(wait_for_lines, out / "completions.jsonl", 60, 120)
+        os.kill(victim.pid, signal.SIGKILL)
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(
+            llama.start_fleet, MODEL, [victim.port], restart_dir, parallel=8, ctx_per_slot=CTX, log=lambda _: None
+        )
+        return await task
+
+    try:
+        outcome = asyncio.run(asyncio.wait_for(scenario(), 300))
+    finally:
+        llama.stop_fleet(restart_dir, log=lambda _: None)
+    assert outcome.exit_code == 0, outcome.summary
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 600, "ledger": 0}
+    view = outcome.summary["servers"][victim.url]
+    assert sum(view["failures"].values()) >= 1 and view["out_of_service_s"] > 0
