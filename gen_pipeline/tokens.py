@@ -45,6 +45,13 @@ class HFTokenCounter:
         except Exception:
             # One bad row must not sink its batch: find it by rendering one at a time.
             return [self._count_one(c) for c in conversations]
+        return self._lengths(texts)
+
+    def _lengths(self, texts: list[str]) -> list[int | str]:
+        """Token counts of rendered prompts, without adding special tokens again."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer directly: half the cost of the Python wrapper
+            return [len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False)]
         ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
         return [len(x) for x in ids["input_ids"]]
 
@@ -57,7 +64,7 @@ class HFTokenCounter:
             text = self._render([messages])[0]
         except Exception as exc:  # jinja raise_exception(), type errors in the template
             return f"chat template failed: {exc}"
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._lengths([text])[0]
 
 
 def load_tokenizer(name_or_path: str) -> HFTokenCounter:

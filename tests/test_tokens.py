@@ -77,3 +77,22 @@ def test_shipped_tiny_tokenizer_is_reproducible(tmp_path, tiny_counter):
     b = rebuilt.tokenizer.apply_chat_template(convs[0], add_generation_prompt=True, tokenize=False)
     assert a == b
     assert tiny_counter.tokenizer(a)["input_ids"] == rebuilt.tokenizer(b)["input_ids"]
+
+
+def test_counts_equal_apply_chat_template_tokenize(qwen3_counter):
+    """Over varied chats (multi-turn, special-token text, non-ASCII) the count equals tokenize=True."""
+    chats = [
+        [{"role": "user", "content": "<think>hmm</think> what is 2+2?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "日本語で答えて。"}],
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello! <|im_end|> How can I help?"},
+            {"role": "user", "content": "  spaces\n\nand\ttabs  "},
+        ],
+    ]
+    tok = qwen3_counter.tokenizer
+    expected = []
+    for chat in chats:
+        ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        expected.append(len(ids["input_ids"] if not isinstance(ids, list) else ids))
+    assert qwen3_counter.count(chats) == expected
