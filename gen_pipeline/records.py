@@ -61,6 +61,7 @@ class Prompt:
     sampling: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     input_tokens: int = 0
+    derived_id: bool = False  # the row had no id: it is content_id(messages)
 
     @property
     def key(self) -> int:

@@ -1,11 +1,12 @@
 """Streaming the prompts JSONL: validate each row, give it an id, drop exact repeats.
 
-Every line yields a `Prompt` or a `BadRow`; nothing is silently lost. Memory holds one 8-byte content
-digest per distinct id (for repeat and conflict detection), never the rows themselves.
+Every line yields a `Prompt` or a `BadRow`; nothing is silently lost. Memory holds one 8-byte digest of the
+exact messages per distinct id (for repeat and conflict detection), never the rows themselves.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .records import ROLES, Messages, Prompt, RowId, content_digest, content_id
+from .records import ROLES, Messages, Prompt, RowId, content_id
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling"})
@@ -58,7 +59,7 @@ def _check_message(i: int, m: Any) -> None:
     content = m.get("content")
     if not isinstance(content, str):
         raise RowError(f"messages[{i}] content must be a string, not {type(content).__name__}")
-    if not content.strip():
+    if not content or content.isspace():  # isspace, unlike strip, copies nothing
         raise RowError(f"messages[{i}] content is empty")
 
 
@@ -87,19 +88,20 @@ def _options(row: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
 def parse_row(raw: bytes, line: int) -> Prompt:
     """One JSONL line as a validated Prompt, or RowError."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RowError(f"invalid UTF-8 at byte {exc.start}") from exc
-    try:
-        row = orjson.loads(text)
+        row = orjson.loads(raw)  # orjson checks UTF-8 itself; decoding first would copy every row
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise RowError(f"invalid UTF-8 at byte {bad.start}") from bad
         raise RowError(f"invalid JSON: {exc}") from exc
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object")
     messages = _messages(row)
     max_tokens, sampling = _options(row)
     meta = {k: v for k, v in row.items() if k not in _KNOWN}
-    return Prompt(_row_id(row, messages), line, messages, max_tokens, sampling, meta)
+    derived = row.get("id") is None
+    return Prompt(_row_id(row, messages), line, messages, max_tokens, sampling, meta, derived_id=derived)
 
 
 def _raw_id(raw: bytes) -> RowId | None:
@@ -110,6 +112,16 @@ def _raw_id(raw: bytes) -> RowId | None:
         return None
     rid = row.get("id") if isinstance(row, dict) else None
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
+
+
+def _exact_digest(prompt: Prompt) -> bytes:
+    """What "the same content" means for a repeated id: the exact messages.
+
+    A derived id already is the hash of the normalized messages, so its repeats always match.
+    """
+    if prompt.derived_id:
+        return b""
+    return hashlib.blake2b(orjson.dumps(prompt.messages), digest_size=8).digest()
 
 
 class PromptSource:
@@ -137,7 +149,7 @@ class PromptSource:
             prompt = parse_row(raw, line)
         except RowError as exc:
             return BadRow(line, str(exc), _raw_id(raw))
-        key, digest = prompt.key, content_digest(prompt.messages)[:8]
+        key, digest = prompt.key, _exact_digest(prompt)
         first = self.seen.get(key)
         if first is None:
             self.seen[key] = digest

@@ -71,3 +71,17 @@ def test_integer_and_string_ids_are_one_id(write_jsonl):
     rows = [{"id": 1, "prompt": "a"}, {"id": "1", "prompt": "b"}]
     items = list(PromptSource(write_jsonl(rows)))
     assert isinstance(items[1], BadRow)
+
+
+def test_repeats_without_id_collapse_even_when_whitespace_differs(write_jsonl):
+    """Id-less rows whose normalized text is equal are one prompt; an explicit id compares exact text."""
+    rows = [
+        {"prompt": "What is  life?"},
+        {"prompt": " What is life? "},
+        {"id": "x", "prompt": "a b"},
+        {"id": "x", "prompt": "a  b"},
+    ]
+    source = PromptSource(write_jsonl(rows))
+    items = list(source)
+    assert [type(i).__name__ for i in items] == ["Prompt", "Prompt", "BadRow"]
+    assert source.repeats == 1 and items[2].line == 4
