@@ -27,7 +27,7 @@ from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
 from .retry import OffsetLearner
-from .source import BadRow, PromptSource
+from .source import BadRow, PromptSource, Skipped
 from .status import STATUS, write_status
 from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, scan, write_json_atomic
 from .tokens import TokenCounter, load_tokenizer
@@ -43,13 +43,6 @@ EXIT_INTERRUPTED = 130
 STATUS_INTERVAL = 2.0
 
 
-@dataclass(slots=True)
-class Skipped:
-    """A row earlier runs already settled."""
-
-    reason: str
-
-
 @dataclass
 class Outcome:
     """How a run ended."""
@@ -62,8 +55,8 @@ class BatchReader:
     """Reads, validates, resume-filters and counts rows a batch at a time, in a worker thread."""
 
     def __init__(self, config: RunConfig, counter: TokenCounter, resume: ResumeState, stats: RunStats) -> None:
-        self.source = PromptSource(config.input)
-        self.items: Iterator[Prompt | BadRow] = iter(self.source)
+        self.source = PromptSource(config.input, lambda key: resume.settled(key, config.retry_failed))
+        self.items: Iterator[Prompt | BadRow | Skipped] = iter(self.source)
         self.counter = counter
         self.resume = resume
         self.retry = config.retry_failed
@@ -88,7 +81,9 @@ class BatchReader:
         failed = self._count(prompts)
         return [BadRow(x.line, failed[id(x)], x.id) if id(x) in failed else x for x in out]
 
-    def _settle(self, item: Prompt | BadRow) -> Prompt | BadRow | Skipped:
+    def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
+        if isinstance(item, Skipped):
+            return item
         if isinstance(item, BadRow):
             seen = (self.name, item.line) in self.resume.bad_lines
             return Skipped("bad_input") if seen and "bad_input" not in self.retry else item

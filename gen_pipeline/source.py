@@ -7,14 +7,15 @@ exact messages per distinct id (for repeat and conflict detection), never the ro
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from .records import ROLES, Messages, Prompt, RowId, content_id
+from .records import ROLES, Messages, Prompt, RowId, content_id, id_key
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling"})
@@ -124,37 +125,89 @@ def _exact_digest(prompt: Prompt) -> bytes:
     return hashlib.blake2b(orjson.dumps(prompt.messages), digest_size=8).digest()
 
 
-class PromptSource:
-    """Iterates a prompts file as Prompt and BadRow items; repeats of an id are handled here."""
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A row earlier runs already settled ("done", or its permanent ledger reason)."""
 
-    def __init__(self, path: Path) -> None:
+    reason: str
+
+
+# `{"id": "abc",` or `{"id": 12,` at the start of a line: how prepare and our own output write rows.
+_LEADING_ID = re.compile(rb'\{"id":\s*(?:"([^"\\]*)"|(-?[1-9]\d*|0))\s*,')
+
+
+def peek_id(raw: bytes) -> RowId | None:
+    """The id of a row whose first key is a plain "id", without parsing the row; None otherwise."""
+    m = _LEADING_ID.match(raw)
+    if m is None:
+        return None
+    if m[2] is not None:
+        return int(m[2])
+    try:
+        return m[1].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+class PromptSource:
+    """Iterates a prompts file as Prompt and BadRow items; repeats of an id are handled here.
+
+    `settled(key)` (the resume state) names rows earlier runs finished; those whose id can be read off
+    the start of the line are skipped without being parsed, which makes resuming a 650k-row file fast.
+    A later row with such an id is a repeat when its line is byte-identical, else a conflict.
+    """
+
+    def __init__(self, path: Path, settled: Callable[[int], str | None] | None = None) -> None:
         self.path = path
-        self.seen: dict[int, bytes] = {}
+        self.settled = settled
+        self.seen: dict[int, bytes] = {}  # id key -> digest of the exact messages
+        self.seen_unparsed: dict[int, int] = {}  # id key -> file offset of the line, for rows skipped unparsed
         self.repeats = 0
         self.bytes_read = 0
 
-    def __iter__(self) -> Iterator[Prompt | BadRow]:
+    def __iter__(self) -> Iterator[Prompt | BadRow | Skipped]:
         with self.path.open("rb") as f:
             for line, raw in enumerate(f, start=1):
+                offset = self.bytes_read
                 self.bytes_read += len(raw)
                 raw = raw.rstrip(b"\r\n")
-                if not raw.strip():
+                if not raw or raw.isspace():
                     continue  # blank lines are not rows
-                item = self._item(raw, line)
+                item = self._item(raw, line, offset)
                 if item is not None:
                     yield item
 
-    def _item(self, raw: bytes, line: int) -> Prompt | BadRow | None:
+    def _item(self, raw: bytes, line: int, offset: int) -> Prompt | BadRow | Skipped | None:
+        if self.settled is not None and (rid := peek_id(raw)) is not None:
+            key = id_key(rid)
+            if key in self.seen_unparsed:
+                return self._again(self._line_at(self.seen_unparsed[key]) == raw, rid, line)
+            reason = self.settled(key)
+            if reason is not None and key not in self.seen:
+                self.seen_unparsed[key] = offset
+                return Skipped(reason)
         try:
             prompt = parse_row(raw, line)
         except RowError as exc:
             return BadRow(line, str(exc), _raw_id(raw))
-        key, digest = prompt.key, _exact_digest(prompt)
-        first = self.seen.get(key)
+        key = prompt.key
+        if key in self.seen_unparsed:
+            return self._again(self._line_at(self.seen_unparsed[key]) == raw, prompt.id, line)
+        digest, first = _exact_digest(prompt), self.seen.get(key)
         if first is None:
             self.seen[key] = digest
             return prompt
-        if first == digest:
+        return self._again(first == digest, prompt.id, line)
+
+    def _line_at(self, offset: int) -> bytes:
+        """The line at `offset` again (only for the rare repeat of a row skipped unparsed)."""
+        with self.path.open("rb") as f:
+            f.seek(offset)
+            return f.readline().rstrip(b"\r\n")
+
+    def _again(self, same: bool, rid: RowId, line: int) -> BadRow | None:
+        """A row whose id came before: a repeat (processed once) or a conflict (bad_input)."""
+        if same:
             self.repeats += 1
-            return None  # the same id with the same content: processed once
-        return BadRow(line, f"id {prompt.id!r} was seen before with different content", prompt.id)
+            return None
+        return BadRow(line, f"id {rid!r} was seen before with different content", rid)

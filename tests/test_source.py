@@ -85,3 +85,46 @@ def test_repeats_without_id_collapse_even_when_whitespace_differs(write_jsonl):
     items = list(source)
     assert [type(i).__name__ for i in items] == ["Prompt", "Prompt", "BadRow"]
     assert source.repeats == 1 and items[2].line == 4
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"id": "abc", "prompt": "x"}', "abc"),
+        (b'{"id":12,"prompt":"x"}', 12),
+        (b'{"id": -3, "prompt": "x"}', -3),
+        (b'{"id": "caf\xc3\xa9", "prompt": "x"}', "caf\u00e9"),
+        (b'{"id": "a\\"b", "prompt": "x"}', None),  # escapes: leave it to the real parser
+        (b'{"id": 012, "prompt": "x"}', None),  # not JSON
+        (b'{"prompt": "x", "id": 1}', None),  # id not first
+        (b'{"id": "last"}', None),  # nothing after the id: let the parser judge the row
+    ],
+)
+def test_peek_id(raw, expected):
+    """The id is read off the line start only when that is unambiguous."""
+    from gen_pipeline.source import peek_id
+
+    assert peek_id(raw) == expected
+
+
+def test_settled_rows_are_skipped_without_parsing(write_jsonl):
+    """Rows the resume state names are skipped by their leading id; the rest are parsed as usual."""
+    from gen_pipeline.records import id_key
+    from gen_pipeline.source import Skipped
+
+    done = {id_key("a"), id_key(2)}
+    rows = [{"id": "a", "prompt": "x"}, {"id": 2, "prompt": "y"}, {"id": "c", "prompt": "z"}, {"prompt": "w"}]
+    items = list(PromptSource(write_jsonl(rows), lambda key: "done" if key in done else None))
+    assert [type(i).__name__ for i in items] == ["Skipped", "Skipped", "Prompt", "Prompt"]
+    assert items[0] == Skipped("done")
+
+
+def test_repeats_of_rows_skipped_unparsed(write_jsonl):
+    """After a row is skipped by its id, an identical line is a repeat and a different one a conflict."""
+    from gen_pipeline.records import id_key
+
+    rows = [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "x"}, {"prompt": "y", "id": "a"}]
+    source = PromptSource(write_jsonl(rows), lambda key: "done" if key == id_key("a") else None)
+    items = list(source)
+    assert [type(i).__name__ for i in items] == ["Skipped", "BadRow"]
+    assert source.repeats == 1 and items[1].line == 3
