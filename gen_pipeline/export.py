@@ -27,7 +27,7 @@ import orjson
 from .errors import ConfigError
 from .formats import jsonl_rows
 from .records import id_key
-from .store import FAILURES, MANIFEST
+from .store import FAILURES, MANIFEST, shard_files
 
 DEFAULT_COLUMNS = ("id", "finish_reason", "prompt_tokens", "completion_tokens", "model")
 DEFAULT_SHARD_ROWS = 100_000
@@ -184,12 +184,14 @@ def write_dataset(ds: Any, out: Path, config: ExportConfig) -> None:
 
 def ledger_counts(runs: tuple[Path, ...], done: set[int]) -> Counter[str]:
     """Ledger reasons (newest per id) of the ids that have no completion."""
-    last: dict[int, str] = {}
+    last: dict[int, tuple[float, str]] = {}
     for run in runs:
-        for obj in jsonl_rows(run / FAILURES):
+        for obj in (o for path in shard_files(run, FAILURES) for o in jsonl_rows(path)):
             if isinstance(obj, dict) and obj.get("id") is not None and "reason" in obj:
-                last[id_key(obj["id"])] = str(obj["reason"])
-    return Counter(reason for key, reason in last.items() if key not in done)
+                key, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
+                if when >= last.get(key, (float("-inf"), ""))[0]:
+                    last[key] = (when, str(obj["reason"]))
+    return Counter(reason for key, (_, reason) in last.items() if key not in done)
 
 
 def _manifest(run: Path) -> dict[str, Any]:

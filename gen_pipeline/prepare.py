@@ -28,7 +28,7 @@ import orjson
 from .errors import ConfigError, OutputError
 from .formats import FORMATS, InvalidRowError, RowConverter, jsonl_rows, open_source
 from .records import PERMANENT_REASONS, id_key
-from .store import FAILURES, MANIFEST, write_json_atomic
+from .store import FAILURES, MANIFEST, shard_files, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -178,19 +178,22 @@ def exclusion_files(path: Path) -> list[Path]:
         raise ConfigError(f"--exclude {path}: no such file or directory")
     run = sorted(path.glob("completions*.jsonl"))
     if run or (path / FAILURES).exists() or (path / MANIFEST).exists():
-        return [*run, path / FAILURES]
+        return [*run, *shard_files(path, FAILURES)]
     return sorted(path.glob("*.jsonl"))
 
 
 def load_known(paths: tuple[Path, ...]) -> KnownPrompts:
     """Read every --exclude path; a ledger id counts only if its newest entry is permanent."""
     known, ledger = KnownPrompts(), {}
+    newest: dict[int, float] = {}
     for f in (f for p in paths for f in exclusion_files(p)):
         convert = RowConverter()
         for obj in jsonl_rows(f):
             if isinstance(obj, dict) and "messages" not in obj and "reason" in obj:
                 if obj.get("id") is not None:
-                    ledger[id_key(obj["id"])] = obj["reason"] in PERMANENT_REASONS
+                    key, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
+                    if when >= newest.get(key, float("-inf")):
+                        newest[key], ledger[key] = when, obj["reason"] in PERMANENT_REASONS
                 continue
             try:
                 known.keys.add(digest_key(convert(obj).digest))

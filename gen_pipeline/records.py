@@ -8,6 +8,7 @@ gets the same id in every run and on every machine.
 from __future__ import annotations
 
 import hashlib
+import time
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +124,8 @@ class Failure:
     source: str | None = None
     server: str | None = None
     max_tokens: int | None = None
+    # when it was written (epoch s): with several ledger shards, "newest entry per id" compares this
+    time: float = field(default_factory=time.time)
 
     def to_line(self) -> bytes:
         return (
@@ -138,6 +141,7 @@ class Failure:
                     "max_tokens": self.max_tokens,
                     "server": self.server,
                     "source": self.source,
+                    "time": round(self.time, 3),
                 }
             )
             + b"\n"

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from .errors import ConfigError
-from .store import FAILURES, MANIFEST, SUMMARY, iter_json_lines
+from .store import FAILURES, MANIFEST, SUMMARY, iter_json_lines, shard_files
 
 PLOTS = ("lengths.png", "throughput.png", "servers.png", "finish_reasons.png")
 BUCKETS = 50
@@ -97,16 +97,16 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def ledger_reasons(run: Path) -> Counter[str]:
     """Ledger reasons, the newest entry per id deciding (bad rows without an id count once each)."""
-    newest: dict[str, str] = {}
+    newest: dict[str, tuple[float, str]] = {}
     anonymous: Counter[str] = Counter()
-    for _, obj in iter_json_lines(run / FAILURES):
+    for _, obj in (x for path in shard_files(run, FAILURES) for x in iter_json_lines(path)):
         if obj is None or "reason" not in obj:
             continue
         if obj.get("id") is None:
             anonymous[obj["reason"]] += 1
-        else:
-            newest[str(obj["id"])] = obj["reason"]
-    return anonymous + Counter(newest.values())
+        elif (when := float(obj.get("time") or 0.0)) >= newest.get(str(obj["id"]), (float("-inf"), ""))[0]:
+            newest[str(obj["id"])] = (when, obj["reason"])
+    return anonymous + Counter(reason for _, reason in newest.values())
 
 
 # the table

@@ -17,7 +17,7 @@ import fcntl
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -102,23 +102,45 @@ class ResumeState:
         return None
 
 
-def scan(out: Path, repair: bool = True) -> ResumeState:
-    """Read the output and the ledger into compact key sets; `repair=False` only reads (for check)."""
+def shard_files(out: Path, name: str) -> list[Path]:
+    """`completions.jsonl` and the per-worker `completions-KKKKK.jsonl` (likewise for the ledger)."""
+    stem = name.removesuffix(".jsonl")
+    return sorted(p for p in [out / name, *out.glob(f"{stem}-*.jsonl")] if p.exists())
+
+
+def repair_all(out: Path) -> int:
+    """Repair the torn tail of every output and ledger file; the bytes moved aside."""
+    return sum(repair_tail(p) for name in (COMPLETIONS, FAILURES) for p in shard_files(out, name))
+
+
+def scan(out: Path, repair: bool = True, mine: Callable[[int], bool] | None = None) -> ResumeState:
+    """Read every output and ledger file into compact key sets.
+
+    `repair=False` only reads (check, and worker processes whose parent repaired). `mine(key)` keeps only
+    one worker's ids. With several ledger files the newest entry per id (by its `time`) decides.
+    """
     state = ResumeState()
-    for name in (COMPLETIONS, FAILURES) if repair else ():
-        state.torn_bytes += repair_tail(out / name)
-    for n, obj in iter_json_lines(out / COMPLETIONS):
-        if obj is None or "id" not in obj:
-            state.corrupt_lines.append(f"{COMPLETIONS}:{n}")
-            continue
-        state.done.add(id_key(obj["id"]))
-    for n, obj in iter_json_lines(out / FAILURES):
-        if obj is None or "reason" not in obj:
-            state.corrupt_lines.append(f"{FAILURES}:{n}")
-        elif obj["reason"] == "bad_input" and obj.get("line") is not None:
-            state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
-        elif obj.get("id") is not None:
-            state.last_reason[id_key(obj["id"])] = obj["reason"]
+    if repair:
+        state.torn_bytes = repair_all(out)
+    for path in shard_files(out, COMPLETIONS):
+        for n, obj in iter_json_lines(path):
+            if obj is None or "id" not in obj:
+                state.corrupt_lines.append(f"{path.name}:{n}")
+                continue
+            key = id_key(obj["id"])
+            if mine is None or mine(key):
+                state.done.add(key)
+    newest: dict[int, float] = {}
+    for path in shard_files(out, FAILURES):
+        for n, obj in iter_json_lines(path):
+            if obj is None or "reason" not in obj:
+                state.corrupt_lines.append(f"{path.name}:{n}")
+            elif obj["reason"] == "bad_input" and obj.get("line") is not None:
+                state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
+            elif obj.get("id") is not None:
+                key, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
+                if (mine is None or mine(key)) and when >= newest.get(key, float("-inf")):
+                    newest[key], state.last_reason[key] = when, obj["reason"]
     return state
 
 
@@ -173,16 +195,17 @@ class DirLock:
 class RunWriter:
     """Appends completions and ledger entries, one flushed line per write, fsync on an interval."""
 
-    def __init__(self, out: Path, fsync_interval: float) -> None:
+    def __init__(self, out: Path, fsync_interval: float, suffix: str = "") -> None:
         self.fsync_interval = fsync_interval
         self._files: dict[str, IO[bytes]] = {}
         self._last_sync = time.monotonic()
         self.failed: OutputError | None = None  # after one failed write, nothing more is written
         for name in (COMPLETIONS, FAILURES):
+            path = out / name.replace(".jsonl", f"{suffix}.jsonl")
             try:
-                self._files[name] = (out / name).open("ab")
+                self._files[name] = path.open("ab")
             except OSError as exc:
-                raise OutputError(f"cannot open {out / name}: {exc}") from exc
+                raise OutputError(f"cannot open {path}: {exc}") from exc
 
     def write_completion(self, completion: Completion) -> None:
         self._append(COMPLETIONS, completion.to_line())
