@@ -55,7 +55,22 @@ def _add_generate(sub: Any) -> None:
     p = sub.add_parser("generate", help="generate completions for a prompts file")
     p.add_argument("--out", "-o", type=Path, required=True, help="run directory (created)")
     add_run_flags(p)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes, each taking the rows whose id hash falls in its shard (default 1)",
+    )
+    p.add_argument("--shard", type=_shard, help=argparse.SUPPRESS)  # set by --workers for each worker
     p.set_defaults(func=_generate)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    try:
+        return int(index), int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected INDEX/COUNT, got {text!r}") from None
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -181,6 +196,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         grace_period=args.grace_period,
         fsync_interval=args.fsync_interval,
         progress=args.progress,
+        workers=getattr(args, "workers", 1),
+        shard=getattr(args, "shard", None),
     )
 
 
@@ -188,7 +205,12 @@ def _generate(args: argparse.Namespace) -> int:
     from .pipeline import describe, run
 
     config = config_from_args(args)
-    outcome = run(config)
+    if config.workers > 1 and config.shard is None:
+        from .workers import run_workers
+
+        outcome = run_workers(config, args.argv)
+    else:
+        outcome = run(config)
     print(describe(outcome, config))
     return outcome.exit_code
 
@@ -228,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # --workers re-runs it per worker
     try:
         return int(args.func(args))
     except OutputError as exc:

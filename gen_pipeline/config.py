@@ -171,6 +171,10 @@ class RunConfig:
     grace_period: float = DEFAULT_GRACE_PERIOD
     fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     progress: str = "auto"
+    # processes: `workers` > 1 splits the input by a stable hash of the ids; `shard` = (index, count) is
+    # set by that parent for each worker process it starts
+    workers: int = 1
+    shard: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -183,6 +187,8 @@ class RunConfig:
             (self.request_timeout is None or self.request_timeout > 0, "bad --request-timeout"),
             (self.tokenize_batch >= 1, "bad tokenize batch size"),
             (self.progress in ("auto", "bar", "log", "off"), "--progress: auto, bar, log or off"),
+            (self.workers >= 1, "--workers must be at least 1"),
+            (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
         ]
         for ok, message in checks:
             if not ok:
@@ -202,8 +208,21 @@ class RunConfig:
         )
 
     def capacity_for(self, reported: int | None) -> int:
-        """Requests to keep in flight on a server that reports `reported` running slots."""
-        return self.concurrency or reported or DEFAULT_CONCURRENCY
+        """Requests this process keeps in flight on a server that reports `reported` running slots.
+
+        Worker processes share a server's capacity, each taking its part (rounded up).
+        """
+        total = self.concurrency or reported or DEFAULT_CONCURRENCY
+        return -(-total // self.shard[1]) if self.shard else total
+
+    @property
+    def file_suffix(self) -> str:
+        """The suffix of this process's own output, ledger, status and summary files."""
+        return f"-{self.shard[0]:05d}" if self.shard else ""
+
+    def mine(self, key: int) -> bool:
+        """Whether the row with this id key belongs to this process."""
+        return self.shard is None or key % self.shard[1] == self.shard[0]
 
     def timeout_for(self, max_tokens: int) -> float:
         """The timeout of one request that may generate `max_tokens` tokens."""

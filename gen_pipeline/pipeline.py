@@ -55,7 +55,8 @@ class BatchReader:
     """Reads, validates, resume-filters and counts rows a batch at a time, in a worker thread."""
 
     def __init__(self, config: RunConfig, counter: TokenCounter, resume: ResumeState, stats: RunStats) -> None:
-        self.source = PromptSource(config.input, lambda key: resume.settled(key, config.retry_failed))
+        mine = config.mine if config.shard else None
+        self.source = PromptSource(config.input, lambda key: resume.settled(key, config.retry_failed), mine)
         self.items: Iterator[Prompt | BadRow | Skipped] = iter(self.source)
         self.counter = counter
         self.resume = resume
@@ -236,7 +237,8 @@ class Runner:
     def write_status(self, state: str) -> None:
         """Replace status.json with a snapshot (a failure to write it never stops the run)."""
         with contextlib.suppress(OutputError):
-            write_status(self.config.out / STATUS, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
+            name = STATUS.replace(".json", f"{self.config.file_suffix}.json")
+            write_status(self.config.out / name, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
 
     async def _monitor(self) -> None:
         progress = Progress(self.config.progress)
@@ -385,7 +387,8 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> O
         raise ConfigError(f"input file not found: {config.input}")
     config.out.mkdir(parents=True, exist_ok=True)
     lock = DirLock(config.out)
-    lock.acquire()
+    if config.shard is None:  # a worker process runs under its parent's lock
+        lock.acquire()
     try:
         async with make_session(config.api_key) as session:
             return await _run_locked(config, Client(session), counter)
@@ -393,17 +396,27 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> O
         lock.release()
 
 
-async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter | None) -> Outcome:
+async def settle_manifest(
+    config: RunConfig, client: Client, counter: TokenCounter | None = None
+) -> tuple[FleetInfo, str, int, TokenCounter]:
+    """Discover the fleet, load the tokenizer, and refuse (or record) the run's settings."""
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
     if counter is None:
         counter = await asyncio.to_thread(load_tokenizer, tokenizer)
-    check_manifest(config.out, manifest_for(config, model, ctx, counter), config.force)
-    resume = scan(config.out)
+    manifest = manifest_for(config, model, ctx, counter)
+    check_manifest(config.out, manifest, config.force, write=config.shard is None)
+    return fleet, model, ctx, counter
+
+
+async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter | None) -> Outcome:
+    fleet, model, ctx, counter = await settle_manifest(config, client, counter)
+    worker = config.shard is not None
+    resume = scan(config.out, repair=not worker, mine=config.mine if worker else None)
     pool = build_pool(config, fleet)
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
-    writer = RunWriter(config.out, config.fsync_interval)
+    writer = RunWriter(config.out, config.fsync_interval, config.file_suffix)
     runner = Runner(config, counter, path, pool, writer, resume, stats, client=client)
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
@@ -422,7 +435,7 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     summary = _summary(runner, fleet, exit_code)
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
-        write_json_atomic(config.out / SUMMARY, summary)
+        write_json_atomic(config.out / SUMMARY.replace(".json", f"{config.file_suffix}.json"), summary)
     return Outcome(summary, exit_code)
 
 

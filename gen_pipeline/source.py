@@ -157,9 +157,15 @@ class PromptSource:
     A later row with such an id is a repeat when its line is byte-identical, else a conflict.
     """
 
-    def __init__(self, path: Path, settled: Callable[[int], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        settled: Callable[[int], str | None] | None = None,
+        mine: Callable[[int], bool] | None = None,
+    ) -> None:
         self.path = path
         self.settled = settled
+        self.mine = mine  # a worker's filter: called with the id key, or the line number of a row without id
         self.seen: dict[int, bytes] = {}  # id key -> digest of the exact messages
         self.seen_unparsed: dict[int, int] = {}  # id key -> file offset of the line, for rows skipped unparsed
         self.repeats = 0
@@ -178,19 +184,27 @@ class PromptSource:
                     yield item
 
     def _item(self, raw: bytes, line: int, offset: int) -> Prompt | BadRow | Skipped | None:
-        if self.settled is not None and (rid := peek_id(raw)) is not None:
+        rid = peek_id(raw) if self.settled is not None or self.mine is not None else None
+        if rid is not None:
             key = id_key(rid)
-            if key in self.seen_unparsed:
-                return self._again(self._line_at(self.seen_unparsed[key]) == raw, rid, line)
-            reason = self.settled(key)
-            if reason is not None and key not in self.seen:
-                self.seen_unparsed[key] = offset
-                return Skipped(reason)
+            if self.mine is not None and not self.mine(key):
+                return None  # another worker's row
+            if self.settled is not None:
+                if key in self.seen_unparsed:
+                    return self._again(self._line_at(self.seen_unparsed[key]) == raw, rid, line)
+                reason = self.settled(key)
+                if reason is not None and key not in self.seen:
+                    self.seen_unparsed[key] = offset
+                    return Skipped(reason)
         try:
             prompt = parse_row(raw, line)
         except RowError as exc:
-            return BadRow(line, str(exc), _raw_id(raw))
+            bad_id = _raw_id(raw)
+            mine = self.mine is None or self.mine(line if bad_id is None else id_key(bad_id))
+            return BadRow(line, str(exc), bad_id) if mine else None
         key = prompt.key
+        if self.mine is not None and not self.mine(key):
+            return None
         if key in self.seen_unparsed:
             return self._again(self._line_at(self.seen_unparsed[key]) == raw, prompt.id, line)
         digest, first = _exact_digest(prompt), self.seen.get(key)

@@ -144,8 +144,8 @@ def scan(out: Path, repair: bool = True, mine: Callable[[int], bool] | None = No
     return state
 
 
-def check_manifest(out: Path, manifest: dict[str, Any], force: bool) -> None:
-    """Refuse to resume a run made with other settings (unless forced); then record ours."""
+def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool = True) -> None:
+    """Refuse to resume a run made with other settings (unless forced); then record ours (if `write`)."""
     path = out / MANIFEST
     if path.exists() and not force:
         old = orjson.loads(path.read_bytes())
@@ -154,7 +154,8 @@ def check_manifest(out: Path, manifest: dict[str, Any], force: bool) -> None:
             raise ManifestMismatchError(
                 f"{out} holds a run with other settings ({'; '.join(diffs)}); use another --out, or --force to mix them"
             )
-    write_json_atomic(path, manifest)
+    if write:
+        write_json_atomic(path, manifest)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

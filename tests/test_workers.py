@@ -1,0 +1,86 @@
+"""generate --workers K: shards by stable id hash, one merged summary, resumable with any K."""
+
+from __future__ import annotations
+
+import signal
+
+import orjson
+import pytest
+from e2e import check_invariant, prompts, read_jsonl
+from procs import generate, run_generate, sim_fleet, wait_for_lines
+
+from gen_pipeline.workers import merge_summaries, merged_exit_code
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [([0, 0], 0), ([0, 3], 3), ([130, 3], 130), ([4, 130], 4), ([5, 4], 5), ([1, 5], 1), ([-9, 0], 130)],
+)
+def test_merged_exit_code(codes, expected):
+    """The run exits with its most serious worker's code; a killed worker counts as interrupted."""
+    assert merged_exit_code(codes) == expected
+
+
+def test_merge_summaries_adds_counts():
+    """Counts, tallies, drift and per-server figures add up across workers."""
+    part = {
+        "completed": 2,
+        "skipped": {"done": 1},
+        "failed": {"timeout": 1},
+        "finish_reasons": {"stop": 2},
+        "output_tokens": 10,
+        "token_drift": {"compared": 2, "differed": 1, "by_offset": {"3": 1}},
+        "servers": {"s": {"requests": 3, "completions": 2, "failures": {"timeout": 1}, "capacity": 4}},
+        "warnings": ["w"],
+    }
+    merged = merge_summaries([part, part], elapsed=2.0, exit_code=3)
+    assert merged["completed"] == 4 and merged["skipped"] == {"done": 2} and merged["failed"] == {"timeout": 2}
+    assert merged["token_drift"] == {"compared": 4, "differed": 2, "by_offset": {"3": 2}}
+    assert merged["servers"]["s"]["requests"] == 6 and merged["servers"]["s"]["capacity"] == 8
+    assert merged["requests_per_s"] == 2.0 and merged["warnings"] == ["w"] and merged["workers"] == 2
+
+
+@pytest.mark.slow
+def test_workers_split_then_resume_with_any_k(write_jsonl, tmp_path):
+    """Two workers split the rows once each; a resume with three and then one worker sends only new rows."""
+    rows = prompts(400)
+    path, out = write_jsonl([*rows, b"{broken"]), tmp_path / "out"
+    with sim_fleet(4, "--token-latency", "0.001") as servers:
+        first = run_generate(path, out, servers, "--workers", "2")
+        assert first.returncode == 0, first.stderr
+        summary = orjson.loads((out / "summary.json").read_bytes())
+        assert summary["completed"] == 400 and summary["failed"] == {"bad_input": 1} and summary["workers"] == 2
+        assert {p.name for p in out.glob("completions-*.jsonl")} == {
+            "completions-00000.jsonl",
+            "completions-00001.jsonl",
+        }
+        assert all(len(read_jsonl(p)) > 100 for p in out.glob("completions-*.jsonl"))  # both did real work
+        more = prompts(60, start=400)
+        path = write_jsonl([*rows, b"{broken", *more])
+        second = run_generate(path, out, servers, "--workers", "3")
+        assert second.returncode == 0, second.stderr
+        summary = orjson.loads((out / "summary.json").read_bytes())
+        assert summary["completed"] == 60 and summary["skipped"] == {"done": 400, "bad_input": 1}
+        third = run_generate(path, out, servers)
+        assert third.returncode == 0 and "completed 0 " in third.stdout
+    assert check_invariant([r["id"] for r in rows + more], out) == {
+        "done": 460,
+        "ledger": 0,
+    }  # the broken row has no id
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_then_resume_completes(write_jsonl, tmp_path):
+    """SIGINT to the parent stops all workers (exit 130); the rerun finishes with one line per id."""
+    rows = prompts(600)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    with sim_fleet(2, "--token-latency", "0.005") as servers:
+        proc = generate(path, out, servers, "--workers", "2", "--concurrency", "4")
+        wait_for_lines(out / "completions-00000.jsonl", 20, 60)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stderr
+        assert "to resume, run the same command again" in stdout
+        again = run_generate(path, out, servers, "--workers", "2")
+    assert again.returncode == 0, again.stderr
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 600, "ledger": 0}
