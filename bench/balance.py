@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,8 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from simfleet import ENV, sim_process  # noqa: E402
+
 from gen_pipeline.sim import free_ports  # noqa: E402
 
 FLAKY_P = 0.2
@@ -41,41 +41,6 @@ def write_prompts(path: Path, n: int) -> list[dict]:
     rows = [{"id": i, "prompt": f"Question {i}: " + "explain this in detail " * (1 + i % 13)} for i in range(n)]
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return rows
-
-
-def start_sim(ports: list[int], args: argparse.Namespace, faults: list[str]) -> subprocess.Popen[str]:
-    spec = ",".join(map(str, ports))
-    cmd = [
-        sys.executable,
-        "-m",
-        "gen_pipeline",
-        "simulate",
-        "--ports",
-        spec,
-        "--health-delay",
-        "0",
-        "--token-latency",
-        str(args.token_latency),
-        "--max-running",
-        str(args.max_running),
-        *faults,
-    ]
-    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "simulator ready" in line:
-            return proc
-    raise SystemExit(f"simulator failed to start: {proc.wait()}")
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
 
 
 def run_generate(inp: Path, servers: str, out: Path) -> float:
@@ -96,8 +61,7 @@ def run_generate(inp: Path, servers: str, out: Path) -> float:
         "--progress",
         "off",
     ]
-    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     if done.returncode != 0:
         raise SystemExit(f"generate failed ({done.returncode}): {done.stderr[-2000:]}")
     summary = orjson.loads((out / "summary.json").read_bytes())
@@ -144,23 +108,18 @@ def main() -> None:
     # 1. one healthy port alone: its capacity in req/s
     single_rows = write_prompts(tmp / "single.jsonl", max(args.prompts // 8, 100))
     [port] = free_ports(1)
-    sim = start_sim([port], args, [])
-    try:
+    load = ("--token-latency", str(args.token_latency), "--max-running", str(args.max_running))
+    with sim_process([port], *load):
         single = run_generate(tmp / "single.jsonl", f"127.0.0.1:{port}", tmp / "single-out")
-    finally:
-        stop(sim)
     ideal = single * (5 + 1 + 1 / 4)
 
     # 2. the troubled fleet
     ports = free_ports(8)
     faults = ["--dead", str(ports[0]), "--slow", f"{ports[1]}:4", "--flaky", f"{ports[2]}:{FLAKY_P}", "--seed", "1"]
     servers = ",".join(f"127.0.0.1:{p}" for p in ports)
-    sim = start_sim(ports, args, faults)
-    try:
+    with sim_process(ports, *load, *faults):
         ours = run_generate(tmp / "prompts.jsonl", servers, tmp / "fleet-out")
         rr = asyncio.run(round_robin(rows, [f"http://127.0.0.1:{p}" for p in ports], 8 * args.max_running))
-    finally:
-        stop(sim)
 
     print(
         f"workload: {args.prompts} prompts, max_tokens 64, token latency {args.token_latency}s, "

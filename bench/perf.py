@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,12 +29,13 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from simfleet import ENV, sim_process  # noqa: E402
+
 from gen_pipeline.records import Completion  # noqa: E402
 from gen_pipeline.sim import free_ports  # noqa: E402
 
 QWEN3 = ROOT.parent / "shared" / "tokenizers" / "qwen3"
 TOKENIZER = str(QWEN3) if (QWEN3 / "tokenizer.json").exists() else str(ROOT / "gen_pipeline/data/tiny-tokenizer")
-ENV = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
 
 BARE = r"""
 import asyncio, itertools, json, sys
@@ -81,31 +81,6 @@ def timed(cmd: list[str]) -> dict[str, float]:
     if status != 0:
         raise SystemExit(f"{cmd[:4]} failed: {proc.stderr.read().decode()[-2000:] if proc.stderr else status}")
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}
-
-
-def start_sim(ports: list[int]) -> subprocess.Popen[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "gen_pipeline",
-        "simulate",
-        "--ports",
-        ",".join(map(str, ports)),
-        "--health-delay",
-        "0",
-        "--max-running",
-        "32",
-        "--tokenizer",
-        TOKENIZER,
-        "--context-length",
-        "32768",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "simulator ready" in line:
-            return proc
-    raise SystemExit("simulator failed to start")
 
 
 def generate_cmd(inp: Path, out: Path, servers: str) -> list[str]:
@@ -202,16 +177,13 @@ def main() -> None:
     ports = free_ports(8)
     servers = ",".join(f"127.0.0.1:{p}" for p in ports)
     urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
-    sim = start_sim(ports)
-    try:
+    sim_flags = ("--max-running", "32", "--tokenizer", TOKENIZER, "--context-length", "32768")
+    with sim_process(ports, *sim_flags):
         bare = timed([sys.executable, str(tmp / "bare.py"), str(tmp / "short.jsonl"), str(tmp / "bare.out"), urls])
         ours = timed(generate_cmd(tmp / "short.jsonl", tmp / "ours", servers))
         # wait4 counts the workers too: a parent's rusage includes the children it waited for
         ours2 = timed([*generate_cmd(tmp / "short.jsonl", tmp / "ours2", servers), "--workers", "2"])
         big = None if args.skip_big else big_resume(tmp, servers, args.big_rows)
-    finally:
-        sim.send_signal(signal.SIGTERM)
-        sim.communicate(timeout=30)
     rate = tokenize_rate(rows)
     n = args.rows
     print(
