@@ -65,6 +65,7 @@ nightly: install
 
 bench: install
 	$(BIN)/python bench/balance.py
+	$(BIN)/python bench/perf.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
