@@ -48,7 +48,7 @@ from .report import distribution
 from .requests import request_body
 from .source import BadRow, PromptSource
 from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
-from .tokens import TokenCounter, load_tokenizer
+from .tokens import TokenCounter, load_counter
 
 log = logging.getLogger("gen_pipeline")
 
@@ -352,7 +352,7 @@ async def _fleet_and_probes(
         fleet = fleet_info(checks)
         try:
             model, ctx, tokenizer = resolve(config, fleet)
-            loaded = counter if counter is not None else await asyncio.to_thread(load_tokenizer, tokenizer)
+            loaded = counter if counter is not None else await asyncio.to_thread(load_counter, tokenizer)
         except ConfigError as exc:
             found.problems.append(f"no budget plan: {exc}")
             return None

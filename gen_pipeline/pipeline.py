@@ -30,7 +30,7 @@ from .retry import OffsetLearner
 from .source import BadRow, PromptSource, Skipped
 from .status import STATUS, write_status
 from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, scan, write_json_atomic
-from .tokens import TokenCounter, load_tokenizer
+from .tokens import TokenCounter, load_counter
 
 log = logging.getLogger("gen_pipeline")
 
@@ -267,7 +267,7 @@ def _raise_first_failure(done: set[asyncio.Task[Any]]) -> None:
 
 
 def chat_template_hash(counter: TokenCounter) -> str | None:
-    template = getattr(getattr(counter, "tokenizer", None), "chat_template", None)
+    template = counter.chat_template
     return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
 
 
@@ -403,7 +403,7 @@ async def settle_manifest(
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
     if counter is None:
-        counter = await asyncio.to_thread(load_tokenizer, tokenizer)
+        counter = await asyncio.to_thread(load_counter, tokenizer)
     manifest = manifest_for(config, model, ctx, counter)
     check_manifest(config.out, manifest, config.force, write=config.shard is None)
     return fleet, model, ctx, counter

@@ -3,16 +3,25 @@
 SGLang and vLLM render `apply_chat_template(messages, add_generation_prompt=True)` with the model's own
 Hugging Face template and encode the text without adding special tokens again, so rendering then
 batch-encoding here gives exactly the server's `usage.prompt_tokens`.
+
+`load_counter` reads a local tokenizer folder with the Rust `tokenizers` library and renders the
+template with `chat_render.ChatTemplate` (same environment and inputs as transformers): no
+transformers import, ~100 MB less memory, 2.5 s less start-up, and shapes seen before render from a
+skeleton. Folders it cannot read exactly that way (no tokenizer.json, a legacy special_tokens_map.json,
+several named templates) and hub names go through transformers' AutoTokenizer, as does everything
+when GEN_PIPELINE_TOKENIZER_LOADER=transformers.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from .chat_render import ChatTemplate
 from .errors import ConfigError
 from .records import Messages
 
@@ -25,6 +34,7 @@ class TokenCounter(Protocol):
     """Counts the chat prompt tokens of each conversation; an entry is an error text when it cannot."""
 
     name: str
+    chat_template: Any  # the template source (transformers may hold several, by name)
 
     def count(self, conversations: Sequence[Messages]) -> list[int | str]: ...
 
@@ -37,6 +47,7 @@ class HFTokenCounter:
             raise ConfigError(f"tokenizer {name!r} has no chat template; the server would need one too")
         self.tokenizer = tokenizer
         self.name = name
+        self.chat_template: Any = tokenizer.chat_template
 
     def count(self, conversations: Sequence[Messages]) -> list[int | str]:
         """Render every conversation, then encode all of them in one call."""
@@ -65,6 +76,80 @@ class HFTokenCounter:
         except Exception as exc:  # jinja raise_exception(), type errors in the template
             return f"chat template failed: {exc}"
         return self._lengths([text])[0]
+
+
+class FastTokenCounter:
+    """A `tokenizers.Tokenizer` from tokenizer.json plus the folder's chat template, no transformers."""
+
+    def __init__(self, tokenizer: Any, template: ChatTemplate, name: str) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.chat_template: Any = template.source
+        self.name = name
+
+    def count(self, conversations: Sequence[Messages]) -> list[int | str]:
+        texts: list[str] = []
+        where: list[int] = []
+        out: list[int | str] = []
+        for i, messages in enumerate(conversations):
+            try:
+                texts.append(self.template.render(messages))
+            except Exception as exc:  # jinja raise_exception(), type errors in the template
+                out.append(f"chat template failed: {exc}")
+                continue
+            where.append(i)
+            out.append(0)
+        for i, enc in zip(where, self.tokenizer.encode_batch_fast(texts, add_special_tokens=False), strict=True):
+            out[i] = len(enc.ids)
+        return out
+
+
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def light_parts(folder: Path) -> tuple[str, dict[str, str]] | None:
+    """The chat template and named special tokens transformers would use, when a folder is that simple."""
+    config_file, template_file = folder / "tokenizer_config.json", folder / "chat_template.jinja"
+    if not (folder / "tokenizer.json").is_file() or not config_file.is_file():
+        return None
+    if (folder / "special_tokens_map.json").exists() or (folder / "additional_chat_templates").exists():
+        return None
+    if any(folder.glob("chat_template_*.jinja")):
+        return None
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    source = template_file.read_text(encoding="utf-8") if template_file.is_file() else config.get("chat_template")
+    if not isinstance(source, str):
+        return None
+    special: dict[str, str] = {}
+    for name in SPECIAL_TOKEN_NAMES:
+        value = config.get(name)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            special[name] = value
+        elif value is not None:
+            return None
+    return source, special
+
+
+def load_counter(name_or_path: str) -> TokenCounter:
+    """The client's token counter: the light loader when the folder allows it, else transformers."""
+    folder = Path(name_or_path)
+    if folder.is_dir() and os.environ.get("GEN_PIPELINE_TOKENIZER_LOADER", "") != "transformers":
+        try:
+            parts = light_parts(folder)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read tokenizer folder {name_or_path!r}: {exc}") from exc
+        if parts is not None:
+            from tokenizers import Tokenizer
+
+            try:
+                tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+                template = ChatTemplate(*parts)
+            except Exception as exc:
+                raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
+            return FastTokenCounter(tok, template, name_or_path)
+    return load_tokenizer(name_or_path)
 
 
 def load_tokenizer(name_or_path: str) -> HFTokenCounter:

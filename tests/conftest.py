@@ -18,6 +18,7 @@ class FakeCounter:
     """Counts one token per whitespace-separated word plus a fixed template overhead."""
 
     name = "fake"
+    chat_template = None
 
     def __init__(self, overhead: int = 5) -> None:
         self.overhead = overhead
