@@ -27,21 +27,37 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
 written after it, means the process is gone (crashed, killed, machine rebooted): "not running (last
 update N s ago)". Then, and when there is no status.json, the counts also come from the files
 themselves (lines of completions*.jsonl, ledger reasons). A finished run shows its summary.json.
+
+Under `generate --workers K`, worker i writes status-KKKKK.json (i in 5 digits: status-00000.json; same
+schema) and summary-KKKKK.json, and the parent writes the merged summary.json once all have ended. When
+the newest status-*.json is fresher than status.json, `status` merges the workers into one view. Each
+worker is judged alone by the rules above (its own summary-KKKKK.json counts as "after it") and gets a
+line (pid, state, age, done), so a dead worker shows while the others run. Counts, requests and failures
+add up over every worker: what a dead or finished worker did is on disk. The live figures (in flight,
+capacity, rates, server health) come from the workers still running, or from all when none is. A server
+is OUT OF SERVICE if any running worker says so. The workers share no rows, so the run ends with its
+slowest worker: the ETA is the largest running worker's ETA, unknown if any of theirs is. Once a worker
+has reported after .lock was last written (by the newest `generate` to start), status-*.json files older
+than .lock are an earlier run's (one with more workers) and are left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
 from .progress import format_summary
 from .report import completion_files, ledger_reasons, read_json
-from .store import MANIFEST, SUMMARY, write_json_atomic
+from .store import LOCK, MANIFEST, SUMMARY, write_json_atomic
 
 STATUS = "status.json"
+WORKER_STATUS = re.compile(r"status-(\d{5})\.json")  # written by `generate --workers K`, one per worker
 STALE_AFTER = 30.0  # seconds without an update before a run counts as not running
 CHUNK = 1 << 20
 
@@ -66,17 +82,25 @@ def _server_line(url: str, s: dict[str, Any]) -> str:
     )
 
 
+def _ago(status: dict[str, Any], now: float) -> str:
+    return _duration(max(0.0, now - float(status.get("updated", now))))
+
+
 def render_status(status: dict[str, Any], now: float | None = None) -> str:
     """A status.json snapshot as readable lines."""
     now = time.time() if now is None else now
+    head = f"{status.get('state', 'running')} (pid {status.get('pid')}), updated {_ago(status, now)} ago"
+    return "\n".join([head, *_status_lines(status)])
+
+
+def _status_lines(status: dict[str, Any]) -> list[str]:
+    """Everything below the first line: counts, rates, servers, last errors."""
     counts, rates = status.get("counts") or {}, status.get("rates") or {}
     failed = counts.get("failed") or {}
     eta = status.get("eta_s")
     servers = status.get("servers") or {}
     healthy = sum(bool(s.get("healthy", True)) for s in servers.values())
     lines = [
-        f"{status.get('state', 'running')} (pid {status.get('pid')}), updated "
-        f"{_duration(max(0.0, now - float(status.get('updated', now))))} ago",
         f"done {counts.get('done', 0)} | skipped {counts.get('skipped', 0)} | "
         f"failed {f'{sum(failed.values())} {failed}' if failed else 0} | "
         f"in flight {counts.get('in_flight', 0)}",
@@ -86,7 +110,7 @@ def render_status(status: dict[str, Any], now: float | None = None) -> str:
     ]
     lines += [_server_line(url, s) for url, s in servers.items()]
     lines += [f"last {reason}: {text}" for reason, text in (status.get("last_error") or {}).items()]
-    return "\n".join(lines)
+    return lines
 
 
 def count_lines(path: Path) -> int:
@@ -142,31 +166,161 @@ def describe_run(run: Path, now: float | None = None) -> str:
     """Everything `status` prints for a run directory."""
     now = time.time() if now is None else now
     status, summary, manifest = (read_json(run / name) for name in (STATUS, SUMMARY, MANIFEST))
-    if status is None and summary is None and manifest is None and not completion_files(run):
+    workers = read_workers(run, now)
+    if status is None and summary is None and manifest is None and not completion_files(run) and not workers:
         raise ConfigError(f"{run} is not a run directory (no status.json, summary.json or completions)")
     m = manifest or {}
     lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}, {len(m.get('servers') or [])} servers"]
+    if workers and (status is None or float(status.get("updated", 0)) < max(w.updated for w in workers)):
+        lines += _describe_workers(run, workers, summary, manifest, now)
+    else:
+        lines += _describe_single(run, status, summary, manifest, now)
+    return "\n".join(lines)
+
+
+def _describe_single(
+    run: Path,
+    status: dict[str, Any] | None,
+    summary: dict[str, Any] | None,
+    manifest: dict[str, Any] | None,
+    now: float,
+) -> list[str]:
     state = run_state(status, _mtime(run / SUMMARY) if summary else None, now)
     if state == "finished" and summary is not None:
-        lines += _finished(run, summary, now)
-    elif state != "not running" and status is not None:
-        lines.append(render_status(status, now))
-    else:
-        lines += _not_running(run, status, manifest, now)
-    return "\n".join(lines)
+        return _finished(run, summary, now)
+    if state != "not running" and status is not None:
+        return [render_status(status, now)]
+    return _not_running(run, status, manifest, now)
 
 
 def _not_running(run: Path, status: dict[str, Any] | None, manifest: dict[str, Any] | None, now: float) -> list[str]:
     if status is None:
         lines = ["not running (no status.json): never started, or started by a version that does not write it"]
     else:
-        age = _duration(now - float(status.get("updated", 0)))
-        lines = [
-            f"not running (last update {age} ago): crashed or killed; run the same command again to resume",
-            "last known status:",
-            render_status(status, now),
-        ]
+        lines = _gone(float(status.get("updated", 0)), render_status(status, now), now)
     return [*lines, file_counts(run, manifest)]
+
+
+def _gone(updated: float, last_known: str, now: float) -> list[str]:
+    return [
+        f"not running (last update {_duration(now - updated)} ago): crashed or killed; run the same command again "
+        "to resume",
+        "last known status:",
+        last_known,
+    ]
+
+
+# generate --workers K
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One `generate --workers K` process, as its status-KKKKK.json and summary-KKKKK.json show it."""
+
+    index: int
+    status: dict[str, Any]
+    state: str  # run_state()'s: "running", "finished" or "not running"
+
+    @property
+    def updated(self) -> float:
+        return float(self.status.get("updated", 0))
+
+
+def read_workers(run: Path, now: float) -> list[Worker]:
+    """The workers of the newest --workers run, by index (none for a single-process run)."""
+    workers = []
+    for path in sorted(run.glob("status-*.json")):
+        match, status = WORKER_STATUS.fullmatch(path.name), read_json(path)
+        if match is not None and status is not None:
+            summary = run / SUMMARY.replace(".json", f"-{match[1]}.json")
+            workers.append(Worker(int(match[1]), status, run_state(status, _mtime(summary), now)))
+    # generate writes .lock when it starts; once one worker has reported since, older files are an earlier run's
+    started = _mtime(run / LOCK)
+    return [w for w in workers if started is None or w.updated >= started] or workers
+
+
+def merge_workers(workers: list[Worker]) -> dict[str, Any]:
+    """The workers' status files as one status.json document (how each field adds up: the module docstring)."""
+    every = [w.status for w in workers]
+    live = [w.status for w in workers if w.state == "running"] or every  # none running: the last known figures
+    counts = [s.get("counts") or {} for s in every]
+    rates = [s.get("rates") or {} for s in live]
+    etas = [s.get("eta_s") for s in live]
+    states = {s.get("state", "running") for s in live}
+    return {
+        "updated": max(float(s.get("updated", 0)) for s in live),
+        "state": next((x for x in ("running", "stopping") if x in states), "finished"),
+        "counts": {
+            "done": sum(c.get("done", 0) for c in counts),
+            "skipped": sum(c.get("skipped", 0) for c in counts),
+            "failed": dict(sum((Counter(c.get("failed") or {}) for c in counts), Counter())),
+            "in_flight": sum((s.get("counts") or {}).get("in_flight", 0) for s in live),
+        },
+        "rates": {
+            "req_per_s": round(sum(r.get("req_per_s", 0) for r in rates), 2),
+            "out_tok_per_s": round(sum(r.get("out_tok_per_s", 0) for r in rates), 1),
+        },
+        # the workers share no rows, so the run ends when the slowest one does
+        "eta_s": None if None in etas else max(float(e) for e in etas if e is not None),
+        "servers": _merge_servers(every, live),
+        "last_error": {
+            k: v
+            for s in sorted(every, key=lambda s: float(s.get("updated", 0)))
+            for k, v in (s.get("last_error") or {}).items()
+        },
+    }
+
+
+def _merge_servers(every: list[dict[str, Any]], live: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Requests and failures from every worker; load, capacity and health from the live ones."""
+    out: dict[str, dict[str, Any]] = {}
+    for status in every:
+        for url, v in (status.get("servers") or {}).items():
+            m = out.setdefault(
+                url, {"in_flight": 0, "capacity": 0, "healthy": True, "requests": 0, "failures": Counter()}
+            )
+            m["requests"] += v.get("requests", 0)
+            m["failures"] += Counter(v.get("failures") or {})
+    for status in live:
+        for url, v in (status.get("servers") or {}).items():
+            out[url]["in_flight"] += v.get("in_flight", 0)
+            out[url]["capacity"] += v.get("capacity", 0)
+            # one worker seeing a server down is evidence enough: the others use the same server
+            out[url]["healthy"] = out[url]["healthy"] and bool(v.get("healthy", True))
+    return {url: {**m, "failures": dict(m["failures"])} for url, m in out.items()}
+
+
+def render_workers(workers: list[Worker], now: float | None = None) -> str:
+    """The merged view of a --workers run, then one line per worker."""
+    now = time.time() if now is None else now
+    merged = merge_workers(workers)
+    running = sum(w.state == "running" for w in workers)
+    head = f"{merged['state']} ({running} of {len(workers)} workers running), updated {_ago(merged, now)} ago"
+    return "\n".join([head, *_status_lines(merged), "workers:", *(_worker_line(w, now) for w in workers)])
+
+
+def _worker_line(worker: Worker, now: float) -> str:
+    s = worker.status
+    state = {"running": str(s.get("state", "running")), "finished": "finished"}.get(worker.state, "NOT RUNNING")
+    line = (
+        f"  worker {worker.index} (pid {s.get('pid')}): {state}, updated {_ago(s, now)} ago, "
+        f"done {(s.get('counts') or {}).get('done', 0)}"
+    )
+    if worker.state == "not running":
+        line += ": crashed or killed; its rows wait until the same command is run again"
+    return line
+
+
+def _describe_workers(
+    run: Path, workers: list[Worker], summary: dict[str, Any] | None, manifest: dict[str, Any] | None, now: float
+) -> list[str]:
+    newest = max(w.updated for w in workers)
+    summary_mtime = _mtime(run / SUMMARY)
+    if summary is not None and summary_mtime is not None and summary_mtime >= newest:
+        return _finished(run, summary, now)  # the parent merges summary.json once every worker has ended
+    if any(w.state == "running" for w in workers):
+        return [render_workers(workers, now)]
+    return [*_gone(newest, render_workers(workers, now), now), file_counts(run, manifest)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ import orjson
 from .client import Client, make_session
 from .config import RunConfig
 from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, Outcome
+from .status import STATUS
 from .store import SUMMARY, DirLock, repair_all, write_json_atomic
 
 # The exit code of the whole run is the most serious of the workers'.
@@ -111,8 +112,9 @@ def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
 
 def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
     k, start = config.workers, time.monotonic()
-    for stale in config.out.glob(SUMMARY.replace(".json", "-*.json")):
-        stale.unlink()  # a worker that dies early must not be reported with an old run's figures
+    for pattern in (SUMMARY.replace(".json", "-*.json"), STATUS.replace(".json", "-*.json")):
+        for stale in config.out.glob(pattern):
+            stale.unlink()  # a worker that dies early must not be reported with an old run's figures
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
     procs = [subprocess.Popen(worker_argv(argv, i, k), env=env, stdout=subprocess.DEVNULL, start_new_session=True)
              for i in range(k)]  # fmt: skip
