@@ -18,7 +18,7 @@ from .config import RunConfig
 from .errors import AuthError, ContextOverflowError, FleetError, RequestError
 from .progress import RunStats
 from .records import Completion, Failure, Prompt
-from .retry import OffsetLearner, rebudget, transport_retrying
+from .retry import OffsetLearner, rebudget, with_transport_retries
 
 
 def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_tokens: int) -> dict[str, Any]:
@@ -97,10 +97,7 @@ class RequestPath:
         )
 
     async def _with_retries(self, payload: dict[str, Any], track: Track) -> ChatResult:
-        async for attempt in transport_retrying(self.config.retry):
-            with attempt:
-                return await self._on_server(payload, track)
-        raise AssertionError("unreachable: tenacity reraises the last error")
+        return await with_transport_retries(self.config.retry, lambda: self._on_server(payload, track))
 
     async def _on_server(self, payload: dict[str, Any], track: Track) -> ChatResult:
         timeout = self.config.timeout_for(payload["max_tokens"])

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 
 import pytest
 
 from gen_pipeline.config import RetryPolicy
-from gen_pipeline.errors import OverflowCounts
-from gen_pipeline.retry import OffsetLearner, backoff_delay, rebudget
+from gen_pipeline.errors import BadRequestError, OverflowCounts, OverloadedError, ServerError
+from gen_pipeline.retry import OffsetLearner, backoff_delay, rebudget, with_transport_retries
 
 
 def test_backoff_grows_is_capped_and_honours_retry_after():
@@ -62,3 +64,54 @@ def test_offset_is_learned_after_repeated_evidence():
     assert learner.offset == 6
     learner.observe(10, OverflowCounts("sglang.total", CTX, 100000, 10))  # absurd: ignored
     assert learner.offset == 6
+
+
+class Script:
+    """A call that fails with the given errors in turn, then returns "ok"."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    async def __call__(self) -> str:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "ok"
+
+
+def fast_policy(**kw) -> RetryPolicy:
+    return RetryPolicy(initial_delay=0.001, max_delay=0.002, **kw)
+
+
+@pytest.mark.parametrize("failures", [0, 1, 2, 4])
+def test_transport_retries_try_again_until_success(failures):
+    call = Script(*[ServerError("HTTP 500", server="s", status=500) for _ in range(failures)])
+    assert asyncio.run(with_transport_retries(fast_policy(max_attempts=5), call)) == "ok"
+    assert call.calls == failures + 1
+
+
+def test_transport_retries_stop_at_max_attempts_with_the_last_error():
+    errors = [ServerError(f"HTTP 500 #{i}", server="s", status=500) for i in range(5)]
+    call = Script(*errors)
+    with pytest.raises(ServerError, match="#2"):
+        asyncio.run(with_transport_retries(fast_policy(max_attempts=3), call))
+    assert call.calls == 3
+    single = Script(ServerError("HTTP 502", server="s", status=502))
+    with pytest.raises(ServerError):
+        asyncio.run(with_transport_retries(fast_policy(max_attempts=1), single))
+    assert single.calls == 1
+
+
+def test_a_fatal_error_is_not_retried():
+    call = Script(BadRequestError("HTTP 400: bad", server="s", status=400))
+    with pytest.raises(BadRequestError):
+        asyncio.run(with_transport_retries(fast_policy(max_attempts=5), call))
+    assert call.calls == 1
+
+
+def test_retry_after_sets_the_wait_before_the_next_attempt():
+    call = Script(OverloadedError("HTTP 429", server="s", status=429, retry_after=0.3))
+    start = time.monotonic()
+    assert asyncio.run(with_transport_retries(fast_policy(max_attempts=3), call)) == "ok"
+    assert 0.3 <= time.monotonic() - start < 2.0
