@@ -8,6 +8,7 @@ gets the same id in every run and on every machine.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import unicodedata
 from dataclasses import dataclass, field
@@ -49,6 +50,23 @@ def id_key(row_id: RowId) -> int:
     """
     raw = str(row_id).encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+
+
+# `{"id": "abc",` or `{"id": 12,` at the start of a line: how prepare and our own output write rows.
+_LEADING_ID = re.compile(rb'\{"id":\s*(?:"([^"\\]*)"|(-?[1-9]\d*|0))\s*,')
+
+
+def peek_id(raw: bytes) -> RowId | None:
+    """The id of a row whose first key is a plain "id", without parsing the row; None otherwise."""
+    m = _LEADING_ID.match(raw)
+    if m is None:
+        return None
+    if m[2] is not None:
+        return int(m[2])
+    try:
+        return m[1].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 @dataclass(slots=True)

@@ -7,7 +7,6 @@ exact messages per distinct id (for repeat and conflict detection), never the ro
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .records import ROLES, Messages, Prompt, RowId, content_id, id_key
+from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, peek_id
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling"})
@@ -130,23 +129,6 @@ class Skipped:
     """A row earlier runs already settled ("done", or its permanent ledger reason)."""
 
     reason: str
-
-
-# `{"id": "abc",` or `{"id": 12,` at the start of a line: how prepare and our own output write rows.
-_LEADING_ID = re.compile(rb'\{"id":\s*(?:"([^"\\]*)"|(-?[1-9]\d*|0))\s*,')
-
-
-def peek_id(raw: bytes) -> RowId | None:
-    """The id of a row whose first key is a plain "id", without parsing the row; None otherwise."""
-    m = _LEADING_ID.match(raw)
-    if m is None:
-        return None
-    if m[2] is not None:
-        return int(m[2])
-    try:
-        return m[1].decode("utf-8")
-    except UnicodeDecodeError:
-        return None
 
 
 class PromptSource:

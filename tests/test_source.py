@@ -102,7 +102,7 @@ def test_repeats_without_id_collapse_even_when_whitespace_differs(write_jsonl):
 )
 def test_peek_id(raw, expected):
     """The id is read off the line start only when that is unambiguous."""
-    from gen_pipeline.source import peek_id
+    from gen_pipeline.records import peek_id
 
     assert peek_id(raw) == expected
 

@@ -90,3 +90,17 @@ def test_second_writer_is_refused(tmp_path):
     again = DirLock(tmp_path)
     again.acquire()
     again.release()
+
+
+def test_scan_distrusts_damaged_lines_and_reads_foreign_ones_in_full(tmp_path):
+    """Lines that do not look like ours are parsed in full; damaged ones are corrupt, never done."""
+    good = completion("a").to_line()
+    cut = good[: len(good) // 2] + b"\n"  # a line cut in its middle (starts like ours, no closing brace)
+    nuls = b"\x00" * 40 + b"\n"  # a block a power loss left unwritten
+    foreign = b'{"completion": "x", "id": "c"}\n'  # valid JSON, id not first: parsed in full
+    spaced = b'{"id": 7, "completion": "y"}  \n'  # trailing spaces: parsed in full
+    broken = b'{"id": "d", "completion": \n'  # starts like a row, then breaks off
+    (tmp_path / COMPLETIONS).write_bytes(good + cut + nuls + foreign + spaced + broken)
+    state = scan(tmp_path, repair=False)
+    assert state.done == {id_key("a"), id_key("c"), id_key(7)}
+    assert state.corrupt_lines == [f"{COMPLETIONS}:{n}" for n in (2, 3, 6)]
