@@ -12,10 +12,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from . import __version__, health
 from .balancer import ServerPool, ServerState
@@ -29,7 +29,7 @@ from .requests import RequestPath
 from .retry import OffsetLearner
 from .source import BadRow, PromptSource, Skipped
 from .status import STATUS, write_status
-from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, scan, write_json_atomic
+from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, repair_all, scan, write_json_atomic
 from .tokens import TokenCounter, load_counter
 
 log = logging.getLogger("gen_pipeline")
@@ -41,6 +41,7 @@ EXIT_OUTAGE = 4
 EXIT_OUTPUT = 5
 EXIT_INTERRUPTED = 130
 STATUS_INTERVAL = 2.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -397,22 +398,41 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> O
 
 
 async def settle_manifest(
-    config: RunConfig, client: Client, counter: TokenCounter | None = None
-) -> tuple[FleetInfo, str, int, TokenCounter]:
-    """Discover the fleet, load the tokenizer, and refuse (or record) the run's settings."""
+    config: RunConfig, client: Client, counter: TokenCounter | None = None, during_load: Callable[[], T] | None = None
+) -> tuple[FleetInfo, str, int, TokenCounter, T | None]:
+    """Discover the fleet, load the tokenizer, and refuse (or record) the run's settings.
+
+    `during_load()` runs in another thread while the tokenizer loads (the resume scan: tokenizers
+    loads without holding the GIL, so the two overlap), and its result is returned.
+    """
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
-    if counter is None:
-        counter = await asyncio.to_thread(load_counter, tokenizer)
-    manifest = manifest_for(config, model, ctx, counter)
-    check_manifest(config.out, manifest, config.force, write=config.shard is None)
-    return fleet, model, ctx, counter
+    background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
+    try:
+        if counter is None:
+            counter = await asyncio.to_thread(load_counter, tokenizer)
+        manifest = manifest_for(config, model, ctx, counter)
+        check_manifest(config.out, manifest, config.force, write=config.shard is None)
+        extra = await background if background is not None else None
+    except BaseException:
+        if background is not None:
+            background.cancel()
+        raise
+    return fleet, model, ctx, counter, extra
+
+
+def resume_state(config: RunConfig) -> ResumeState:
+    """What earlier runs settled; a worker reads only its own ids and leaves repairs to its parent."""
+    worker = config.shard is not None
+    return scan(config.out, repair=False, mine=config.mine if worker else None)
 
 
 async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter | None) -> Outcome:
-    fleet, model, ctx, counter = await settle_manifest(config, client, counter)
-    worker = config.shard is not None
-    resume = scan(config.out, repair=not worker, mine=config.mine if worker else None)
+    fleet, model, ctx, counter, resume = await settle_manifest(config, client, counter, lambda: resume_state(config))
+    assert resume is not None
+    if config.shard is None and (torn := repair_all(config.out)):
+        resume = resume_state(config)  # the scan read the torn tail as a corrupt line; read again without it
+        resume.torn_bytes = torn
     pool = build_pool(config, fleet)
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
