@@ -27,7 +27,7 @@ from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
 from .retry import OffsetLearner
-from .source import BadRow, PromptSource, Skipped
+from .source import BadRow, PromptSource, Skipped, skipped
 from .status import STATUS, write_status
 from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, repair_all, scan, write_json_atomic
 from .tokens import TokenCounter, load_counter
@@ -41,6 +41,7 @@ EXIT_OUTAGE = 4
 EXIT_OUTPUT = 5
 EXIT_INTERRUPTED = 130
 STATUS_INTERVAL = 2.0
+MAX_BATCH_ITEMS = 16384  # rows one read hands over at most, when most are skipped
 T = TypeVar("T")
 
 
@@ -57,7 +58,7 @@ class BatchReader:
 
     def __init__(self, config: RunConfig, counter: TokenCounter, resume: ResumeState, stats: RunStats) -> None:
         mine = config.mine if config.shard else None
-        self.source = PromptSource(config.input, lambda key: resume.settled(key, config.retry_failed), mine)
+        self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine)
         self.items: Iterator[Prompt | BadRow | Skipped] = iter(self.source)
         self.counter = counter
         self.resume = resume
@@ -78,6 +79,8 @@ class BatchReader:
                 prompts.append(settled)
                 if len(prompts) >= self.batch:
                     break
+            elif len(out) >= MAX_BATCH_ITEMS:
+                break  # a long settled stretch: hand it over, so progress moves and memory stays flat
         self.stats.repeats = self.source.repeats
         self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
         failed = self._count(prompts)
@@ -88,9 +91,9 @@ class BatchReader:
             return item
         if isinstance(item, BadRow):
             seen = (self.name, item.line) in self.resume.bad_lines
-            return Skipped("bad_input") if seen and "bad_input" not in self.retry else item
+            return skipped("bad_input") if seen and "bad_input" not in self.retry else item
         reason = self.resume.settled(item.key, self.retry)
-        return Skipped(reason) if reason else item
+        return skipped(reason) if reason else item
 
     def _count(self, prompts: list[Prompt]) -> dict[int, str]:
         """Set each prompt's input_tokens; return why counting failed, by id() of the prompt."""
@@ -174,18 +177,21 @@ class Runner:
                 if not batch:
                     break
                 for item in batch:
-                    await self._route(item, queue)
+                    if isinstance(item, Prompt):
+                        self.stats.read += 1
+                        await queue.put(item)
+                    else:
+                        self._settle_item(item)
         for _ in range(workers):
             await queue.put(None)
 
-    async def _route(self, item: Prompt | BadRow | Skipped, queue: asyncio.Queue[Any]) -> None:
+    def _settle_item(self, item: BadRow | Skipped) -> None:
+        """A row that needs no request: skipped (settled earlier) or bad input."""
         self.stats.read += 1
         if isinstance(item, Skipped):
             self.stats.skipped[item.reason] += 1
-        elif isinstance(item, BadRow):
-            self._record_failure(Failure(item.id, item.line, "bad_input", item.detail))
         else:
-            await queue.put(item)
+            self._record_failure(Failure(item.id, item.line, "bad_input", item.detail))
 
     def _budget(self, p: Prompt) -> int | None:
         ctx = self.path.context_length

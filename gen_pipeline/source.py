@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -131,6 +131,45 @@ class Skipped:
     reason: str
 
 
+_SKIPPED: dict[str, Skipped] = {}
+
+
+def skipped(reason: str) -> Skipped:
+    """The one Skipped item per reason (resuming 650k settled rows allocates nothing per row)."""
+    item = _SKIPPED.get(reason)
+    if item is None:
+        item = _SKIPPED[reason] = Skipped(reason)
+    return item
+
+
+class Settled(Protocol):
+    """What the resume state says about ids during one pass (store.SettledRows, or DictSettled)."""
+
+    def visit(self, key: int, offset: int) -> tuple[str | None, int | None]: ...
+
+    def skipped_at(self, key: int) -> int | None: ...
+
+
+class DictSettled:
+    """`Settled` from a plain function of the key, remembering offsets in a dict (tests, small inputs)."""
+
+    def __init__(self, settled: Callable[[int], str | None]) -> None:
+        self.settled = settled
+        self.offsets: dict[int, int] = {}
+
+    def visit(self, key: int, offset: int) -> tuple[str | None, int | None]:
+        before = self.offsets.get(key)
+        if before is not None:
+            return "settled", before
+        reason = self.settled(key)
+        if reason is not None:
+            self.offsets[key] = offset
+        return reason, None
+
+    def skipped_at(self, key: int) -> int | None:
+        return self.offsets.get(key)
+
+
 class PromptSource:
     """Iterates a prompts file as Prompt and BadRow items; repeats of an id are handled here.
 
@@ -142,14 +181,13 @@ class PromptSource:
     def __init__(
         self,
         path: Path,
-        settled: Callable[[int], str | None] | None = None,
+        settled: Settled | Callable[[int], str | None] | None = None,
         mine: Callable[[int], bool] | None = None,
     ) -> None:
         self.path = path
-        self.settled = settled
+        self.settled: Settled | None = DictSettled(settled) if callable(settled) else settled
         self.mine = mine  # a worker's filter: called with the id key, or the line number of a row without id
         self.seen: dict[int, bytes] = {}  # id key -> digest of the exact messages
-        self.seen_unparsed: dict[int, int] = {}  # id key -> file offset of the line, for rows skipped unparsed
         self.repeats = 0
         self.bytes_read = 0
 
@@ -171,13 +209,12 @@ class PromptSource:
             key = id_key(rid)
             if self.mine is not None and not self.mine(key):
                 return None  # another worker's row
-            if self.settled is not None:
-                if key in self.seen_unparsed:
-                    return self._again(self._line_at(self.seen_unparsed[key]) == raw, rid, line)
-                reason = self.settled(key)
-                if reason is not None and key not in self.seen:
-                    self.seen_unparsed[key] = offset
-                    return Skipped(reason)
+            if self.settled is not None and key not in self.seen:
+                reason, before = self.settled.visit(key, offset)
+                if before is not None:
+                    return self._again(self._line_at(before) == raw, rid, line)
+                if reason is not None:
+                    return skipped(reason)
         try:
             prompt = parse_row(raw, line)
         except RowError as exc:
@@ -187,8 +224,9 @@ class PromptSource:
         key = prompt.key
         if self.mine is not None and not self.mine(key):
             return None
-        if key in self.seen_unparsed:
-            return self._again(self._line_at(self.seen_unparsed[key]) == raw, prompt.id, line)
+        before = self.settled.skipped_at(key) if self.settled is not None else None
+        if before is not None:
+            return self._again(self._line_at(before) == raw, prompt.id, line)
         digest, first = _exact_digest(prompt), self.seen.get(key)
         if first is None:
             self.seen[key] = digest
