@@ -275,7 +275,7 @@ def tokenizer_findings(view: dict[str, Any], tokenizer: str, found: Findings) ->
 
 def resume_state(out: Path | None) -> ResumeState:
     """What a resume of `out` would skip, read without repairing anything (check writes nothing)."""
-    return scan(out, repair=False) if out is not None else ResumeState()
+    return scan(out, repair=False, save_index=False) if out is not None else ResumeState()
 
 
 def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: ResumeState) -> Plan:

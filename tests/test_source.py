@@ -133,8 +133,9 @@ def test_repeats_of_rows_skipped_unparsed(write_jsonl):
 @pytest.mark.parametrize("memo", ["dict", "compact"])
 def test_repeats_of_settled_rows_with_the_compact_resume_state(write_jsonl, memo):
     """The same rules hold with store.KeySet / SettledRows (8 bytes per done id) as with a dict."""
+    from gen_pipeline.donekeys import KeySet
     from gen_pipeline.records import id_key
-    from gen_pipeline.store import KeySet, ResumeState
+    from gen_pipeline.store import ResumeState
 
     state = ResumeState(done=KeySet(id_key(x) for x in ("a", 5, "z")), last_reason={id_key("f"): "over_length"})
     rows = [
@@ -159,28 +160,3 @@ def test_repeats_of_settled_rows_with_the_compact_resume_state(write_jsonl, memo
         ("BadRow", 8),
     ]
     assert source.repeats == 2
-
-
-def test_keyset_is_a_sorted_set_of_keys():
-    from gen_pipeline.store import KeySet
-
-    keys = KeySet([9, 2**64 - 1, 0, 7, 7])
-    assert list(keys) == [0, 7, 7, 9, 2**64 - 1]
-    assert all(k in keys for k in (0, 7, 9, 2**64 - 1))
-    assert not any(k in keys for k in (1, 8, 10, -1, "7"))
-    assert keys.position(9) == 3 and keys.position(9) == 3 and keys.position(8) == -1
-    assert 5 not in KeySet()
-
-
-def test_keyset_agrees_with_a_set_on_random_and_boundary_keys():
-    import random
-
-    from gen_pipeline.store import BUCKET_SHIFT, KeySet
-
-    rng = random.Random(3)
-    edges = [0, 1, 2**64 - 1, 2**64 - 2] + [(b << BUCKET_SHIFT) + d for b in (1, 7, 65535) for d in (-1, 0, 1)]
-    members = set(rng.getrandbits(64) for _ in range(20000)) | set(edges[::2])
-    keys = KeySet(members)
-    probes = list(members)[:3000] + [rng.getrandbits(64) for _ in range(3000)] + edges
-    assert [k in keys for k in probes] == [k in members for k in probes]
-    assert all(keys.keys[keys.position(k)] == k for k in members)

@@ -1,0 +1,180 @@
+"""The ids already in an output file: read fast, held compactly, cached between runs.
+
+Resuming a 650,000-row run reads every output line for its id (3.5 s here). `DIR/.index/` keeps, per
+output file, the sorted keys of the complete lines read last time and where they ended. The next read
+checks that the file is still the one indexed (same inode, at least as long, the same bytes at 64
+sampled places and at the end of the indexed part) and reads only what was appended since. Another
+file under the same name, a file cut short or edited in place all fail the check, and the whole file
+is read again. The index is a cache: deleting `DIR/.index/` is always safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import orjson
+
+from .records import RowId, id_key, peek_id
+
+INDEX_DIR = ".index"
+INDEX_VERSION = 1
+SAMPLES = 64  # blocks compared to tell an appended file from a different one
+BLOCK = 4096
+BUCKET_SHIFT = 48  # id keys are 64-bit
+BUCKETS = 1 << 16
+
+
+class KeySet:
+    """A fixed set of 64-bit id keys in a sorted array: 8 bytes a key, where a set of ints takes ~60.
+
+    650,000 done ids take 5 MB instead of ~40. The last lookup is remembered, so asking about the same
+    key again (settled? skipped before?) costs nothing.
+    """
+
+    def __init__(self, keys: Iterable[int] = ()) -> None:
+        self.keys = array("Q", sorted(keys))  # timsort: arrays of sorted runs (one per file) merge fast
+        # where each top-16-bit bucket starts: a lookup bisects ~10 keys, not 650,000 (3x faster)
+        bounds = (bisect_left(self.keys, b << BUCKET_SHIFT) for b in range(BUCKETS + 1)) if self.keys else ()
+        self.starts = array("Q", bounds)
+        self._last = (-1, -1)
+
+    def position(self, key: int) -> int:
+        """The key's index in the sorted array, or -1."""
+        if self._last[0] == key:
+            return self._last[1]
+        b = key >> BUCKET_SHIFT
+        i = bisect_left(self.keys, key, self.starts[b], self.starts[b + 1]) if self.starts and 0 <= b < BUCKETS else -1
+        pos = i if 0 <= i < len(self.keys) and self.keys[i] == key else -1
+        self._last = (key, pos)
+        return pos
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, int) and self.position(key) >= 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.keys)
+
+
+def line_id(raw: bytes) -> RowId | None:
+    """The id of one output line, or None when the line is not a completion.
+
+    Our own lines start with their id and end with "}": those are read without parsing the whole line
+    (2.5x faster on 650k lines). Anything else is parsed in full. Crashes and full disks damage a file's
+    tail, which `store.repair_tail` cuts off first; a power loss can leave blocks of NULs, which fail
+    both the cheap check and the parse.
+    """
+    rid = peek_id(raw) if raw.endswith(b"}\n") else None
+    if rid is None:
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        rid = obj.get("id") if isinstance(obj, dict) else None
+        if not isinstance(rid, str | int) or isinstance(rid, bool):
+            return None
+    return rid
+
+
+def completion_keys(path: Path, save: bool = True) -> tuple[array[int], list[int]]:
+    """The keys of every completion in `path` (sorted) and the numbers of its corrupt lines.
+
+    Starts from the index when it still describes the file, and records the new end (if `save`).
+    A last line without its newline (a writer is appending, or a crash) is read but never indexed.
+    """
+    start, lines, keys, corrupt = 0, 0, array("Q"), []
+    cached = _load(path)
+    if cached is not None:
+        start, lines, keys, corrupt = cached
+    end, appended, tail = start, array("Q"), None
+    with path.open("rb") as f:
+        f.seek(start)
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                tail = raw  # only the last line can lack it
+                break
+            lines += 1
+            end += len(raw)
+            rid = line_id(raw)
+            if rid is None:
+                corrupt.append(lines)
+            else:
+                appended.append(id_key(rid))
+    if appended:
+        keys = array("Q", sorted(keys + appended))
+    if save and end > start:
+        _save(path, keys, corrupt, end, lines)
+    if tail is not None:
+        rid = line_id(tail)
+        if rid is None:
+            corrupt = [*corrupt, lines + 1]
+        else:
+            keys = array("Q", keys)
+            key = id_key(rid)
+            keys.insert(bisect_left(keys, key), key)
+    return keys, corrupt
+
+
+def _index_path(path: Path) -> Path:
+    return path.parent / INDEX_DIR / (path.name + ".idx")
+
+
+def _fingerprint(path: Path, size: int) -> str:
+    """A digest of the file's first `size` bytes at SAMPLES evenly spaced blocks (the last one ends at `size`)."""
+    h = hashlib.blake2b(size.to_bytes(8, "little"), digest_size=16)
+    with path.open("rb") as f:
+        for i in range(SAMPLES):
+            offset = max(0, (size - BLOCK) * i // (SAMPLES - 1))
+            f.seek(offset)
+            h.update(f.read(min(BLOCK, size - offset)))
+    return h.hexdigest()
+
+
+def _load(path: Path) -> tuple[int, int, array[int], list[int]] | None:
+    """(indexed bytes, lines, sorted keys, corrupt line numbers) when the index still fits the file."""
+    try:
+        raw = _index_path(path).read_bytes()
+        header_end = raw.index(b"\n")
+        head = orjson.loads(raw[:header_end])
+        st = path.stat()
+        size = int(head["size"])
+        if head.get("version") != INDEX_VERSION or head.get("inode") != st.st_ino or st.st_size < size:
+            return None
+        if head.get("fingerprint") != _fingerprint(path, size):
+            return None
+        keys = array("Q")
+        keys.frombytes(raw[header_end + 1 :])
+        if len(keys) != head.get("count"):
+            return None
+        return size, int(head["lines"]), keys, [int(n) for n in head.get("corrupt", [])]
+    except (OSError, ValueError, KeyError, TypeError):  # no index, or not one we wrote: read the file
+        return None
+
+
+def _save(path: Path, keys: array[int], corrupt: list[int], size: int, lines: int) -> None:
+    """Record the sorted keys of the first `size` bytes (`lines` complete lines) of `path`; best effort."""
+    index = _index_path(path)
+    head = {
+        "version": INDEX_VERSION,
+        "file": path.name,
+        "inode": path.stat().st_ino,
+        "size": size,
+        "lines": lines,
+        "count": len(keys),
+        "corrupt": corrupt,
+        "fingerprint": _fingerprint(path, size),
+    }
+    tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")  # workers may write the same index at once
+    try:
+        index.parent.mkdir(exist_ok=True)
+        tmp.write_bytes(orjson.dumps(head) + b"\n" + keys.tobytes())
+        os.replace(tmp, index)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a cache we cannot write costs the next resume time, nothing else

@@ -1,0 +1,113 @@
+"""The done ids of output files: the compact KeySet and the index that spares a resume re-reading them."""
+
+from __future__ import annotations
+
+import os
+import random
+from array import array
+from pathlib import Path
+
+from gen_pipeline.donekeys import BUCKET_SHIFT, INDEX_DIR, KeySet, completion_keys
+from gen_pipeline.records import Completion, id_key
+from gen_pipeline.store import COMPLETIONS, scan
+
+
+def test_keyset_is_a_sorted_set_of_keys():
+    keys = KeySet([9, 2**64 - 1, 0, 7, 7])
+    assert list(keys) == [0, 7, 7, 9, 2**64 - 1]
+    assert all(k in keys for k in (0, 7, 9, 2**64 - 1))
+    assert not any(k in keys for k in (1, 8, 10, -1, "7"))
+    assert keys.position(9) == 3 and keys.position(9) == 3 and keys.position(8) == -1
+    assert 5 not in KeySet()
+
+
+def test_keyset_agrees_with_a_set_on_random_and_boundary_keys():
+    rng = random.Random(3)
+    edges = [0, 1, 2**64 - 1, 2**64 - 2] + [(b << BUCKET_SHIFT) + d for b in (1, 7, 65535) for d in (-1, 0, 1)]
+    members = set(rng.getrandbits(64) for _ in range(20000)) | set(edges[::2])
+    keys = KeySet(members)
+    probes = list(members)[:3000] + [rng.getrandbits(64) for _ in range(3000)] + edges
+    assert [k in keys for k in probes] == [k in members for k in probes]
+    assert all(keys.keys[keys.position(k)] == k for k in members)
+
+
+def line(i: object) -> bytes:
+    return Completion(
+        i, [{"role": "user", "content": f"q {i}"}], "a", "stop", 5, 5, 1, 8, "s", 1, 0.1, "m", {}
+    ).to_line()
+
+
+def indexed(path: Path) -> tuple[list[int], list[int]]:
+    keys, corrupt = completion_keys(path)
+    return list(keys), corrupt
+
+
+def test_the_index_is_written_and_used(tmp_path):
+    path = tmp_path / COMPLETIONS
+    path.write_bytes(line("a") + line("b"))
+    assert indexed(path) == (sorted([id_key("a"), id_key("b")]), [])
+    index = tmp_path / INDEX_DIR / (COMPLETIONS + ".idx")
+    assert index.exists()
+    # swap one key in the index for another: a read that uses the index returns it, the file is not re-read
+    raw = index.read_bytes()
+    head, body = raw[: raw.index(b"\n") + 1], raw[raw.index(b"\n") + 1 :]
+    planted = array("Q", sorted([id_key("a"), id_key("planted")]))
+    assert len(body) == len(planted.tobytes())
+    index.write_bytes(head + planted.tobytes())
+    assert indexed(path)[0] == list(planted)
+
+
+def test_appended_lines_and_an_unfinished_tail_are_read_after_the_index(tmp_path):
+    path = tmp_path / COMPLETIONS
+    path.write_bytes(line(1) + b"garbage\n" + line(2))
+    indexed(path)
+    with path.open("ab") as f:
+        f.write(line(3) + b"{not json\n" + line(4)[:-1])  # the last line has no newline yet (a writer is busy)
+    got = indexed(path)
+    assert got == (sorted(id_key(i) for i in (1, 2, 3, 4)), [2, 5])
+    with path.open("ab") as f:
+        f.write(b"\n" + line(5))  # the tail is finished: now it is indexed too
+    assert indexed(path) == (sorted(id_key(i) for i in (1, 2, 3, 4, 5)), [2, 5])
+    os.replace(tmp_path / INDEX_DIR, tmp_path / "old-index")
+    assert indexed(path) == fresh_copy(path)
+
+
+def fresh_copy(path: Path) -> tuple[list[int], list[int]]:
+    keys, corrupt = completion_keys(path, save=False)
+    return list(keys), corrupt
+
+
+def test_a_changed_file_is_read_again_in_full(tmp_path):
+    path = tmp_path / COMPLETIONS
+    rows = [line(i) for i in range(3000)]  # ~500 kB: more than the sampled blocks cover
+    path.write_bytes(b"".join(rows))
+    indexed(path)
+    # a new file under the same name (an editor, sed -i, mv): another inode
+    replacement = tmp_path / "new.jsonl"
+    replacement.write_bytes(b"".join(rows[:1000] + rows[2000:]))
+    os.replace(replacement, path)
+    assert indexed(path) == fresh_copy(path)
+    # cut short in place (same inode)
+    with path.open("r+b") as f:
+        f.truncate(len(b"".join(rows[:500])))
+    assert indexed(path) == fresh_copy(path)
+    assert len(indexed(path)[0]) == 500
+    # rewritten in place, same inode, longer than before: the sampled bytes differ
+    with path.open("r+b") as f:
+        f.write(b"".join(rows[1:600]))
+    assert indexed(path) == fresh_copy(path)
+    assert len(indexed(path)[0]) == 599
+
+
+def test_scan_with_the_index_equals_scan_without(tmp_path):
+    path = tmp_path / COMPLETIONS
+    path.write_bytes(b"".join(line(i) for i in range(200)) + b"bad\n")
+    first = scan(tmp_path, repair=False)
+    with path.open("ab") as f:
+        f.write(b"".join(line(i) for i in range(200, 260)))
+    second = scan(tmp_path, repair=False)
+    os.replace(tmp_path / INDEX_DIR, tmp_path / "old-index")
+    third = scan(tmp_path, repair=False, save_index=False)
+    assert list(second.done) == list(third.done) and len(second.done) == 260 == len(first.done) + 60
+    assert second.corrupt_lines == third.corrupt_lines == [f"{COMPLETIONS}:201"]
+    assert not (tmp_path / INDEX_DIR).exists()  # save_index=False (check) writes nothing
