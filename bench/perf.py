@@ -1,41 +1,51 @@
 """Client performance: gen-pipeline vs a bare asyncio+aiohttp script, side by side in one run.
 
-    python bench/perf.py [--rows 20000] [--big-rows 654676] [--skip-big]
+    python bench/perf.py [--rows 20000] [--big-rows 654676] [--skip-big] [--big-full] [--keep]
 
-`--workers 2` is measured too (CPU and RSS include both workers and the parent).
 Workload (as in issue 7): 8 zero-latency simulated SGLang ports in a separate process, short chat prompts,
 max_tokens 64, at most 256 requests in flight (32 per port). Printed, one table:
   - CPU ms/req: the client process's user+sys CPU divided by the rows it completed;
   - req/s: rows / wall time of the client process;
   - peak RSS (MB) of the client process;
   - for gen-pipeline only: exact Qwen3 chat-template counting, output and ledger on, as in production.
-Then: tokenize + budget rate (prompts/s, in-process, batches of 256), and resume-ready time and peak RSS
-on a 654,676-row input whose output already holds all but 1,000 rows (start to the first new line written).
+`--workers 2` is measured too (CPU and RSS include both workers and the parent), and one more run with
+`--fsync-interval 3600` (no fsync during the run) shows what the default fsync every second costs.
+Then: tokenize + budget rate (prompts/s, in-process, batches of 256); the event loop's lag (a 1 ms ticker)
+while a worker thread counts 256 long prompts (~4,000-8,000 tokens each), beside the same loop idle; and
+resume-ready time and peak RSS on the big input (bench/inputs.py: 654,676 Infinity-Instruct-shaped rows,
+~390 MB) whose output already holds all but 1,000 rows (start to the first new line written).
+--big-full adds a full run over the whole big input (wall, req/s, CPU ms/req, peak RSS against the
+issue's target: <= 300 MB and <= +100 MB over the 20k-row run). It takes 15-25 minutes on 2 cores.
 The bare script counts nothing, budgets nothing, keeps no ledger and cannot resume.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-
-import orjson
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from inputs import long_prompts, short_rows, write_jsonl  # noqa: E402
 from simfleet import ENV, sim_process  # noqa: E402
 
-from gen_pipeline.records import Completion  # noqa: E402
 from gen_pipeline.sim import free_ports  # noqa: E402
 
 QWEN3 = ROOT.parent / "shared" / "tokenizers" / "qwen3"
 TOKENIZER = str(QWEN3) if (QWEN3 / "tokenizer.json").exists() else str(ROOT / "gen_pipeline/data/tiny-tokenizer")
+TICK = 0.001  # the ticker's sleep: a 1 ms dispatch loop
+LONG_BATCH = 256  # the pipeline's default tokenize batch
+RSS_TARGET_MB, RSS_GROWTH_MB = 300, 100  # issue 7: at 654,676 rows, and over the 20k-row run
 
 BARE = r"""
 import asyncio, itertools, json, sys
@@ -59,21 +69,12 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3].split(",")))
 """
 
 
-def short_rows(n: int) -> list[dict]:
-    return [
-        {"id": i, "messages": [{"role": "user", "content": f"Question {i}: what is {i} times {i % 97}?"}]}
-        for i in range(n)
-    ]
-
-
-def write_jsonl(path: Path, rows) -> None:
-    with path.open("wb") as f:
-        for r in rows:
-            f.write(orjson.dumps(r) + b"\n")
-
-
 def timed(cmd: list[str]) -> dict[str, float]:
-    """Run a command; return its wall time, user+sys CPU and peak RSS (from wait4)."""
+    """Run a command; return its wall time, user+sys CPU and peak RSS (from wait4).
+
+    A child's ru_maxrss starts at this process's RSS when it was spawned, so everything that makes this
+    process big (the tokenizer, long prompts) runs after the last child.
+    """
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -83,34 +84,23 @@ def timed(cmd: list[str]) -> dict[str, float]:
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}
 
 
-def generate_cmd(inp: Path, out: Path, servers: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "gen_pipeline",
-        "generate",
-        "--input",
-        str(inp),
-        "--out",
-        str(out),
-        "--servers",
-        servers,
-        "--tokenizer",
-        TOKENIZER,
-        "--max-tokens",
-        "64",
-        "--concurrency",
-        "32",
-        "--progress",
-        "off",
-    ]
+def generate_cmd(inp: Path, out: Path, servers: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "gen_pipeline", "generate", "--input", str(inp), "--out", str(out),
+            "--servers", servers, "--tokenizer", TOKENIZER, "--max-tokens", "64", "--concurrency", "32",
+            "--progress", "off", *extra]  # fmt: skip
 
 
-def tokenize_rate(rows: list[dict]) -> float:
+def load_counter() -> Any:
+    """The client's token counter, through whichever loader gen_pipeline.tokens has."""
+    from gen_pipeline import tokens
+
+    load = getattr(tokens, "load_counter", None) or tokens.load_tokenizer
+    return load(TOKENIZER)
+
+
+def tokenize_rate(counter: Any, rows: list[dict]) -> float:
     from gen_pipeline.config import RunConfig
-    from gen_pipeline.tokens import load_tokenizer
 
-    counter = load_tokenizer(TOKENIZER)
     config = RunConfig(input=Path("x"), out=Path("y"))
     start = time.monotonic()
     for i in range(0, len(rows), 256):
@@ -120,33 +110,60 @@ def tokenize_rate(rows: list[dict]) -> float:
     return len(rows) / (time.monotonic() - start)
 
 
-def big_resume(tmp: Path, servers: str, n: int) -> dict[str, float]:
-    """Input of n rows, output holding all but the last 1,000: time to the first new line, and peak RSS."""
-    inp, out = tmp / "big.jsonl", tmp / "big-out"
-    out.mkdir()
-    text = "Explain the following in detail, with examples and caveats: " + "caf\u00e9 context " * 40
-    write_jsonl(
-        inp,
-        (
-            {
-                "id": f"r{i}",
-                "conversations_id": i,
-                "messages": [
-                    {"role": "system", "content": "You are a helpful assistant."},
-                    {"role": "user", "content": f"{i}: {text}"},
-                ],
-            }
-            for i in range(n)
-        ),
-    )
-    with (out / "completions.jsonl").open("wb") as f:
-        for i in range(n - 1000):
-            msgs = [{"role": "user", "content": f"{i}: {text}"}]
-            f.write(Completion(f"r{i}", msgs, "ok " * 50, "stop", 90, 90, 50, 64, "s", 1, 0.1, "m", {}).to_line())
-    size_mb = (inp.stat().st_size + (out / "completions.jsonl").stat().st_size) / 2**20
-    cmd = generate_cmd(inp, out, servers)
+async def _tick(lags: list[float], stop: asyncio.Event) -> None:
+    """Sleep 1 ms at a time and record how late each wake-up is: what a dispatch loop would wait."""
+    last = time.perf_counter()
+    while not stop.is_set():
+        await asyncio.sleep(TICK)
+        now = time.perf_counter()
+        lags.append(max(0.0, now - last - TICK))
+        last = now
+
+
+async def _lag_during(job: Awaitable[Any]) -> tuple[list[float], float, Any]:
+    """The ticker's lags (s) while `job` runs, how long it ran, and its result."""
+    lags: list[float] = []
+    stop = asyncio.Event()
+    ticker = asyncio.create_task(_tick(lags, stop))
+    await asyncio.sleep(0.05)  # past the ticker's first wake-up
+    lags.clear()
+    start = time.perf_counter()
+    result = await job
+    took = time.perf_counter() - start
+    stop.set()
+    await ticker
+    return lags, took, result
+
+
+def _max_p99_ms(lags: list[float]) -> tuple[float, float]:
+    ordered = sorted(lags)
+    return ordered[-1] * 1e3, ordered[int(0.99 * (len(ordered) - 1))] * 1e3
+
+
+async def dispatch_gap(counter: Any) -> dict[str, Any]:
+    """Loop lag while asyncio.to_thread counts 256 long prompts (as the producer does), then idle as long."""
+    batch = long_prompts(LONG_BATCH)
+    await asyncio.to_thread(counter.count, batch[:2])  # start the thread, compile the template
+    lags, took, counts = await _lag_during(asyncio.to_thread(counter.count, batch))
+    idle, _, _ = await _lag_during(asyncio.sleep(took))
+    return {"busy": _max_p99_ms(lags), "idle": _max_p99_ms(idle), "took": took, "counts": counts}
+
+
+def write_big(tmp: Path, n: int) -> tuple[Path, Path, float]:
+    """The big input, and a run directory holding all of it but the last 1,000 rows; written by a child
+    so that this process stays small."""
+    inp, done = tmp / "big.jsonl", tmp / "big-out"
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cmd = [sys.executable, str(Path(__file__).with_name("inputs.py")), str(inp), "--rows", str(n), "--done", str(done)]
+    subprocess.run(cmd, env=ENV, check=True, stdout=subprocess.DEVNULL)
+    return inp, done, time.monotonic() - start
+
+
+def big_resume(inp: Path, out: Path, servers: str) -> dict[str, float]:
+    """Resume the run in `out` (all but 1,000 rows done): time to the first new line, and peak RSS."""
+    size_mb = (inp.stat().st_size + (out / "completions.jsonl").stat().st_size) / 2**20
+    start = time.monotonic()
+    proc = subprocess.Popen(generate_cmd(inp, out, servers), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     done_bytes = (out / "completions.jsonl").stat().st_size
     ready = None
     while proc.poll() is None and ready is None:
@@ -164,45 +181,118 @@ def big_resume(tmp: Path, servers: str, n: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=20000)
-    ap.add_argument("--big-rows", type=int, default=654676)
-    ap.add_argument("--skip-big", action="store_true")
-    args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-perf-"))
-    rows = short_rows(args.rows)
-    write_jsonl(tmp / "short.jsonl", rows)
+    ap.add_argument("--rows", type=int, default=20000, help="short prompts per client run")
+    ap.add_argument("--big-rows", type=int, default=654676, help="rows of the generated big input")
+    ap.add_argument("--skip-big", action="store_true", help="skip the resume measurement on the big input")
+    ap.add_argument(
+        "--big-full",
+        action="store_true",
+        help="also run gen-pipeline over the whole big input (opt-in: 15-25 minutes on 2 cores)",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (inputs and outputs)")
+    return ap.parse_args()
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Every child-process measurement, against one simulated fleet."""
+    short = tmp / "short.jsonl"
+    write_jsonl(short, short_rows(args.rows))
     (tmp / "bare.py").write_text(BARE)
+    big = write_big(tmp, args.big_rows) if args.big_full or not args.skip_big else None
     ports = free_ports(8)
     servers = ",".join(f"127.0.0.1:{p}" for p in ports)
     urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
     sim_flags = ("--max-running", "32", "--tokenizer", TOKENIZER, "--context-length", "32768")
+    r: dict[str, Any] = {"big_input": big}
     with sim_process(ports, *sim_flags):
-        bare = timed([sys.executable, str(tmp / "bare.py"), str(tmp / "short.jsonl"), str(tmp / "bare.out"), urls])
-        ours = timed(generate_cmd(tmp / "short.jsonl", tmp / "ours", servers))
+        r["bare"] = timed([sys.executable, str(tmp / "bare.py"), str(short), str(tmp / "bare.out"), urls])
+        r["ours"] = timed(generate_cmd(short, tmp / "ours", servers))
+        # right after the default run, so that both see the same machine
+        r["nofsync"] = timed(generate_cmd(short, tmp / "nofsync", servers, "--fsync-interval", "3600"))
         # wait4 counts the workers too: a parent's rusage includes the children it waited for
-        ours2 = timed([*generate_cmd(tmp / "short.jsonl", tmp / "ours2", servers), "--workers", "2"])
-        big = None if args.skip_big else big_resume(tmp, servers, args.big_rows)
-    rate = tokenize_rate(rows)
-    n = args.rows
+        r["ours2"] = timed(generate_cmd(short, tmp / "ours2", servers, "--workers", "2"))
+        if big and not args.skip_big:
+            r["resume"] = big_resume(big[0], big[1], servers)
+        if big and args.big_full:
+            r["full"] = timed(generate_cmd(big[0], tmp / "big-full", servers))
+    return r
+
+
+def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[str, Any]) -> None:
+    n, big_n = args.rows, args.big_rows
+    bare, ours, ours2, nofsync = r["bare"], r["ours"], r["ours2"], r["nofsync"]
     print(
         f"workload: {n} short chat prompts, max_tokens 64, 8 zero-latency ports, <=256 in flight; "
         f"tokenizer {Path(TOKENIZER).name}"
     )
-    print(f"{'client':<22}{'CPU ms/req':>12}{'req/s':>10}{'peak RSS MB':>13}")
-    for name, r in (("bare script", bare), ("gen-pipeline", ours), ("gen-pipeline -w 2", ours2)):
-        print(f"{name:<22}{r['cpu'] / n * 1e3:>12.3f}{n / r['wall']:>10.0f}{r['rss_mb']:>13.0f}")
+    print(f"{'client':<30}{'CPU ms/req':>12}{'req/s':>10}{'peak RSS MB':>13}")
+    table = [("bare script", bare, n), ("gen-pipeline", ours, n), ("gen-pipeline -w 2", ours2, n)]
+    table.append(("gen-pipeline, fsync never", nofsync, n))
+    if "full" in r:
+        table.append((f"gen-pipeline, big {big_n:,} rows", r["full"], big_n))
+    for name, m, rows in table:
+        print(f"{name:<30}{m['cpu'] / rows * 1e3:>12.3f}{rows / m['wall']:>10.0f}{m['rss_mb']:>13.0f}")
     print(
         f"ratios gen-pipeline/bare: CPU {ours['cpu'] / bare['cpu']:.2f}x, req/s {bare['wall'] / ours['wall']:.2f}x; "
         f"--workers 2 req/s {bare['wall'] / ours2['wall']:.2f}x"
     )
+    print(
+        f"fsync every 1 s vs never: CPU ms/req {ours['cpu'] / n * 1e3:.3f} vs {nofsync['cpu'] / n * 1e3:.3f}, "
+        f"req/s {n / ours['wall']:.0f} vs {n / nofsync['wall']:.0f}"
+    )
     print(f"tokenize + budget: {rate:,.0f} prompts/s (batches of 256, one thread)")
-    if big:
+    (bmax, bp99), (imax, ip99) = gap["busy"], gap["idle"]
+    print(
+        f"dispatch gap while tokenizing {LONG_BATCH} long prompts: max {bmax:.1f} ms, p99 {bp99:.1f} ms "
+        f"(idle loop: max {imax:.1f}, p99 {ip99:.1f}); the count took {gap['took']:.1f} s, "
+        f"prompts of {min(gap['counts']):,}-{max(gap['counts']):,} tokens"
+    )
+    report_big(args, r, ours)
+
+
+def report_big(args: argparse.Namespace, r: dict[str, Any], ours: dict[str, float]) -> None:
+    if r["big_input"] is None:
+        return
+    inp, _, wrote = r["big_input"]
+    print(
+        f"big input: {args.big_rows:,} Infinity-Instruct-shaped rows, {inp.stat().st_size / 2**20:.0f} MB "
+        f"(bench/inputs.py, seed 0; written with its resume output in {wrote:.0f} s)"
+    )
+    if "resume" in r:
+        big = r["resume"]
         print(
             f"resume at {args.big_rows:,} rows ({big['files_mb']:.0f} MB input + output): first new line after "
             f"{big['ready_s']:.2f} s, peak RSS {big['rss_mb']:.0f} MB"
         )
+    if "full" in r:
+        full, rows = r["full"], args.big_rows
+        growth = full["rss_mb"] - ours["rss_mb"]
+        met = full["rss_mb"] <= RSS_TARGET_MB and growth <= RSS_GROWTH_MB
+        print(
+            f"full run at {rows:,} rows: {full['wall']:.0f} s wall, {rows / full['wall']:.0f} req/s, "
+            f"CPU {full['cpu'] / rows * 1e3:.3f} ms/req, peak RSS {full['rss_mb']:.0f} MB vs {ours['rss_mb']:.0f} MB "
+            f"at {args.rows:,} rows ({growth:+.0f} MB); target <= {RSS_TARGET_MB} MB and <= +{RSS_GROWTH_MB} MB: "
+            f"{'met' if met else 'MISSED'}"
+        )
+
+
+def main() -> None:
+    args = parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-perf-"))
+    try:
+        results = measure(args, tmp)
+        # In-process from here on: loading the tokenizer makes this process ~200 MB bigger.
+        counter = load_counter()
+        rate = tokenize_rate(counter, short_rows(args.rows))
+        gap = asyncio.run(dispatch_gap(counter))
+        report(args, results, rate, gap)
+    finally:
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -96,3 +96,16 @@ def test_counts_equal_apply_chat_template_tokenize(qwen3_counter):
         ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
         expected.append(len(ids["input_ids"] if not isinstance(ids, list) else ids))
     assert qwen3_counter.count(chats) == expected
+
+
+def test_encoding_in_chunks_gives_the_same_counts(tiny_counter):
+    """Long batches are encoded a few hundred thousand characters at a time; the counts do not change."""
+    from gen_pipeline.tokens import encoded_lengths
+
+    backend = tiny_counter.tokenizer.backend_tokenizer
+    texts = [("café words " * n) + "你好" for n in range(1, 60)]
+    whole = encoded_lengths(backend, texts, chunk_chars=10**9)
+    assert encoded_lengths(backend, texts, chunk_chars=50) == whole
+    assert encoded_lengths(backend, texts, chunk_chars=1) == whole
+    assert whole == [len(backend.encode(t, add_special_tokens=False).ids) for t in texts]
+    assert encoded_lengths(backend, []) == []
