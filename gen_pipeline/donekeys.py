@@ -10,11 +10,14 @@ is read again. The index is a cache: deleting `DIR/.index/` is always safe.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -23,6 +26,7 @@ from .records import RowId, id_key, peek_id
 
 INDEX_DIR = ".index"
 INDEX_VERSION = 1
+INDEX_EVERY = 60.0  # seconds between saves while a run appends
 SAMPLES = 64  # blocks compared to tell an appended file from a different one
 BLOCK = 4096
 BUCKET_SHIFT = 48  # id keys are 64-bit
@@ -83,7 +87,19 @@ def line_id(raw: bytes) -> RowId | None:
     return rid
 
 
-def completion_keys(path: Path, save: bool = True) -> tuple[array[int], list[int]]:
+@dataclass
+class FileKeys:
+    """The completions found in one output file."""
+
+    path: Path
+    keys: array[int]  # sorted, of every line read (an unfinished last line included)
+    corrupt: list[int]  # line numbers
+    size: int  # bytes of complete lines
+    lines: int  # complete lines
+    complete: bool  # False when an unfinished last line was read beyond `size`
+
+
+def completion_keys(path: Path, save: bool = True) -> FileKeys:
     """The keys of every completion in `path` (sorted) and the numbers of its corrupt lines.
 
     Starts from the index when it still describes the file, and records the new end (if `save`).
@@ -111,15 +127,43 @@ def completion_keys(path: Path, save: bool = True) -> tuple[array[int], list[int
         keys = array("Q", sorted(keys + appended))
     if save and end > start:
         _save(path, keys, corrupt, end, lines)
+    found = FileKeys(path, keys, corrupt, end, lines, complete=tail is None)
     if tail is not None:
         rid = line_id(tail)
         if rid is None:
-            corrupt = [*corrupt, lines + 1]
+            found.corrupt = [*corrupt, lines + 1]
         else:
-            keys = array("Q", keys)
+            found.keys = array("Q", keys)
             key = id_key(rid)
-            keys.insert(bisect_left(keys, key), key)
-    return keys, corrupt
+            found.keys.insert(bisect_left(found.keys, key), key)
+    return found
+
+
+class IndexKeeper:
+    """Keeps an output file's index current while the run appends to it, so that even the first resume
+    after a crash reads only the last INDEX_EVERY seconds of lines. Saved on that interval and at close."""
+
+    def __init__(self, found: FileKeys) -> None:
+        self.found = found
+        self.appended = array("Q")
+        self.saved_at = time.monotonic()
+
+    def add(self, key: int, nbytes: int) -> None:
+        """One more complete, flushed line."""
+        self.appended.append(key)
+        self.found.size += nbytes
+        self.found.lines += 1
+
+    def due(self) -> bool:
+        return time.monotonic() - self.saved_at >= INDEX_EVERY
+
+    def save(self) -> None:
+        f = self.found
+        if self.appended:
+            f.keys = array("Q", sorted(f.keys + self.appended))
+            self.appended = array("Q")
+        _save(f.path, f.keys, f.corrupt, f.size, f.lines)
+        self.saved_at = time.monotonic()
 
 
 def _index_path(path: Path) -> Path:
@@ -159,22 +203,24 @@ def _load(path: Path) -> tuple[int, int, array[int], list[int]] | None:
 
 
 def _save(path: Path, keys: array[int], corrupt: list[int], size: int, lines: int) -> None:
-    """Record the sorted keys of the first `size` bytes (`lines` complete lines) of `path`; best effort."""
+    """Record the sorted keys of the first `size` bytes (`lines` complete lines) of `path`; best effort:
+    an index that cannot be written costs the next resume time, never this run."""
     index = _index_path(path)
-    head = {
-        "version": INDEX_VERSION,
-        "file": path.name,
-        "inode": path.stat().st_ino,
-        "size": size,
-        "lines": lines,
-        "count": len(keys),
-        "corrupt": corrupt,
-        "fingerprint": _fingerprint(path, size),
-    }
     tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")  # workers may write the same index at once
     try:
+        head = {
+            "version": INDEX_VERSION,
+            "file": path.name,
+            "inode": path.stat().st_ino,
+            "size": size,
+            "lines": lines,
+            "count": len(keys),
+            "corrupt": corrupt,
+            "fingerprint": _fingerprint(path, size),
+        }
         index.parent.mkdir(exist_ok=True)
         tmp.write_bytes(orjson.dumps(head) + b"\n" + keys.tobytes())
         os.replace(tmp, index)
     except OSError:
-        tmp.unlink(missing_ok=True)  # a cache we cannot write costs the next resume time, nothing else
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

@@ -29,7 +29,17 @@ from .requests import RequestPath
 from .retry import OffsetLearner
 from .source import BadRow, PromptSource, Skipped, skipped
 from .status import STATUS, write_status
-from .store import SUMMARY, DirLock, ResumeState, RunWriter, check_manifest, repair_all, scan, write_json_atomic
+from .store import (
+    COMPLETIONS,
+    SUMMARY,
+    DirLock,
+    ResumeState,
+    RunWriter,
+    check_manifest,
+    repair_all,
+    scan,
+    write_json_atomic,
+)
 from .tokens import TokenCounter, load_counter
 
 log = logging.getLogger("gen_pipeline")
@@ -442,7 +452,8 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     pool = build_pool(config, fleet)
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
-    writer = RunWriter(config.out, config.fsync_interval, config.file_suffix)
+    found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
+    writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
     runner = Runner(config, counter, path, pool, writer, resume, stats, client=client)
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")

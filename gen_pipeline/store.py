@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import orjson
 
-from .donekeys import KeySet, completion_keys
+from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys
 from .errors import ConfigError, ManifestMismatchError, OutputError
 from .records import PERMANENT_REASONS, Completion, Failure, id_key
 
@@ -132,6 +132,7 @@ class ResumeState:
     bad_lines: set[tuple[str, int]] = field(default_factory=set)
     corrupt_lines: list[str] = field(default_factory=list)
     torn_bytes: int = 0
+    files: dict[str, FileKeys] = field(default_factory=dict)  # output file name -> what it holds
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None:
         """Why this id needs no request now ("done", or its permanent reason), or None."""
@@ -172,9 +173,10 @@ def scan(
         state.torn_bytes = repair_all(out)
     done = array("Q")
     for path in shard_files(out, COMPLETIONS):
-        keys, corrupt = completion_keys(path, save_index)
-        state.corrupt_lines += [f"{path.name}:{n}" for n in corrupt]
-        done += keys if mine is None else array("Q", (k for k in keys if mine(k)))
+        found = completion_keys(path, save_index)
+        state.files[path.name] = found
+        state.corrupt_lines += [f"{path.name}:{n}" for n in found.corrupt]
+        done += found.keys if mine is None else array("Q", (k for k in found.keys if mine(k)))
     state.done = KeySet(done)
     del done
     newest: dict[int, float] = {}
@@ -243,7 +245,8 @@ class DirLock:
 class RunWriter:
     """Appends completions and ledger entries, one flushed line per write, fsync on an interval."""
 
-    def __init__(self, out: Path, fsync_interval: float, suffix: str = "") -> None:
+    def __init__(self, out: Path, fsync_interval: float, suffix: str = "", found: FileKeys | None = None) -> None:
+        """`found`: what the resume scan read of our completions file, to keep its index current."""
         self.fsync_interval = fsync_interval
         self._files: dict[str, IO[bytes]] = {}
         self._last_sync = time.monotonic()
@@ -254,9 +257,19 @@ class RunWriter:
                 self._files[name] = path.open("ab")
             except OSError as exc:
                 raise OutputError(f"cannot open {path}: {exc}") from exc
+        completions = self._files[COMPLETIONS]
+        at = completions.tell()
+        if found is None and at == 0:
+            found = FileKeys(Path(completions.name), array("Q"), [], 0, 0, complete=True)
+        # only when the scan saw the whole file as it is now (it was repaired before we opened it)
+        usable = found is not None and found.complete and found.size == at
+        self.index = IndexKeeper(found) if usable and found is not None else None
 
     def write_completion(self, completion: Completion) -> None:
-        self._append(COMPLETIONS, completion.to_line())
+        line = completion.to_line()
+        self._append(COMPLETIONS, line)
+        if self.index is not None:
+            self.index.add(id_key(completion.id), len(line))
 
     def write_failure(self, failure: Failure) -> None:
         self._append(FAILURES, failure.to_line())
@@ -275,15 +288,19 @@ class RunWriter:
             raise self.failed from exc
 
     def sync(self) -> None:
-        """Flush and fsync both files."""
+        """Flush and fsync both files; now and then, record the completions file's index."""
         for f in self._files.values():
             f.flush()
             os.fsync(f.fileno())
         self._last_sync = time.monotonic()
+        if self.index is not None and self.index.due():
+            self.index.save()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sync()
+            if self.index is not None and self.failed is None:
+                self.index.save()
         for f in self._files.values():
             with contextlib.suppress(OSError):
                 f.close()

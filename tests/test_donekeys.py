@@ -38,8 +38,8 @@ def line(i: object) -> bytes:
 
 
 def indexed(path: Path) -> tuple[list[int], list[int]]:
-    keys, corrupt = completion_keys(path)
-    return list(keys), corrupt
+    found = completion_keys(path)
+    return list(found.keys), found.corrupt
 
 
 def test_the_index_is_written_and_used(tmp_path):
@@ -73,8 +73,8 @@ def test_appended_lines_and_an_unfinished_tail_are_read_after_the_index(tmp_path
 
 
 def fresh_copy(path: Path) -> tuple[list[int], list[int]]:
-    keys, corrupt = completion_keys(path, save=False)
-    return list(keys), corrupt
+    found = completion_keys(path, save=False)
+    return list(found.keys), found.corrupt
 
 
 def test_a_changed_file_is_read_again_in_full(tmp_path):
@@ -111,3 +111,43 @@ def test_scan_with_the_index_equals_scan_without(tmp_path):
     assert list(second.done) == list(third.done) and len(second.done) == 260 == len(first.done) + 60
     assert second.corrupt_lines == third.corrupt_lines == [f"{COMPLETIONS}:201"]
     assert not (tmp_path / INDEX_DIR).exists()  # save_index=False (check) writes nothing
+
+
+def completion(i: object) -> Completion:
+    return Completion(i, [{"role": "user", "content": f"q {i}"}], "a", "stop", 5, 5, 1, 8, "s", 1, 0.1, "m", {})
+
+
+def test_the_writer_keeps_the_index_of_its_file_current(tmp_path):
+    """A run's own appends are indexed (at close, and every INDEX_EVERY s), so the first resume after a
+    crash reads only what came after the last save."""
+    import orjson
+
+    from gen_pipeline.store import RunWriter
+
+    path = tmp_path / COMPLETIONS
+    path.write_bytes(completion("old").to_line())
+    state = scan(tmp_path, repair=False)
+    writer = RunWriter(tmp_path, 1.0, "", state.files[COMPLETIONS])
+    for i in range(5):
+        writer.write_completion(completion(i))
+    writer.close()
+    raw = (tmp_path / INDEX_DIR / (COMPLETIONS + ".idx")).read_bytes()
+    head = orjson.loads(raw[: raw.index(b"\n")])
+    assert (head["lines"], head["count"], head["size"]) == (6, 6, path.stat().st_size)
+    with path.open("ab") as f:  # a later run killed before its first save
+        f.write(completion("late").to_line())
+    assert indexed(path) == fresh_copy(path)
+    assert len(indexed(path)[0]) == 7
+
+
+def test_the_writer_keeps_no_index_for_a_file_the_scan_did_not_see_whole(tmp_path):
+    from gen_pipeline.store import RunWriter
+
+    path = tmp_path / COMPLETIONS
+    path.write_bytes(completion("a").to_line() + completion("b").to_line()[:-3])  # unfinished last line
+    found = completion_keys(path, save=False)
+    assert not found.complete
+    for given in (found, None):  # None: a file that exists but was never scanned
+        writer = RunWriter(tmp_path, 1.0, "", given)
+        assert writer.index is None
+        writer.close()
