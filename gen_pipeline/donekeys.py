@@ -40,8 +40,9 @@ class KeySet:
     key again (settled? skipped before?) costs nothing.
     """
 
-    def __init__(self, keys: Iterable[int] = ()) -> None:
-        self.keys = array("Q", sorted(keys))  # timsort: arrays of sorted runs (one per file) merge fast
+    def __init__(self, keys: Iterable[int] = (), presorted: bool = False) -> None:
+        # timsort: arrays of sorted runs (one per file) merge fast
+        self.keys = keys if presorted and isinstance(keys, array) else array("Q", sorted(keys))
         # where each top-16-bit bucket starts: a lookup bisects ~10 keys, not 650,000 (3x faster)
         bounds = (bisect_left(self.keys, b << BUCKET_SHIFT) for b in range(BUCKETS + 1)) if self.keys else ()
         self.starts = array("Q", bounds)
@@ -224,3 +225,76 @@ def _save(path: Path, keys: array[int], corrupt: list[int], size: int, lines: in
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+class KeyMap:
+    """A growing map of 64-bit key -> 64-bit value in ~20 bytes an entry (a dict of ints takes ~110).
+
+    New entries go to a small dict; when it holds 1/4 of the total (at least MERGE_AT), it is merged
+    into two sorted arrays, found like KeySet's keys. Holds the digest of every input row's messages
+    (repeat detection) over a 650,000-row run in ~25 MB instead of ~80, for ~3 us more a row.
+    """
+
+    MERGE_AT = 131072
+
+    def __init__(self) -> None:
+        self.recent: dict[int, int] = {}
+        self.frozen = KeySet()
+        self.values = array("Q")
+        self.limit = self.MERGE_AT
+
+    def __len__(self) -> int:
+        return len(self.recent) + len(self.frozen.keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.recent or (bool(self.frozen.keys) and key in self.frozen)
+
+    def get(self, key: int) -> int | None:
+        value = self.recent.get(key)
+        if value is None and self.frozen.keys:
+            i = self.frozen.position(key)
+            return self.values[i] if i >= 0 else None
+        return value
+
+    def first(self, key: int, value: int) -> int | None:
+        """The key's earlier value, or None when the key is new (it then gets `value`): one lookup."""
+        recent = self.recent
+        old = recent.get(key)
+        if old is not None:
+            return old
+        if self.frozen.keys:
+            i = self.frozen.position(key)
+            if i >= 0:
+                return self.values[i]
+        recent[key] = value
+        if len(recent) >= self.limit:
+            self._merge()
+        return None
+
+    def __setitem__(self, key: int, value: int) -> None:
+        if self.frozen.keys:
+            i = self.frozen.position(key)
+            if i >= 0:
+                self.values[i] = value
+                return
+        recent = self.recent
+        recent[key] = value
+        if len(recent) >= self.limit:
+            self._merge()
+
+    def _merge(self) -> None:
+        """Merge the recent dict into the sorted arrays (linear in the total, a few times per doubling)."""
+        keys, values = array("Q"), array("Q")
+        old_k, old_v, i = self.frozen.keys, self.values, 0
+        for k in sorted(self.recent):
+            j = bisect_left(old_k, k, i)
+            if j > i:
+                keys += old_k[i:j]
+                values += old_v[i:j]
+            keys.append(k)
+            values.append(self.recent[k])
+            i = j
+        keys += old_k[i:]
+        values += old_v[i:]
+        self.frozen, self.values, self.recent = KeySet(keys, presorted=True), values, {}
+        self.limit = max(self.MERGE_AT, len(keys) // 4)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from .donekeys import KeyMap
 from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, peek_id
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
@@ -114,14 +115,14 @@ def _raw_id(raw: bytes) -> RowId | None:
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
-def _exact_digest(prompt: Prompt) -> bytes:
+def _exact_digest(prompt: Prompt) -> int:
     """What "the same content" means for a repeated id: the exact messages.
 
     A derived id already is the hash of the normalized messages, so its repeats always match.
     """
     if prompt.derived_id:
-        return b""
-    return hashlib.blake2b(orjson.dumps(prompt.messages), digest_size=8).digest()
+        return 0
+    return int.from_bytes(hashlib.blake2b(orjson.dumps(prompt.messages), digest_size=8).digest(), "little")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +188,7 @@ class PromptSource:
         self.path = path
         self.settled: Settled | None = DictSettled(settled) if callable(settled) else settled
         self.mine = mine  # a worker's filter: called with the id key, or the line number of a row without id
-        self.seen: dict[int, bytes] = {}  # id key -> digest of the exact messages
+        self.seen = KeyMap()  # id key -> digest of the exact messages, ~17 bytes a row
         self.repeats = 0
         self.bytes_read = 0
 
@@ -227,9 +228,9 @@ class PromptSource:
         before = self.settled.skipped_at(key) if self.settled is not None else None
         if before is not None:
             return self._again(self._line_at(before) == raw, prompt.id, line)
-        digest, first = _exact_digest(prompt), self.seen.get(key)
+        digest = _exact_digest(prompt)
+        first = self.seen.first(key, digest)
         if first is None:
-            self.seen[key] = digest
             return prompt
         return self._again(first == digest, prompt.id, line)
 

@@ -151,3 +151,24 @@ def test_the_writer_keeps_no_index_for_a_file_the_scan_did_not_see_whole(tmp_pat
         writer = RunWriter(tmp_path, 1.0, "", given)
         assert writer.index is None
         writer.close()
+
+
+def test_keymap_behaves_like_a_dict_across_merges():
+    from gen_pipeline.donekeys import KeyMap
+
+    class Small(KeyMap):
+        MERGE_AT = 50  # merge often
+
+    rng = random.Random(5)
+    m, d = Small(), {}
+    pool = [rng.getrandbits(64) for _ in range(3000)] + [0, 2**64 - 1]
+    for _ in range(20000):
+        k = rng.choice(pool)
+        v = rng.getrandbits(64)
+        assert m.first(k, v) == (d[k] if k in d else None)
+        d.setdefault(k, v)
+        if rng.random() < 0.05:
+            m[k] = d[k] = v
+    assert len(m) == len(d) and len(m.frozen) > 0  # merges happened
+    assert all(m.get(k) == d.get(k) for k in pool) and all((k in m) == (k in d) for k in pool)
+    assert m.get(12345) is None and 12345 not in m
