@@ -165,7 +165,7 @@ def test_keymap_behaves_like_a_dict_across_merges():
     for _ in range(20000):
         k = rng.choice(pool)
         v = rng.getrandbits(64)
-        assert m.first(k, v) == (d[k] if k in d else None)
+        assert m.first(k, v) == d.get(k)
         d.setdefault(k, v)
         if rng.random() < 0.05:
             m[k] = d[k] = v
