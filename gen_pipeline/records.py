@@ -48,12 +48,31 @@ def id_key(row_id: RowId) -> int:
 
     Integer ids and their string forms share a key on purpose: `1` and `"1"` are the same id.
     """
-    raw = str(row_id).encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+    return key_of(str(row_id).encode("utf-8", "surrogatepass"))
+
+
+def key_of(id_bytes: bytes) -> int:
+    """id_key of an id given as its UTF-8 bytes (decimal digits for an integer)."""
+    return int.from_bytes(hashlib.blake2b(id_bytes, digest_size=8).digest(), "little")
 
 
 # `{"id": "abc",` or `{"id": 12,` at the start of a line: how prepare and our own output write rows.
 _LEADING_ID = re.compile(rb'\{"id":\s*(?:"([^"\\]*)"|(-?[1-9]\d*|0))\s*,')
+
+
+def peek_key(raw: bytes) -> tuple[RowId, int] | None:
+    """peek_id and its id_key at once, hashing the id's bytes as they stand in the line (a string id
+    without escapes is its own UTF-8; the regex only takes canonical integers)."""
+    m = _LEADING_ID.match(raw)
+    if m is None:
+        return None
+    digits = m[2]
+    if digits is not None:
+        return int(digits), key_of(digits)
+    try:
+        return m[1].decode("utf-8"), key_of(m[1])
+    except UnicodeDecodeError:
+        return None
 
 
 def peek_id(raw: bytes) -> RowId | None:

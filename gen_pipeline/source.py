@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from .donekeys import KeyMap
-from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, peek_id
+from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, peek_key
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling"})
@@ -205,9 +205,9 @@ class PromptSource:
                     yield item
 
     def _item(self, raw: bytes, line: int, offset: int) -> Prompt | BadRow | Skipped | None:
-        rid = peek_id(raw) if self.settled is not None or self.mine is not None else None
-        if rid is not None:
-            key = id_key(rid)
+        peeked = peek_key(raw) if self.settled is not None or self.mine is not None else None
+        if peeked is not None:
+            rid, key = peeked
             if self.mine is not None and not self.mine(key):
                 return None  # another worker's row
             if self.settled is not None and key not in self.seen:

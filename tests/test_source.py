@@ -160,3 +160,14 @@ def test_repeats_of_settled_rows_with_the_compact_resume_state(write_jsonl, memo
         ("BadRow", 8),
     ]
     assert source.repeats == 2
+
+
+@pytest.mark.parametrize("rid", ["a", "café-ü-你好", "0", 0, 7, -12, 10**18, "with space", "🙂"])
+def test_peek_key_equals_id_key_of_the_parsed_id(rid):
+    import orjson
+
+    from gen_pipeline.records import id_key, peek_key
+
+    line = orjson.dumps({"id": rid, "prompt": "p"})
+    assert peek_key(line) == (rid, id_key(rid))
+    assert peek_key(b'{"prompt": "p", "id": 1}') is None
