@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import orjson
 
-from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys
+from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, merge_sorted
 from .errors import ConfigError, ManifestMismatchError, OutputError
 from .records import PERMANENT_REASONS, Completion, Failure, id_key
 
@@ -176,8 +176,10 @@ def scan(
         found = completion_keys(path, save_index)
         state.files[path.name] = found
         state.corrupt_lines += [f"{path.name}:{n}" for n in found.corrupt]
-        done += found.keys if mine is None else array("Q", (k for k in found.keys if mine(k)))
-    state.done = KeySet(done)
+        keys = found.keys if mine is None else array("Q", (k for k in found.keys if mine(k)))  # still sorted
+        big, small = (done, keys) if len(done) >= len(keys) else (keys, done)
+        done = merge_sorted(big, small, new_sorted=True)
+    state.done = KeySet(done, presorted=True)
     del done
     newest: dict[int, float] = {}
     for path in shard_files(out, FAILURES):

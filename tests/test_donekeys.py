@@ -172,3 +172,15 @@ def test_keymap_behaves_like_a_dict_across_merges():
     assert len(m) == len(d) and len(m.frozen) > 0  # merges happened
     assert all(m.get(k) == d.get(k) for k in pool) and all((k in m) == (k in d) for k in pool)
     assert m.get(12345) is None and 12345 not in m
+
+
+def test_merge_sorted_equals_sorting_everything():
+    from gen_pipeline.donekeys import merge_sorted
+
+    rng = random.Random(9)
+    old = sorted(rng.getrandbits(64) for _ in range(5000))
+    for new in ([], [0], [2**64 - 1], [rng.getrandbits(64) for _ in range(700)], old[:3]):
+        assert list(merge_sorted(array("Q", old), new)) == sorted(old + list(new))
+    assert list(merge_sorted(array("Q"), [3, 1, 2])) == [1, 2, 3]
+    small = array("Q", sorted(rng.getrandbits(64) for _ in range(50)))
+    assert list(merge_sorted(array("Q", old), small, new_sorted=True)) == sorted(old + list(small))
