@@ -130,18 +130,18 @@ class Probe(str):
     """A stand-in message text that records what the template asks of it."""
 
     trace: list[tuple[int, str, tuple[Any, ...], Any]]
-    index: int
+    slot: int  # which message's text
 
-    def __new__(cls, text: str, index: int, trace: list[tuple[int, str, tuple[Any, ...], Any]]) -> Probe:
+    def __new__(cls, text: str, slot: int, trace: list[tuple[int, str, tuple[Any, ...], Any]]) -> Probe:
         obj = super().__new__(cls, text)
-        obj.index, obj.trace = index, trace
+        obj.slot, obj.trace = slot, trace
         return obj
 
     def _plain(self) -> str:
         return str.__str__(self)
 
     def __getattribute__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("index", "trace"):
+        if name.startswith("_") or name in ("slot", "trace"):
             return object.__getattribute__(self, name)
         plain = str.__str__(self)
         if name in _QUESTIONS:
@@ -149,7 +149,7 @@ class Probe(str):
 
             def ask(*args: Any) -> Any:
                 answer = method(plain, *args)
-                self.trace.append((self.index, name, args, answer))
+                self.trace.append((self.slot, name, args, answer))
                 return answer
 
             return ask
@@ -158,7 +158,7 @@ class Probe(str):
             def strip(*args: Any) -> Probe:
                 if getattr(str, name)(plain, *args) != plain:
                     raise Uncacheable(name)
-                self.trace.append((self.index, name, args, None))
+                self.trace.append((self.slot, name, args, None))
                 return self
 
             return strip
@@ -167,7 +167,7 @@ class Probe(str):
             def split(sep: Any = None, maxsplit: int = -1) -> list[Any]:
                 if sep is None or sep in plain:
                     raise Uncacheable(name)
-                self.trace.append((self.index, "__contains__", (sep,), False))
+                self.trace.append((self.slot, "__contains__", (sep,), False))
                 return [self]
 
             return split
@@ -175,21 +175,21 @@ class Probe(str):
 
     def __contains__(self, item: object) -> bool:
         answer = str.__contains__(self._plain(), item)  # type: ignore[operator]
-        self.trace.append((self.index, "__contains__", (item,), answer))
+        self.trace.append((self.slot, "__contains__", (item,), answer))
         return answer
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Probe):
             raise Uncacheable("==")
         answer = str.__eq__(self._plain(), other)
-        self.trace.append((self.index, "__eq__", (other,), answer))
+        self.trace.append((self.slot, "__eq__", (other,), answer))
         return answer is True
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
 
     def __bool__(self) -> bool:
-        self.trace.append((self.index, "__bool__", (), True))
+        self.trace.append((self.slot, "__bool__", (), True))
         return True
 
     def __str__(self) -> str:
@@ -212,8 +212,8 @@ class Probe(str):
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise Uncacheable("text operation")
 
-    __len__ = __getitem__ = __iter__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse  # type: ignore[assignment]
-    __mul__ = __rmul__ = __mod__ = __rmod__ = __repr__ = __reversed__ = _refuse  # type: ignore[assignment]
+    __len__ = __getitem__ = __iter__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    __mul__ = __rmul__ = __mod__ = __rmod__ = __repr__ = __reversed__ = _refuse
 
 
 def _answer(text: str, op: str, args: tuple[Any, ...]) -> Any:

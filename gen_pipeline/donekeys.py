@@ -120,7 +120,7 @@ def completion_keys(path: Path, save: bool = True) -> FileKeys:
     Starts from the index when it still describes the file, and records the new end (if `save`).
     A last line without its newline (a writer is appending, or a crash) is read but never indexed.
     """
-    start, lines, keys, corrupt = 0, 0, array("Q"), []
+    start, lines, keys, corrupt = 0, 0, array("Q"), list[int]()
     cached = _load(path)
     if cached is not None:
         start, lines, keys, corrupt = cached

@@ -84,8 +84,8 @@ def _retry_after(error: BaseException | None) -> float | None:
 
 def _wait(policy: RetryPolicy, done: int) -> Any:
     def wait(state: RetryCallState) -> float:
-        outcome = state.outcome
-        return backoff_delay(policy, state.attempt_number + done, _retry_after(outcome and outcome.exception()))
+        error = state.outcome.exception() if state.outcome is not None else None
+        return backoff_delay(policy, state.attempt_number + done, _retry_after(error))
 
     return wait
 

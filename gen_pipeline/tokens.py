@@ -63,7 +63,7 @@ class HFTokenCounter:
         """Token counts of rendered prompts, without adding special tokens again."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:  # the Rust tokenizer directly: half the cost of the Python wrapper
-            return encoded_lengths(backend, texts)
+            return list[int | str](encoded_lengths(backend, texts))
         ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
         return [len(x) for x in ids["input_ids"]]
 
