@@ -294,10 +294,12 @@ def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: Resu
 
 
 def _plan_item(plan: Plan, item: Prompt | BadRow | Skipped, config: RunConfig, ctx: int) -> None:
-    plan.rows += 1
     if isinstance(item, Skipped):
-        plan.settled[item.reason] += 1
-    elif isinstance(item, BadRow):
+        plan.rows += item.count
+        plan.settled[item.reason] += item.count
+        return
+    plan.rows += 1
+    if isinstance(item, BadRow):
         plan.bad += 1
         if len(plan.bad_examples) < EXAMPLES:
             plan.bad_examples.append(f"line {item.line}: {item.detail}")

@@ -79,22 +79,32 @@ class BatchReader:
         self.stats = stats
 
     def next_batch(self) -> list[Prompt | BadRow | Skipped]:
-        """Up to `batch` rows that need a count, plus what was skipped or bad on the way."""
+        """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
+        counting the rows skipped on the way (a resume skips 650k rows without handing over each)."""
         out: list[Prompt | BadRow | Skipped] = []
         prompts: list[Prompt] = []
+        skipped: dict[str, int] = {}
+        n_skipped = 0
         for item in self.items:
             settled = self._settle(item)
+            if isinstance(settled, Skipped):
+                skipped[settled.reason] = skipped.get(settled.reason, 0) + 1
+                n_skipped += 1
+                if n_skipped >= MAX_BATCH_ITEMS:
+                    break  # a long settled stretch: hand it over, so progress moves
+                continue
             out.append(settled)
             if isinstance(settled, Prompt):
                 prompts.append(settled)
                 if len(prompts) >= self.batch:
                     break
-            elif len(out) >= MAX_BATCH_ITEMS:
-                break  # a long settled stretch: hand it over, so progress moves and memory stays flat
         self.stats.repeats = self.source.repeats
         self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
         failed = self._count(prompts)
-        return [BadRow(x.line, failed[id(x)], x.id) if id(x) in failed else x for x in out]
+        tallies: list[Prompt | BadRow | Skipped] = [Skipped(reason, n) for reason, n in skipped.items()]
+        return tallies + [
+            BadRow(x.line, failed[id(x)], x.id) if isinstance(x, Prompt) and id(x) in failed else x for x in out
+        ]
 
     def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
         if isinstance(item, Skipped):
@@ -196,11 +206,12 @@ class Runner:
             await queue.put(None)
 
     def _settle_item(self, item: BadRow | Skipped) -> None:
-        """A row that needs no request: skipped (settled earlier) or bad input."""
-        self.stats.read += 1
+        """Rows that need no request: skipped (settled earlier; `count` of them) or bad input."""
         if isinstance(item, Skipped):
-            self.stats.skipped[item.reason] += 1
+            self.stats.read += item.count
+            self.stats.skipped[item.reason] += item.count
         else:
+            self.stats.read += 1
             self._record_failure(Failure(item.id, item.line, "bad_input", item.detail))
 
     def _budget(self, p: Prompt) -> int | None:

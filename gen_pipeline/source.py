@@ -127,9 +127,10 @@ def _exact_digest(prompt: Prompt) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """A row earlier runs already settled ("done", or its permanent ledger reason)."""
+    """Rows earlier runs already settled ("done", or its permanent ledger reason): one, or `count`."""
 
     reason: str
+    count: int = 1
 
 
 _SKIPPED: dict[str, Skipped] = {}
