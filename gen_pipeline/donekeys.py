@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from .records import RowId, id_key, peek_id
+from .records import RowId, id_key, parsed_id, peek_id
 
 INDEX_DIR = ".index"
 INDEX_VERSION = 1
@@ -91,15 +91,7 @@ def line_id(raw: bytes) -> RowId | None:
     both the cheap check and the parse.
     """
     rid = peek_id(raw) if raw.endswith(b"}\n") else None
-    if rid is None:
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return None
-        rid = obj.get("id") if isinstance(obj, dict) else None
-        if not isinstance(rid, str | int) or isinstance(rid, bool):
-            return None
-    return rid
+    return rid if rid is not None else parsed_id(raw)
 
 
 @dataclass

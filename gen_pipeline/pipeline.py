@@ -51,7 +51,7 @@ EXIT_OUTAGE = 4
 EXIT_OUTPUT = 5
 EXIT_INTERRUPTED = 130
 STATUS_INTERVAL = 2.0
-MAX_BATCH_ITEMS = 16384  # rows one read hands over at most, when most are skipped
+MAX_BATCH_ITEMS = 16384  # skipped rows one read tallies before it hands over
 T = TypeVar("T")
 
 
@@ -81,14 +81,14 @@ class BatchReader:
     def next_batch(self) -> list[Prompt | BadRow | Skipped]:
         """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
         counting the rows skipped on the way (a resume skips 650k rows without handing over each)."""
-        out: list[Prompt | BadRow | Skipped] = []
+        out: list[Prompt | BadRow] = []
         prompts: list[Prompt] = []
-        skipped: dict[str, int] = {}
+        tally: dict[str, int] = {}
         n_skipped = 0
         for item in self.items:
             settled = self._settle(item)
             if isinstance(settled, Skipped):
-                skipped[settled.reason] = skipped.get(settled.reason, 0) + 1
+                tally[settled.reason] = tally.get(settled.reason, 0) + 1
                 n_skipped += 1
                 if n_skipped >= MAX_BATCH_ITEMS:
                     break  # a long settled stretch: hand it over, so progress moves
@@ -101,10 +101,8 @@ class BatchReader:
         self.stats.repeats = self.source.repeats
         self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
         failed = self._count(prompts)
-        tallies: list[Prompt | BadRow | Skipped] = [Skipped(reason, n) for reason, n in skipped.items()]
-        return tallies + [
-            BadRow(x.line, failed[id(x)], x.id) if isinstance(x, Prompt) and id(x) in failed else x for x in out
-        ]
+        counted = [BadRow(x.line, failed[id(x)], x.id) if id(x) in failed else x for x in out]
+        return [*(Skipped(reason, n) for reason, n in tally.items()), *counted]
 
     def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
         if isinstance(item, Skipped):

@@ -75,6 +75,16 @@ def peek_key(raw: bytes) -> tuple[RowId, int] | None:
         return None
 
 
+def parsed_id(raw: bytes) -> RowId | None:
+    """The id of a JSON-object line, parsing it in full; None when the line is not one or has no usable id."""
+    try:
+        row = orjson.loads(raw)
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
+        return None
+    rid = row.get("id") if isinstance(row, dict) else None
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
+
+
 def peek_id(raw: bytes) -> RowId | None:
     """The id of a row whose first key is a plain "id", without parsing the row; None otherwise."""
     m = _LEADING_ID.match(raw)

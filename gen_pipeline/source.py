@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from .donekeys import KeyMap
-from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, peek_key
+from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, parsed_id, peek_key
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling"})
@@ -103,16 +103,6 @@ def parse_row(raw: bytes, line: int) -> Prompt:
     meta = {k: v for k, v in row.items() if k not in _KNOWN}
     derived = row.get("id") is None
     return Prompt(_row_id(row, messages), line, messages, max_tokens, sampling, meta, derived_id=derived)
-
-
-def _raw_id(raw: bytes) -> RowId | None:
-    """The id of an invalid row when it can still be read, for the ledger."""
-    try:
-        row = orjson.loads(raw)
-    except (orjson.JSONDecodeError, UnicodeDecodeError):
-        return None
-    rid = row.get("id") if isinstance(row, dict) else None
-    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
 def _exact_digest(prompt: Prompt) -> int:
@@ -220,7 +210,7 @@ class PromptSource:
         try:
             prompt = parse_row(raw, line)
         except RowError as exc:
-            bad_id = _raw_id(raw)
+            bad_id = parsed_id(raw)  # the id of an invalid row, when it can still be read, for the ledger
             mine = self.mine is None or self.mine(line if bad_id is None else id_key(bad_id))
             return BadRow(line, str(exc), bad_id) if mine else None
         key = prompt.key
