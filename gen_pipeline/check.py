@@ -283,7 +283,7 @@ def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: Resu
     plan, stats = Plan(), RunStats()
     reader = BatchReader(config, counter, resume, stats)
     last_log = time.monotonic()
-    while batch := reader.next_batch():
+    while batch := reader.next_batch()[0]:
         for item in batch:
             _plan_item(plan, item, config, ctx)
         if time.monotonic() - last_log > PLAN_LOG_INTERVAL:

@@ -17,10 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from . import __version__, health
+from . import __version__, cursor, health
 from .balancer import ServerPool, ServerState
 from .client import Client, make_session
 from .config import RunConfig
+from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
 from .errors import ConfigError, OutputError, PipelineError
 from .fleet import FleetInfo, discover
 from .progress import Progress, RunStats, format_summary, snapshot
@@ -64,11 +65,25 @@ class Outcome:
 
 
 class BatchReader:
-    """Reads, validates, resume-filters and counts rows a batch at a time, in a worker thread."""
+    """Reads, validates, resume-filters and counts rows a batch at a time, in a worker thread.
 
-    def __init__(self, config: RunConfig, counter: TokenCounter, resume: ResumeState, stats: RunStats) -> None:
+    With a `resumed` input cursor it starts at the cursor's mark, handing over the rows before it as
+    one tally per reason.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        counter: TokenCounter,
+        resume: ResumeState,
+        stats: RunStats,
+        resumed: Resumed | None = None,
+    ) -> None:
         mine = config.mine if config.shard else None
-        self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine)
+        start = resumed.start if resumed else None
+        self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
+        self.carried = dict(resumed.tallies) if resumed else {}
+        self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
         self.items: Iterator[Prompt | BadRow | Skipped] = iter(self.source)
         self.counter = counter
         self.resume = resume
@@ -78,12 +93,13 @@ class BatchReader:
         self.size = config.input.stat().st_size
         self.stats = stats
 
-    def next_batch(self) -> list[Prompt | BadRow | Skipped]:
+    def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
         """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
-        counting the rows skipped on the way (a resume skips 650k rows without handing over each)."""
+        counting the rows skipped on the way (a resume skips 650k rows without handing over each); and
+        the input position after them."""
         out: list[Prompt | BadRow] = []
         prompts: list[Prompt] = []
-        tally: dict[str, int] = {}
+        tally, self.carried = self.carried, {}
         n_skipped = 0
         for item in self.items:
             settled = self._settle(item)
@@ -101,17 +117,25 @@ class BatchReader:
         self.stats.repeats = self.source.repeats
         self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
         failed = self._count(prompts)
-        counted = [BadRow(x.line, failed[id(x)], x.id) if id(x) in failed else x for x in out]
-        return [*(Skipped(reason, n) for reason, n in tally.items()), *counted]
+        counted: list[Prompt | BadRow | Skipped] = []
+        for x in out:
+            if id(x) in failed:
+                assert isinstance(x, Prompt)
+                self.source.note_bad(x.line, x.key)
+                bad = self._settle(BadRow(x.line, failed[id(x)], x.id))
+                if isinstance(bad, Skipped):  # ledgered by an earlier run: not written twice
+                    tally[bad.reason] = tally.get(bad.reason, 0) + 1
+                    continue
+                x = bad
+            counted.append(x)
+        return [*(Skipped(reason, n) for reason, n in tally.items()), *counted], mark_of(self.source)
 
     def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
-        if isinstance(item, Skipped):
-            return item
+        """A bad row an earlier run already ledgered is skipped (the source skips settled ids itself)."""
         if isinstance(item, BadRow):
             seen = (self.name, item.line) in self.resume.bad_lines
             return skipped("bad_input") if seen and "bad_input" not in self.retry else item
-        reason = self.resume.settled(item.key, self.retry)
-        return skipped(reason) if reason else item
+        return item
 
     def _count(self, prompts: list[Prompt]) -> dict[int, str]:
         """Set each prompt's input_tokens; return why counting failed, by id() of the prompt."""
@@ -136,7 +160,10 @@ class Runner:
     writer: RunWriter
     resume: ResumeState
     stats: RunStats
+    reader: BatchReader
+    keeper: CursorKeeper | None = None  # None: no input cursor is written (a worker of check, tests)
     client: Client | None = None
+    tracker: MarkTracker = field(default_factory=MarkTracker)
     warnings: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str = ""
@@ -188,18 +215,19 @@ class Runner:
 
     async def _produce(self, queue: asyncio.Queue[Prompt | None], workers: int) -> None:
         loop = asyncio.get_running_loop()
-        reader = BatchReader(self.config, self.counter, self.resume, self.stats)
         with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
             while not self.stopping.is_set():
-                batch = await loop.run_in_executor(pool, reader.next_batch)
-                if not batch:
-                    break
+                batch, end = await loop.run_in_executor(pool, self.reader.next_batch)
+                record = self.tracker.batch(end, [p.line for p in batch if isinstance(p, Prompt)])
                 for item in batch:
                     if isinstance(item, Prompt):
                         self.stats.read += 1
                         await queue.put(item)
                     else:
                         self._settle_item(item)
+                self.tracker.sealed(record)
+                if not batch:
+                    break
         for _ in range(workers):
             await queue.put(None)
 
@@ -233,12 +261,18 @@ class Runner:
             # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
             budget = self._budget(prompt)
             if budget is None:
+                self.tracker.settled(prompt.line)
                 continue
             outcome = await self.path.generate_one(prompt, budget)
             if isinstance(outcome, Failure):
                 self._record_failure(outcome)
+                transient = outcome.reason in TRANSIENT_REASONS
+                if transient:
+                    self.reader.source.logging = False  # the input cursor stops short of this row
+                self.tracker.settled(prompt.line, ok=not transient)
                 continue
             self._write(self.writer.write_completion, outcome)
+            self.tracker.settled(prompt.line)
             self.stats.completed += 1
             self.stats.input_tokens += outcome.input_tokens
             self.stats.output_tokens += outcome.completion_tokens or 0
@@ -260,6 +294,11 @@ class Runner:
             self.request_stop(str(exc), EXIT_OUTPUT)
             raise
 
+    def save_cursor(self) -> None:
+        """Record how far the input is settled (the next run starts reading there)."""
+        if self.keeper is not None and self.fatal is None:
+            self.keeper.save(self.tracker.mark, self.reader.source)
+
     def write_status(self, state: str) -> None:
         """Replace status.json with a snapshot (a failure to write it never stops the run)."""
         with contextlib.suppress(OutputError):
@@ -274,6 +313,8 @@ class Runner:
                 if time.monotonic() - last_status >= STATUS_INTERVAL:
                     last_status = time.monotonic()
                     self.write_status("stopping" if self.stopping.is_set() else "running")
+                if self.keeper is not None and self.keeper.due():
+                    self.save_cursor()
                 outage = self.pool.outage_seconds()
                 up = f"servers up {len(self.pool.healthy())}/{len(self.pool.servers)}"
                 extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
@@ -355,6 +396,7 @@ def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]
         "skipped": dict(s.skipped),
         "failed": dict(s.failed),
         "repeats_dropped": s.repeats,
+        "input_cursor": runner.reader.started,
         "requests": s.requests,
         "input_tokens": s.input_tokens,
         "output_tokens": s.output_tokens,
@@ -452,18 +494,27 @@ def resume_state(config: RunConfig) -> ResumeState:
     return scan(config.out, repair=False, mine=config.mine if worker else None)
 
 
+def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
+    """What earlier runs settled, and the input cursor when it still holds (where reading starts)."""
+    state = resume_state(config)
+    return state, cursor.load(config.out, config.input, config.shard, config.retry_failed, state)
+
+
 async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter | None) -> Outcome:
-    fleet, model, ctx, counter, resume = await settle_manifest(config, client, counter, lambda: resume_state(config))
-    assert resume is not None
+    fleet, model, ctx, counter, point = await settle_manifest(config, client, counter, lambda: resume_point(config))
+    assert point is not None
+    resume, resumed = point
     if config.shard is None and (torn := repair_all(config.out)):
-        resume = resume_state(config)  # the scan read the torn tail as a corrupt line; read again without it
+        resume, resumed = resume_point(config)  # the scan read the torn tail as a corrupt line: again without it
         resume.torn_bytes = torn
     pool = build_pool(config, fleet)
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
     found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
     writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
-    runner = Runner(config, counter, path, pool, writer, resume, stats, client=client)
+    reader = BatchReader(config, counter, resume, stats, resumed)
+    keeper = cursor.CursorKeeper(config.out, config.input, config.shard, resumed)
+    runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
     if resume.torn_bytes:
@@ -475,6 +526,7 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
         pass  # recorded in runner.fatal; what is on disk stays valid
     finally:
         writer.close()
+        runner.save_cursor()
     if (warning := _drift_warning(stats)) is not None:
         runner.warnings.append(warning)
     exit_code = _exit_code(runner)

@@ -1,16 +1,18 @@
 """Streaming the prompts JSONL: validate each row, give it an id, drop exact repeats.
 
-Every line yields a `Prompt` or a `BadRow`; nothing is silently lost. Memory holds one 8-byte digest of the
-exact messages per distinct id (for repeat and conflict detection), never the rows themselves.
+Every line yields a `Prompt` or a `BadRow` (or a Skipped tally on resume); nothing is silently lost. Memory
+holds the byte offset of the first row of each distinct id (for repeat and conflict detection), never the
+rows themselves.
 """
 
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import orjson
 
@@ -105,14 +107,19 @@ def parse_row(raw: bytes, line: int) -> Prompt:
     return Prompt(_row_id(row, messages), line, messages, max_tokens, sampling, meta, derived_id=derived)
 
 
-def _exact_digest(prompt: Prompt) -> int:
-    """What "the same content" means for a repeated id: the exact messages.
-
-    A derived id already is the hash of the normalized messages, so its repeats always match.
-    """
-    if prompt.derived_id:
-        return 0
-    return int.from_bytes(hashlib.blake2b(orjson.dumps(prompt.messages), digest_size=8).digest(), "little")
+def same_content(a: bytes, b: bytes) -> bool:
+    """Whether two lines with the same id are one row ("a repeat"): the same bytes, or the same JSON
+    object (key order and spacing aside). An id-less row's id is its normalized messages, so two such
+    rows with one id always are. Only called for rows whose id came before (rare)."""
+    if a == b:
+        return True
+    try:
+        x, y = orjson.loads(a), orjson.loads(b)
+    except orjson.JSONDecodeError:
+        return False
+    if isinstance(x, dict) and isinstance(y, dict) and x.get("id") is None and y.get("id") is None:
+        return True  # the same derived id: the same normalized messages
+    return bool(x == y)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +146,6 @@ class Settled(Protocol):
 
     def visit(self, key: int, offset: int) -> tuple[str | None, int | None]: ...
 
-    def skipped_at(self, key: int) -> int | None: ...
-
 
 class DictSettled:
     """`Settled` from a plain function of the key, remembering offsets in a dict (tests, small inputs)."""
@@ -158,16 +163,34 @@ class DictSettled:
             self.offsets[key] = offset
         return reason, None
 
-    def skipped_at(self, key: int) -> int | None:
-        return self.offsets.get(key)
+
+class Prior(Protocol):
+    """The ids an input cursor's prefix holds: key -> offset of the row that owns it."""
+
+    def get(self, key: int) -> int | None: ...
+
+
+@dataclass
+class Start:
+    """Where a pass begins: the top of the file, or an input cursor's mark (see `cursor`)."""
+
+    offset: int = 0
+    line: int = 0
+    repeats: int = 0
+    hasher: Any = None  # hashlib.sha256 of the bytes before `offset`
+    prior: Prior | None = None
 
 
 class PromptSource:
-    """Iterates a prompts file as Prompt and BadRow items; repeats of an id are handled here.
+    """Iterates a prompts file as Prompt, BadRow and Skipped items; repeats of an id are handled here.
 
-    `settled(key)` (the resume state) names rows earlier runs finished; those whose id can be read off
-    the start of the line are skipped without being parsed, which makes resuming a 650k-row file fast.
-    A later row with such an id is a repeat when its line is byte-identical, else a conflict.
+    The first row with an id owns it (valid or not); a later row with that id is a repeat (dropped) when
+    `same_content`, else a conflict (a BadRow). Each owner is remembered by its byte offset, in
+    `settled` (the resume state: rows earlier runs settled, skipped without being parsed when their id
+    leads the line) or in `seen`, so the answer never depends on what earlier runs did.
+
+    For the input cursor, a pass keeps a SHA-256 of the bytes read and a log of the owners it met,
+    (key, offset) pairs in file order; it can `start` after a cursor's prefix, whose owners are `prior`.
     """
 
     def __init__(
@@ -175,65 +198,109 @@ class PromptSource:
         path: Path,
         settled: Settled | Callable[[int], str | None] | None = None,
         mine: Callable[[int], bool] | None = None,
+        start: Start | None = None,
     ) -> None:
         self.path = path
         self.settled: Settled | None = DictSettled(settled) if callable(settled) else settled
         self.mine = mine  # a worker's filter: called with the id key, or the line number of a row without id
-        self.seen = KeyMap()  # id key -> digest of the exact messages, ~17 bytes a row
-        self.repeats = 0
-        self.bytes_read = 0
+        start = start or Start()
+        self.start = start.offset
+        self.prior = start.prior
+        self.hasher = start.hasher if start.hasher is not None else hashlib.sha256()
+        self.seen = KeyMap()  # id key -> offset of the row that owns it, ~20 bytes a row
+        self.repeats = start.repeats
+        self.bytes_read = start.offset
+        self.lines = start.line
+        self.log = array("Q")  # (key, offset) of each owner met, in file order; the cursor drains it
+        self.bad_log = array("Q")  # (line, key when the row owns its id else 0) of each bad row
+        self.owned = self.bad_count = 0  # pairs logged by this pass
+        self.logging = True  # off once the cursor cannot move further in this run
+        self._reader: BinaryIO | None = None
 
     def __iter__(self) -> Iterator[Prompt | BadRow | Skipped]:
         with self.path.open("rb") as f:
-            for line, raw in enumerate(f, start=1):
+            f.seek(self.start)
+            for raw in f:
                 offset = self.bytes_read
                 self.bytes_read += len(raw)
+                self.lines += 1
+                self.hasher.update(raw)
                 raw = raw.rstrip(b"\r\n")
                 if not raw or raw.isspace():
                     continue  # blank lines are not rows
-                item = self._item(raw, line, offset)
+                item = self._item(raw, self.lines, offset)
                 if item is not None:
                     yield item
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def _item(self, raw: bytes, line: int, offset: int) -> Prompt | BadRow | Skipped | None:
-        peeked = peek_key(raw) if self.settled is not None or self.mine is not None else None
-        if peeked is not None:
+        prompt = error = None
+        peeked = peek_key(raw)
+        if peeked is None:
+            try:
+                prompt = parse_row(raw, line)
+                rid, key = prompt.id, prompt.key
+            except RowError as exc:
+                error, bad_id = str(exc), parsed_id(raw)  # the id of an invalid row, when it can still be read
+                rid, key = (bad_id, id_key(bad_id)) if bad_id is not None else (None, None)  # type: ignore[assignment]
+        else:
             rid, key = peeked
-            if self.mine is not None and not self.mine(key):
-                return None  # another worker's row
-            if self.settled is not None and key not in self.seen:
-                reason, before = self.settled.visit(key, offset)
-                if before is not None:
-                    return self._again(self._line_at(before) == raw, rid, line)
-                if reason is not None:
-                    return skipped(reason)
-        try:
-            prompt = parse_row(raw, line)
-        except RowError as exc:
-            bad_id = parsed_id(raw)  # the id of an invalid row, when it can still be read, for the ledger
-            mine = self.mine is None or self.mine(line if bad_id is None else id_key(bad_id))
-            return BadRow(line, str(exc), bad_id) if mine else None
-        key = prompt.key
-        if self.mine is not None and not self.mine(key):
-            return None
-        before = self.settled.skipped_at(key) if self.settled is not None else None
-        if before is not None:
-            return self._again(self._line_at(before) == raw, prompt.id, line)
-        digest = _exact_digest(prompt)
-        first = self.seen.first(key, digest)
-        if first is None:
+        if self.mine is not None and not self.mine(line if key is None else key):
+            return None  # another worker's row
+        if key is not None:
+            owner, reason = self._owner(key, offset)
+            if owner is not None:
+                return self._again(raw, owner, rid, line)
+            if reason is not None:
+                return skipped(reason)  # settled by an earlier run: not even parsed when the id leads
+        if prompt is None and error is None:
+            try:
+                prompt = parse_row(raw, line)
+            except RowError as exc:
+                error = str(exc)
+        if error is None:
             return prompt
-        return self._again(first == digest, prompt.id, line)
+        self.note_bad(line, key or 0)
+        return BadRow(line, error, rid)
+
+    def note_bad(self, line: int, key: int = 0) -> None:
+        """Log a bad row for the cursor: its line, and its id key when it owns that id."""
+        if self.logging:
+            self.bad_log.append(line)
+            self.bad_log.append(key)
+            self.bad_count += 1
+
+    def _owner(self, key: int, offset: int) -> tuple[int | None, str | None]:
+        """(offset of the row that owns this id, or None when this row is its first), and why that first
+        row is settled. A first row is remembered as the owner."""
+        if self.prior is not None and (owner := self.prior.get(key)) is not None:
+            return owner, None
+        reason = None
+        if self.settled is not None:
+            reason, owner = self.settled.visit(key, offset)
+            if owner is not None:
+                return owner, None
+        if reason is None and (owner := self.seen.first(key, offset)) is not None:
+            return owner, None
+        if self.logging:
+            self.log.append(key)
+            self.log.append(offset)
+            self.owned += 1
+        return None, reason
 
     def _line_at(self, offset: int) -> bytes:
-        """The line at `offset` again (only for the rare repeat of a row skipped unparsed)."""
-        with self.path.open("rb") as f:
-            f.seek(offset)
-            return f.readline().rstrip(b"\r\n")
+        """The line at `offset` again (only for the rare row whose id came before)."""
+        if self._reader is None:
+            self._reader = self.path.open("rb")
+        self._reader.seek(offset)
+        return self._reader.readline().rstrip(b"\r\n")
 
-    def _again(self, same: bool, rid: RowId, line: int) -> BadRow | None:
+    def _again(self, raw: bytes, owner: int, rid: RowId | None, line: int) -> BadRow | None:
         """A row whose id came before: a repeat (processed once) or a conflict (bad_input)."""
-        if same:
+        if same_content(raw, self._line_at(owner)):
             self.repeats += 1
             return None
+        self.note_bad(line)
         return BadRow(line, f"id {rid!r} was seen before with different content", rid)

@@ -85,10 +85,10 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
 
 
 class SettledRows:
-    """One pass over the input against the resume state: is this id settled, and was it met before?
+    """One pass over the input against the resume state: is this id settled, and which row owns it?
 
-    `visit` answers both with one lookup and remembers where the row stood, so a later repeat (same
-    line) can be told from a conflict (other content): 8 bytes per done id, in an array beside the
+    `visit` answers both with one lookup and remembers where the first row with a settled id stood, so
+    a later row with that id can be compared with it: 8 bytes per done id, in an array beside the
     KeySet (a dict of offsets took ~80 bytes a row, 50 MB at 650k rows).
     """
 
@@ -98,8 +98,8 @@ class SettledRows:
         self.other: dict[int, int] = {}  # ids settled by a permanent ledger reason (few)
 
     def visit(self, key: int, offset: int) -> tuple[str | None, int | None]:
-        """(why the row is settled or None, where the same id was skipped before or None); a settled
-        row met for the first time is remembered at `offset`."""
+        """(why the id is settled or None, the offset of the row that owns it or None); the first row
+        with a settled id becomes its owner."""
         i = self.state.done.position(key)
         if i >= 0:
             before = self.offsets[i]
@@ -114,13 +114,6 @@ class SettledRows:
         if before_other is None:
             self.other[key] = offset
         return reason, before_other
-
-    def skipped_at(self, key: int) -> int | None:
-        """Where a row with this id was skipped unparsed in this pass, if it was."""
-        i = self.state.done.position(key)
-        if i >= 0:
-            return self.offsets[i] - 1 if self.offsets[i] else None
-        return self.other.get(key)
 
 
 @dataclass

@@ -64,6 +64,10 @@ def merge_summaries(parts: list[dict[str, Any]], elapsed: float, exit_code: int)
         requests_per_s=round(merged["completed"] / max(elapsed, 1e-9), 2),
         output_tokens_per_s=round(merged["output_tokens"] / max(elapsed, 1e-9), 1),
         learned_offset=max((p.get("learned_offset", 0) for p in parts), default=0),
+        # each worker keeps its own cursor; the merged one is where every worker's reading began
+        input_cursor=min((p["input_cursor"] for p in parts), key=lambda c: c["line"])
+        if parts and all(p.get("input_cursor") for p in parts)
+        else None,
         warnings=sorted({w for p in parts for w in p.get("warnings", [])}),
     )
     return merged

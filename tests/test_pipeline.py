@@ -181,7 +181,7 @@ def test_rows_the_chat_template_refuses_become_bad_input(write_jsonl, tmp_path):
     from gen_pipeline.config import RunConfig
     from gen_pipeline.pipeline import BatchReader
     from gen_pipeline.progress import RunStats
-    from gen_pipeline.source import BadRow
+    from gen_pipeline.source import BadRow, Skipped
     from gen_pipeline.store import ResumeState
 
     class Refusing(FakeCounter):
@@ -194,7 +194,12 @@ def test_rows_the_chat_template_refuses_become_bad_input(write_jsonl, tmp_path):
 
     rows = [{"id": 1, "prompt": "a b c"}, {"id": 2, "prompt": "refuse me"}, {"id": 3, "prompt": "d"}]
     cfg = RunConfig(input=write_jsonl(rows), out=tmp_path / "o")
-    batch = BatchReader(cfg, Refusing(), ResumeState(), RunStats()).next_batch()
+    batch, _ = BatchReader(cfg, Refusing(), ResumeState(), RunStats()).next_batch()
     assert [type(x).__name__ for x in batch] == ["Prompt", "BadRow", "Prompt"]
     assert isinstance(batch[1], BadRow) and batch[1].detail == "template says no" and batch[1].line == 2
     assert batch[0].input_tokens == 8 and batch[2].input_tokens == 6
+    # the next run: the refusal is in the ledger, so the row is skipped, not ledgered a second time
+    ledgered = ResumeState(bad_lines={(cfg.input.name, 2)})
+    again, _ = BatchReader(cfg, Refusing(), ledgered, RunStats()).next_batch()
+    assert [type(x).__name__ for x in again] == ["Skipped", "Prompt", "Prompt"]
+    assert again[0] == Skipped("bad_input")

@@ -119,6 +119,26 @@ def test_settled_rows_are_skipped_without_parsing(write_jsonl):
     assert items[0] == Skipped("done")
 
 
+@pytest.mark.parametrize("settled", [(), ("a",), ("a", "b")])
+def test_repeat_or_conflict_does_not_depend_on_the_resume_state(write_jsonl, settled):
+    """The first row with an id owns it, valid or not; a later row is a repeat when it is the same JSON
+    object, whether or not the owner was settled (and so skipped unparsed) by an earlier run."""
+    from gen_pipeline.records import id_key
+
+    rows = [
+        {"id": "a", "prompt": "x", "tag": 1},
+        b'{"id": "b", "prompt": }',  # broken, but its id can be read: it owns "b"
+        {"id": "b", "prompt": "valid"},  # a conflict with the broken owner
+        {"tag": 1, "prompt": "x", "id": "a"},  # the same object: a repeat
+        {"id": "a", "prompt": "x"},  # a field less: a conflict
+    ]
+    keys = {id_key(x) for x in settled}
+    source = PromptSource(write_jsonl(rows), lambda key: "done" if key in keys else None)
+    later = [(type(i).__name__, i.line) for i in source if getattr(i, "line", 0) > 2]
+    assert later == [("BadRow", 3), ("BadRow", 5)]
+    assert source.repeats == 1
+
+
 def test_repeats_of_rows_skipped_unparsed(write_jsonl):
     """After a row is skipped by its id, an identical line is a repeat and a different one a conflict."""
     from gen_pipeline.records import id_key
@@ -146,7 +166,8 @@ def test_repeats_of_settled_rows_with_the_compact_resume_state(write_jsonl, memo
         {"id": "a", "prompt": "x"},  # the same line again: a repeat
         {"id": 5, "prompt": "FIVE"},  # other content under a done id: a conflict
         {"id": "f", "prompt": "long"},  # repeat of a ledger-settled row
-        {"prompt": "x", "id": "a"},  # id not first (parsed), other bytes: a conflict
+        {"prompt": "y", "id": "a"},  # id not first (parsed), other content: a conflict
+        {"prompt": "x", "id": "a"},  # the same object, keys in another order: a repeat
     ]
     plain = lambda key: state.settled(key, frozenset())  # noqa: E731
     source = PromptSource(write_jsonl(rows), state.rows(frozenset()) if memo == "compact" else plain)
@@ -159,7 +180,7 @@ def test_repeats_of_settled_rows_with_the_compact_resume_state(write_jsonl, memo
         ("BadRow", 6),
         ("BadRow", 8),
     ]
-    assert source.repeats == 2
+    assert source.repeats == 3
 
 
 @pytest.mark.parametrize("rid", ["a", "café-ü-你好", "0", 0, 7, -12, 10**18, "with space", "🙂"])
