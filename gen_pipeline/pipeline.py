@@ -161,7 +161,7 @@ class Runner:
     resume: ResumeState
     stats: RunStats
     reader: BatchReader
-    keeper: CursorKeeper | None = None  # None: no input cursor is written (a worker of check, tests)
+    keeper: CursorKeeper | None = None  # None: no input cursor is written
     client: Client | None = None
     tracker: MarkTracker = field(default_factory=MarkTracker)
     warnings: list[str] = field(default_factory=list)
