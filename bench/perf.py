@@ -14,8 +14,9 @@ Then: tokenize + budget rate (prompts/s, in-process, batches of 256); the event 
 while a worker thread counts 256 long prompts (~4,000-8,000 tokens each), beside the same loop idle; and
 resume-ready time and peak RSS on the big input (bench/inputs.py: 654,676 Infinity-Instruct-shaped rows,
 ~390 MB) whose output already holds all but 1,000 rows (start to the first new line written).
-The resume is measured twice: cold (output written by the bench, no index), then after appending 1,000 new
-rows to the input (the index written by the first resume exists: a nightly run or a resume after a crash).
+The resume is measured twice: cold (output written by the bench: no index, no input cursor), then after
+appending 1,000 new rows to the input (the output index and the input cursor written by the first resume
+exist, as for a nightly run or a resume after a crash).
 --big-full adds a full run over the whole big input (wall, req/s, CPU ms/req, peak RSS against the
 issue's target: <= 300 MB and <= +100 MB over the 20k-row run). It takes 15-25 minutes on 2 cores.
 The bare script counts nothing, budgets nothing, keeps no ledger and cannot resume.
@@ -219,7 +220,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         r["ours2"] = timed(generate_cmd(short, tmp / "ours2", servers, "--workers", "2"))
         if big and not args.skip_big:
             r["resume"] = big_resume(big[0], big[1], servers)
-            # the next day's run: 1,000 new rows appended; the output's index now exists (written by the run)
+            # the next day's run: 1,000 new rows appended; the output's index and the input cursor now exist
             with big[0].open("ab") as f:
                 f.writelines(orjson.dumps({**row, "id": f"new-{row['id']}"}) + b"\n" for row in short_rows(1000))
             r["resume_warm"] = big_resume(big[0], big[1], servers)
@@ -272,12 +273,13 @@ def report_big(args: argparse.Namespace, r: dict[str, Any], ours: dict[str, floa
         big = r["resume"]
         print(
             f"resume at {args.big_rows:,} rows ({big['files_mb']:.0f} MB input + output): first new line after "
-            f"{big['ready_s']:.2f} s, peak RSS {big['rss_mb']:.0f} MB (output written by the bench: no index)"
+            f"{big['ready_s']:.2f} s, peak RSS {big['rss_mb']:.0f} MB "
+            "(output written by the bench: no index, no cursor)"
         )
         warm = r["resume_warm"]
         print(
-            f"again with 1,000 new rows appended to the input (output index written by that run): first new line "
-            f"after {warm['ready_s']:.2f} s, peak RSS {warm['rss_mb']:.0f} MB"
+            "again with 1,000 new rows appended to the input (index and input cursor written by that run): "
+            f"first new line after {warm['ready_s']:.2f} s, peak RSS {warm['rss_mb']:.0f} MB"
         )
     if "full" in r:
         full, rows = r["full"], args.big_rows
