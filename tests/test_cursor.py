@@ -309,3 +309,33 @@ def test_cursors_chained_over_runs_and_saves(tmp_path, seed):
     got_tally, got_work = view(list(cur), state)
     got_tally.update(resumed.tallies)
     assert (got_work, +got_tally) == (want_work, +want_tally)
+
+
+def test_the_cursor_is_saved_while_the_run_goes_on(write_jsonl, tmp_path, monkeypatch):
+    """Saved on an interval, not only at the end: the first resume after a crash starts near where the
+    run was, not at the top."""
+    import asyncio
+
+    from e2e import run_against_sim
+
+    monkeypatch.setattr(cursor, "INDEX_EVERY", 0.3)
+    rows = prompts(300)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    file = cursor.cursor_path(out, path, None)
+    seen_lines: list[int] = []
+
+    async def watch() -> Any:
+        run = asyncio.create_task(
+            run_against_sim(path, out, {"token_latency": 0.004, "n_ports": 2}, tokenize_batch=16, concurrency=8)
+        )
+        while not run.done():
+            if file.exists():
+                seen_lines.append(orjson.loads(file.read_bytes().split(b"\n")[0])["line"])
+            await asyncio.sleep(0.1)
+        return await run
+
+    outcome, _ = asyncio.run(asyncio.wait_for(watch(), 60))
+    assert outcome.exit_code == 0
+    during = [n for n in seen_lines if n < len(rows)]
+    assert len(set(during)) >= 2, seen_lines  # it moved while the run was going
+    assert orjson.loads(file.read_bytes().split(b"\n")[0])["line"] == len(rows)
