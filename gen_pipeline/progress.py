@@ -136,6 +136,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"over {summary['elapsed_s']} s",
         f"finish_reason {summary['finish_reasons']}",
     ]
+    if cursor := summary.get("input_cursor"):
+        lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")
     drift = summary["token_drift"]
     lines.append(f"token count drift: {drift['differed']} of {drift['compared']} rows differed")
     if summary.get("learned_offset"):

@@ -15,6 +15,7 @@ from e2e import check_invariant, prompts, read_jsonl, run_sim
 from gen_pipeline import cursor
 from gen_pipeline.cursor import CursorKeeper, MarkTracker, mark_of
 from gen_pipeline.donekeys import KeySet
+from gen_pipeline.progress import format_summary
 from gen_pipeline.source import BadRow, PromptSource, Skipped
 from gen_pipeline.store import ResumeState
 
@@ -247,6 +248,7 @@ def test_resume_from_the_cursor_end_to_end(write_jsonl, tmp_path):
     write_rows(path, [*prompts(10, start=60), prompts(1)[0], {"id": 5, "prompt": "another conflict"}], "ab")
     second, fleet = run_sim(path, out)
     assert second.summary["input_cursor"]["line"] == len(rows)
+    assert f"input read from line {len(rows) + 1} (the input cursor" in format_summary(second.summary)
     assert second.summary["completed"] == 10 and second.summary["failed"] == {"bad_input": 1}
     assert second.summary["skipped"] == {"done": 60, "bad_input": 2}
     assert second.summary["repeats_dropped"] == 2
