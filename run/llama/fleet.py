@@ -143,6 +143,15 @@ class Server:
         return st is not None and st == self.start_time
 
 
+def _reap(pid: int) -> None:
+    """Forget our child `pid`, collecting its exit status first. `alive()` reports a zombie as gone before
+    it is reaped; dropping its Popen then leaves a zombie and a ResourceWarning when it is collected."""
+    proc = _CHILDREN.pop(pid, None)
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
 def _save_state(run_dir: Path, servers: list[Server]) -> None:
     tmp = run_dir / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps([asdict(s) for s in servers], indent=2) + "\n")
@@ -280,7 +289,7 @@ def stop_fleet(run_dir: str | Path, *, timeout: float = 10.0, log: Callable[[str
     for s in servers:
         if s not in left:
             Path(s.pid_file).unlink(missing_ok=True)
-            _CHILDREN.pop(s.pid, None)
+            _reap(s.pid)
     if not left:
         (run_dir / STATE_FILE).unlink(missing_ok=True)
     msg = f"stopped {len(live) - len(left)} llama-server(s) in {run_dir}"
