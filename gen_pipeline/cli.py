@@ -10,6 +10,7 @@ a resumable directory: run the same command again.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import logging
 import os
@@ -242,8 +243,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# glibc gives each thread that allocates its own malloc arena; the tokenizer thread and the Rust encode
+# threads fragment theirs under long prompts (RSS +90 MB over a 654k-row run). Two arenas keep it flat.
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
+def limit_malloc_arenas() -> bool:
+    """Cap glibc's malloc arenas for this process (before threads start); True when applied. A user's
+    MALLOC_ARENA_MAX wins; other C libraries are left alone."""
+    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, MALLOC_ARENAS))
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gen-pipeline` command."""
+    limit_malloc_arenas()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     # A file-size limit (ulimit -f) then fails the write with EFBIG, which we report and survive,
     # instead of killing the process mid-line.

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -116,3 +120,48 @@ def test_ctrl_c_exits_130_resumable_then_completes(write_jsonl, tmp_path):
         again = run_generate(path, out, servers, timeout=120)
     assert again.returncode == 0, again.stderr
     assert check_invariant([r["id"] for r in rows], out) == {"done": 300, "ledger": 0}
+
+
+ARENA_PROBE = """
+import ctypes, sys, tempfile, threading
+from gen_pipeline.cli import limit_malloc_arenas
+applied = limit_malloc_arenas() if sys.argv[1] == "limit" else False
+def churn():
+    keep = [bytearray(40_000) for _ in range(200)]  # under the mmap threshold: from this thread's arena
+    del keep
+threads = [threading.Thread(target=churn) for _ in range(16)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+path = tempfile.mktemp()
+fp = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(fp))
+libc.fclose(ctypes.c_void_p(fp))
+print(applied, open(path).read().count("<heap nr="))
+"""
+
+
+def _heaps(mode: str, **env: str) -> tuple[str, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", ARENA_PROBE, mode], env={**os.environ, **env}, capture_output=True, text=True, check=True
+    )
+    applied, heaps = done.stdout.split()
+    return applied, int(heaps)
+
+
+def test_malloc_arenas_are_capped_unless_the_user_sets_them():
+    """16 threads allocating get their own glibc arenas, unless the cap is applied; MALLOC_ARENA_MAX wins."""
+    from gen_pipeline.cli import MALLOC_ARENAS
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_info  # noqa: B018
+    except (OSError, AttributeError):
+        pytest.skip("not glibc")
+    _, free = _heaps("none")
+    if free <= MALLOC_ARENAS:
+        pytest.skip(f"this machine made only {free} arenas without a cap: nothing to tell apart")
+    applied, capped = _heaps("limit")
+    assert applied == "True" and capped <= MALLOC_ARENAS < free
+    applied, _ = _heaps("limit", MALLOC_ARENA_MAX="8")
+    assert applied == "False"
