@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import orjson
 
-from .donekeys import INDEX_DIR, INDEX_EVERY, KeySet
+from .donekeys import INDEX_DIR, INDEX_EVERY, KeyMap
 from .source import PromptSource, Start
 from .store import ResumeState
 
@@ -56,18 +56,6 @@ class Mark:
 def mark_of(source: PromptSource) -> Mark:
     """Where `source` stands now (call it from the thread that iterates it)."""
     return Mark(source.bytes_read, source.lines, source.repeats, source.owned, source.bad_count, source.hasher.copy())
-
-
-class Owners:
-    """A cursor's owners, sorted by key: `get(key)` is the offset of the row that owns the id (source.Prior)."""
-
-    def __init__(self, keys: array[int], offsets: array[int]) -> None:
-        self.keys = KeySet(keys, presorted=True)
-        self.offsets = offsets
-
-    def get(self, key: int) -> int | None:
-        i = self.keys.position(key)
-        return self.offsets[i] if i >= 0 else None
 
 
 @dataclass
@@ -153,7 +141,7 @@ def load(
 
 def _check(
     pairs: array[int], n_owners: int, source: str, retry: frozenset[str], state: ResumeState
-) -> tuple[dict[str, int], Owners] | None:
+) -> tuple[dict[str, int], KeyMap] | None:
     """(rows before the mark by reason, the owners sorted by key) when all of them are still settled.
     `pairs`: the owners' (key, offset), then the bad rows' (line, key)."""
     import numpy as np  # only here: sorting and matching 650k keys takes 0.3 s, 3 s in Python
@@ -184,7 +172,7 @@ def _check(
     sorted_keys, sorted_offsets = array("Q"), array("Q")
     sorted_keys.frombytes(memoryview(keys).cast("B"))  # one copy, no bytes object in between
     sorted_offsets.frombytes(memoryview(offsets).cast("B"))
-    owners = Owners(sorted_keys, sorted_offsets)
+    owners = KeyMap.from_sorted(sorted_keys, sorted_offsets)  # key -> offset of the row that owns it
     return tallies, owners
 
 

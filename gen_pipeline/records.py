@@ -60,19 +60,24 @@ def key_of(id_bytes: bytes) -> int:
 _LEADING_ID = re.compile(rb'\{"id":\s*(?:"([^"\\]*)"|(-?[1-9]\d*|0))\s*,')
 
 
-def peek_key(raw: bytes) -> tuple[RowId, int] | None:
-    """peek_id and its id_key at once, hashing the id's bytes as they stand in the line (a string id
-    without escapes is its own UTF-8; the regex only takes canonical integers)."""
+def _leading_id(raw: bytes) -> tuple[RowId, bytes] | None:
+    """The id a line starts with, and its bytes as they stand in the line (a string id without escapes is
+    its own UTF-8; the regex only takes canonical integers)."""
     m = _LEADING_ID.match(raw)
     if m is None:
         return None
-    digits = m[2]
-    if digits is not None:
-        return int(digits), key_of(digits)
+    if m[2] is not None:
+        return int(m[2]), m[2]
     try:
-        return m[1].decode("utf-8"), key_of(m[1])
+        return m[1].decode("utf-8"), m[1]
     except UnicodeDecodeError:
         return None
+
+
+def peek_key(raw: bytes) -> tuple[RowId, int] | None:
+    """peek_id and its id_key at once, hashing the id's bytes as they stand in the line."""
+    lead = _leading_id(raw)
+    return (lead[0], key_of(lead[1])) if lead is not None else None
 
 
 def parsed_id(raw: bytes) -> RowId | None:
@@ -87,15 +92,8 @@ def parsed_id(raw: bytes) -> RowId | None:
 
 def peek_id(raw: bytes) -> RowId | None:
     """The id of a row whose first key is a plain "id", without parsing the row; None otherwise."""
-    m = _LEADING_ID.match(raw)
-    if m is None:
-        return None
-    if m[2] is not None:
-        return int(m[2])
-    try:
-        return m[1].decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    lead = _leading_id(raw)
+    return lead[0] if lead is not None else None
 
 
 @dataclass(slots=True)
