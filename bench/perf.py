@@ -7,9 +7,12 @@ max_tokens 64, at most 256 requests in flight (32 per port). Printed, one table:
   - CPU ms/req: the client process's user+sys CPU divided by the rows it completed;
   - req/s: rows / wall time of the client process;
   - peak RSS (MB) of the client process;
+  - sim CPU ms/req: the simulator's user+sys CPU meanwhile (Linux /proc), divided by the same rows;
   - for gen-pipeline only: exact Qwen3 chat-template counting, output and ledger on, as in production.
 `--workers 2` is measured too (CPU and RSS include both workers and the parent), and one more run with
 `--fsync-interval 3600` (no fsync during the run) shows what the default fsync every second costs.
+Each client also runs over 20 rows: that run's CPU is its start-up cost (imports, tokenizer, fleet
+discovery; for `-w 2` a parent and two workers), printed with the CPU per request after it.
 Then: tokenize + budget rate (prompts/s, in-process, batches of 256); the event loop's lag (a 1 ms ticker)
 while a worker thread counts 256 long prompts (~4,000-8,000 tokens each), beside the same loop idle; and
 resume-ready time and peak RSS on the big input (bench/inputs.py: 654,676 Infinity-Instruct-shaped rows,
@@ -50,6 +53,7 @@ QWEN3 = ROOT.parent / "shared" / "tokenizers" / "qwen3"
 TOKENIZER = str(QWEN3) if (QWEN3 / "tokenizer.json").exists() else str(ROOT / "gen_pipeline/data/tiny-tokenizer")
 TICK = 0.001  # the ticker's sleep: a 1 ms dispatch loop
 LONG_BATCH = 256  # the pipeline's default tokenize batch
+TINY_ROWS = 20  # rows of the start-up runs
 RSS_TARGET_MB, RSS_GROWTH_MB = 300, 100  # issue 7: at 654,676 rows, and over the 20k-row run
 
 BARE = r"""
@@ -87,6 +91,24 @@ def timed(cmd: list[str]) -> dict[str, float]:
     if status != 0:
         raise SystemExit(f"{cmd[:4]} failed: {proc.stderr.read().decode()[-2000:] if proc.stderr else status}")
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}
+
+
+def proc_cpu(pid: int) -> float | None:
+    """user+sys CPU seconds of a running process (Linux /proc), None where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_against(sim_pid: int, cmd: list[str]) -> dict[str, Any]:
+    """timed(cmd), plus the CPU the simulator spent meanwhile (None where it cannot be read)."""
+    before = proc_cpu(sim_pid)
+    m: dict[str, Any] = timed(cmd)
+    after = proc_cpu(sim_pid)
+    m["sim_cpu"] = after - before if before is not None and after is not None else None
+    return m
 
 
 def generate_cmd(inp: Path, out: Path, servers: str, *extra: str) -> list[str]:
@@ -208,8 +230,9 @@ def parse_args() -> argparse.Namespace:
 
 def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Every child-process measurement, against one simulated fleet."""
-    short = tmp / "short.jsonl"
+    short, tiny = tmp / "short.jsonl", tmp / "tiny.jsonl"
     write_jsonl(short, short_rows(args.rows))
+    write_jsonl(tiny, short_rows(TINY_ROWS))
     (tmp / "bare.py").write_text(BARE)
     big = write_big(tmp, args.big_rows) if args.big_full or not args.skip_big else None
     ports = free_ports(8)
@@ -217,13 +240,19 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
     sim_flags = ("--max-running", "32", "--tokenizer", TOKENIZER, "--context-length", "32768")
     r: dict[str, Any] = {"big_input": big}
-    with sim_process(ports, *sim_flags):
-        r["bare"] = timed([sys.executable, str(tmp / "bare.py"), str(short), str(tmp / "bare.out"), urls])
-        r["ours"] = timed(generate_cmd(short, tmp / "ours", servers))
+    with sim_process(ports, *sim_flags) as sim:
+        bare = [sys.executable, str(tmp / "bare.py"), str(short), str(tmp / "bare.out"), urls]
+        r["bare"] = timed_against(sim.pid, bare)
+        r["ours"] = timed_against(sim.pid, generate_cmd(short, tmp / "ours", servers))
         # right after the default run, so that both see the same machine
-        r["nofsync"] = timed(generate_cmd(short, tmp / "nofsync", servers, "--fsync-interval", "3600"))
+        nofsync = generate_cmd(short, tmp / "nofsync", servers, "--fsync-interval", "3600")
+        r["nofsync"] = timed_against(sim.pid, nofsync)
         # wait4 counts the workers too: a parent's rusage includes the children it waited for
-        r["ours2"] = timed(generate_cmd(short, tmp / "ours2", servers, "--workers", "2"))
+        r["ours2"] = timed_against(sim.pid, generate_cmd(short, tmp / "ours2", servers, "--workers", "2"))
+        # the same clients over a few rows: their start-up cost, so that the per-request cost after it shows
+        r["bare_tiny"] = timed([*bare[:2], str(tiny), str(tmp / "bare-tiny.out"), urls])
+        r["ours_tiny"] = timed(generate_cmd(tiny, tmp / "ours-tiny", servers))
+        r["ours2_tiny"] = timed(generate_cmd(tiny, tmp / "ours2-tiny", servers, "--workers", "2"))
         if big and not args.skip_big:
             r["resume"] = big_resume(big[0], big[1], servers)
             # the next day's run: 1,000 new rows appended; the output's index and the input cursor now exist
@@ -231,7 +260,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             r["resume_warm"] = big_resume(big[0], big[1], servers)
         if big and args.big_full:
             r["full_rows"] = sum(1 for _ in big[0].open("rb"))
-            r["full"] = timed(generate_cmd(big[0], tmp / "big-full", servers))
+            r["full"] = timed_against(sim.pid, generate_cmd(big[0], tmp / "big-full", servers))
             # the nightly case: the caches are the ones the full run kept itself
             append_rows(big[0], "next")
             r["resume_after_full"] = big_resume(big[0], tmp / "big-full", servers)
@@ -245,13 +274,25 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
         f"workload: {n} short chat prompts, max_tokens 64, 8 zero-latency ports, <=256 in flight; "
         f"tokenizer {Path(TOKENIZER).name}"
     )
-    print(f"{'client':<30}{'CPU ms/req':>12}{'req/s':>10}{'peak RSS MB':>13}")
+    print(f"{'client':<30}{'CPU ms/req':>12}{'req/s':>10}{'peak RSS MB':>13}{'sim CPU ms/req':>16}")
     table = [("bare script", bare, n), ("gen-pipeline", ours, n), ("gen-pipeline -w 2", ours2, n)]
     table.append(("gen-pipeline, fsync never", nofsync, n))
     if "full" in r:
         table.append((f"gen-pipeline, big {r['full_rows']:,} rows", r["full"], r["full_rows"]))
     for name, m, rows in table:
-        print(f"{name:<30}{m['cpu'] / rows * 1e3:>12.3f}{rows / m['wall']:>10.0f}{m['rss_mb']:>13.0f}")
+        sim = f"{m['sim_cpu'] / rows * 1e3:.3f}" if m.get("sim_cpu") is not None else "-"
+        print(f"{name:<30}{m['cpu'] / rows * 1e3:>12.3f}{rows / m['wall']:>10.0f}{m['rss_mb']:>13.0f}{sim:>16}")
+    print(f"after start-up ({TINY_ROWS}-row runs of the same clients: their CPU is the start-up cost):")
+    for name, key in (("bare script", "bare"), ("gen-pipeline", "ours"), ("gen-pipeline -w 2", "ours2")):
+        full, tiny = r[key], r[f"{key}_tiny"]
+        marginal = (full["cpu"] - tiny["cpu"]) / (n - TINY_ROWS) * 1e3
+        print(f"  {name:<28}start-up {tiny['cpu']:.2f} s CPU, {tiny['wall']:.2f} s wall; then {marginal:.3f} ms/req")
+    if bare.get("sim_cpu"):
+        per = bare["sim_cpu"] / n
+        print(
+            f"the simulator (one process, one core) spent {per * 1e3:.3f} ms per request: on its own it caps any "
+            f"client at ~{1 / per:,.0f} req/s, and on 2 cores it shares the CPU with the client"
+        )
     print(
         f"ratios gen-pipeline/bare: CPU {ours['cpu'] / bare['cpu']:.2f}x, req/s {bare['wall'] / ours['wall']:.2f}x; "
         f"--workers 2 req/s {bare['wall'] / ours2['wall']:.2f}x"
