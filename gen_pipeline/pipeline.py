@@ -41,7 +41,7 @@ from .store import (
     scan,
     write_json_atomic,
 )
-from .tokens import TokenCounter, load_counter
+from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
 
 log = logging.getLogger("gen_pipeline")
 
@@ -333,12 +333,12 @@ def _raise_first_failure(done: set[asyncio.Task[Any]]) -> None:
             raise task.exception()  # type: ignore[misc]
 
 
-def chat_template_hash(counter: TokenCounter) -> str | None:
+def chat_template_hash(counter: TemplateIdentity) -> str | None:
     template = counter.chat_template
     return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
 
 
-def manifest_for(config: RunConfig, model: str, ctx: int, counter: TokenCounter) -> dict[str, Any]:
+def manifest_for(config: RunConfig, model: str, ctx: int, counter: TemplateIdentity) -> dict[str, Any]:
     """The settings recorded with the run (never the API key)."""
     return {
         "model": model,
@@ -486,6 +486,14 @@ async def settle_manifest(
             background.cancel()
         raise
     return fleet, model, ctx, counter, extra
+
+
+async def settle_settings(config: RunConfig, client: Client) -> None:
+    """settle_manifest for the parent of `--workers K`: the tokenizer's vocabulary is left to the workers."""
+    fleet = await discover(client, config.servers, config.startup_timeout)
+    model, ctx, tokenizer = resolve(config, fleet)
+    identity = await asyncio.to_thread(template_identity, tokenizer)
+    check_manifest(config.out, manifest_for(config, model, ctx, identity), config.force, write=True)
 
 
 def resume_state(config: RunConfig) -> ResumeState:

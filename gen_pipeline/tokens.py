@@ -18,6 +18,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -151,24 +152,66 @@ def light_parts(folder: Path) -> tuple[str, dict[str, str]] | None:
     return source, special
 
 
+class TemplateIdentity(Protocol):
+    """What a run's manifest records of its tokenizer: the name it was loaded by and its chat template."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def chat_template(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class FolderTemplate:
+    """A light folder's name and chat template, read without loading its tokenizer.json."""
+
+    name: str
+    chat_template: str
+
+
+def _light_folder(name_or_path: str) -> tuple[str, dict[str, str]] | None:
+    """light_parts of the folder when load_counter takes the light path there, else None."""
+    folder = Path(name_or_path)
+    if not folder.is_dir() or os.environ.get("GEN_PIPELINE_TOKENIZER_LOADER", "") == "transformers":
+        return None
+    try:
+        return light_parts(folder)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read tokenizer folder {name_or_path!r}: {exc}") from exc
+
+
+def _template(name_or_path: str, parts: tuple[str, dict[str, str]]) -> ChatTemplate:
+    try:
+        return ChatTemplate(*parts)
+    except Exception as exc:
+        raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
+
+
 def load_counter(name_or_path: str) -> TokenCounter:
     """The client's token counter: the light loader when the folder allows it, else transformers."""
-    folder = Path(name_or_path)
-    if folder.is_dir() and os.environ.get("GEN_PIPELINE_TOKENIZER_LOADER", "") != "transformers":
-        try:
-            parts = light_parts(folder)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read tokenizer folder {name_or_path!r}: {exc}") from exc
-        if parts is not None:
-            from tokenizers import Tokenizer
+    parts = _light_folder(name_or_path)
+    if parts is None:
+        return load_tokenizer(name_or_path)
+    from tokenizers import Tokenizer
 
-            try:
-                tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-                template = ChatTemplate(*parts)
-            except Exception as exc:
-                raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
-            return FastTokenCounter(tok, template, name_or_path)
-    return load_tokenizer(name_or_path)
+    try:
+        tok = Tokenizer.from_file(str(Path(name_or_path) / "tokenizer.json"))
+    except Exception as exc:
+        raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
+    return FastTokenCounter(tok, _template(name_or_path, parts), name_or_path)
+
+
+def template_identity(name_or_path: str) -> TemplateIdentity:
+    """The name and chat template load_counter's counter would have, without the vocabulary when possible.
+
+    For the parent of `--workers K`, which records the manifest but counts nothing: the workers load the
+    tokenizer themselves. Other folders and hub names are loaded in full.
+    """
+    parts = _light_folder(name_or_path)
+    if parts is None:
+        return load_counter(name_or_path)
+    return FolderTemplate(name_or_path, _template(name_or_path, parts).source)
 
 
 def load_tokenizer(name_or_path: str) -> HFTokenCounter:

@@ -91,10 +91,10 @@ def _merge_servers(views: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str
 
 
 async def _settle(config: RunConfig) -> None:
-    from .pipeline import settle_manifest
+    from .pipeline import settle_settings
 
     async with make_session(config.api_key) as session:
-        await settle_manifest(config, Client(session))
+        await settle_settings(config, Client(session))
 
 
 def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
@@ -137,6 +137,9 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
     parts = [_read_summary(config, i) for i in range(k)]
     exit_code = merged_exit_code(codes)
     summary = merge_summaries([p for p in parts if p], time.monotonic() - start, exit_code)
+    lost = [f"worker {i} (exit {codes[i]})" for i, part in enumerate(parts) if part is None]
+    if lost:  # it died before its summary: its error is on stderr above, its rows are not counted here
+        summary["warnings"].append(f"no summary from {', '.join(lost)}; see the errors above")
     write_json_atomic(config.out / SUMMARY, summary)
     return Outcome(summary, exit_code)
 

@@ -9,7 +9,16 @@ import pytest
 from conftest import QWEN3
 
 from gen_pipeline.chat_render import ChatTemplate
-from gen_pipeline.tokens import TINY_TOKENIZER, FastTokenCounter, HFTokenCounter, load_counter
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.pipeline import chat_template_hash
+from gen_pipeline.tokens import (
+    TINY_TOKENIZER,
+    FastTokenCounter,
+    FolderTemplate,
+    HFTokenCounter,
+    load_counter,
+    template_identity,
+)
 
 CHATS = [
     [{"role": "user", "content": "Hello, world!"}],
@@ -179,3 +188,30 @@ def test_loader_falls_back_to_transformers_when_the_folder_is_not_simple(tmp_pat
     (folder / "special_tokens_map.json").unlink()
     monkeypatch.setenv("GEN_PIPELINE_TOKENIZER_LOADER", "transformers")
     assert isinstance(load_counter(str(folder)), HFTokenCounter)
+
+
+@pytest.mark.parametrize("which", ["tiny", "qwen3"])
+def test_template_identity_is_what_the_counter_records(which, monkeypatch):
+    """The parent of --workers records the same tokenizer name and template hash as its workers' counters."""
+    folder = TINY_TOKENIZER if which == "tiny" else QWEN3
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip(f"the real Qwen3 tokenizer is not at {folder}")
+    for loader in ("", "transformers"):
+        monkeypatch.setenv("GEN_PIPELINE_TOKENIZER_LOADER", loader)
+        identity, counter = template_identity(str(folder)), load_counter(str(folder))
+        assert isinstance(identity, FolderTemplate) == (loader == "")
+        assert identity.name == counter.name and identity.chat_template == counter.chat_template
+        assert chat_template_hash(identity) == chat_template_hash(counter) is not None
+
+
+def test_template_identity_does_not_read_the_vocabulary(tmp_path):
+    """A light folder's identity comes from its template alone; the vocabulary is the workers' to load."""
+    folder = tmp_path / "tok"
+    shutil.copytree(TINY_TOKENIZER, folder)
+    (folder / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        load_counter(str(folder))
+    assert template_identity(str(folder)).chat_template == load_counter(str(TINY_TOKENIZER)).chat_template
+    (folder / "chat_template.jinja").write_text("{% if %}")
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        template_identity(str(folder))  # a template that does not compile is still refused up front

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 
 import orjson
@@ -9,6 +10,7 @@ import pytest
 from e2e import check_invariant, prompts, read_jsonl
 from procs import generate, run_generate, sim_fleet, wait_for_lines
 
+from gen_pipeline.tokens import TINY_TOKENIZER
 from gen_pipeline.workers import merge_summaries, merged_exit_code
 
 
@@ -84,3 +86,18 @@ def test_ctrl_c_stops_every_worker_then_resume_completes(write_jsonl, tmp_path):
         again = run_generate(path, out, servers, "--workers", "2")
     assert again.returncode == 0, again.stderr
     assert check_invariant([r["id"] for r in rows], out) == {"done": 600, "ledger": 0}
+
+
+def test_a_vocabulary_the_workers_cannot_load_is_reported(write_jsonl, tmp_path):
+    """The parent reads only the chat template; a broken tokenizer.json stops every worker, each with its
+    error, and the merged summary says which workers left none (exit 1, nothing written)."""
+    folder = tmp_path / "tok"
+    shutil.copytree(TINY_TOKENIZER, folder)
+    (folder / "tokenizer.json").write_text("{not json")
+    path, out = write_jsonl(prompts(20)), tmp_path / "out"
+    with sim_fleet(2) as servers:
+        done = run_generate(path, out, servers, "--workers", "2", "--tokenizer", str(folder))
+    assert done.returncode == 1
+    assert done.stderr.count(f"cannot load tokenizer '{folder}'") == 2
+    assert "no summary from worker 0 (exit 1), worker 1 (exit 1)" in done.stdout
+    assert not any(p.stat().st_size for p in out.glob("completions*.jsonl"))
