@@ -209,8 +209,8 @@ def template_identity(name_or_path: str) -> TemplateIdentity:
     tokenizer themselves. Other folders and hub names are loaded in full.
     """
     parts = _light_folder(name_or_path)
-    if parts is None:
-        return load_counter(name_or_path)
+    if parts is None:  # what load_counter does then, without asking _light_folder twice
+        return load_tokenizer(name_or_path)
     return FolderTemplate(name_or_path, _template(name_or_path, parts).source)
 
 
