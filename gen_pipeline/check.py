@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from .cli import add_run_flags, config_from_args
-from .client import Client, make_session
+from .client import Client, open_transport
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
@@ -346,8 +346,8 @@ def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any],
 async def _fleet_and_probes(
     config: RunConfig, counter: TokenCounter | None, report: dict[str, Any], found: Findings
 ) -> tuple[TokenCounter, str, int] | None:
-    async with make_session(config.api_key) as session:
-        client = Client(session)
+    async with open_transport(config.api_key, config.http_client) as transport:
+        client = Client(transport)
         checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
         report["fleet"] = [c.view(config) for c in checks]
         fleet_findings(checks, config, found)

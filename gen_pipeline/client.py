@@ -1,34 +1,34 @@
-"""The HTTP layer: one aiohttp session, one request to one server, and the only place that turns
-aiohttp exceptions and HTTP statuses into our errors. It knows nothing about retries or balancing.
+"""The HTTP layer: one request to one server, and the only place that turns HTTP statuses into our
+errors. It knows nothing about retries or balancing.
+
+Bytes move through a transport (`open_transport`): our own HTTP/1.1 pool (http11.py, the default) or
+an aiohttp session (`--http-client aiohttp`). Each transport maps its own failures to our error tree in
+one place; `Client` reads the status and body the same way for both.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 import orjson
 
 from .errors import (
     AuthError,
     BadRequestError,
-    ConnectError,
-    ConnectionLostError,
     ContextOverflowError,
     OverloadedError,
     RequestError,
     RequestTimeout,
     ServerError,
 )
+from .http11 import Http11Transport, Response
+
+if TYPE_CHECKING:
+    from .aiohttp_transport import AiohttpTransport
 from .overflow import error_message, parse_overflow
 
-# SGLang and vLLM close idle keep-alive sockets after 5 s; drop ours first so a request never
-# goes out on a socket the server is about to close.
-KEEPALIVE_TIMEOUT = 4.0
+HTTP_CLIENTS = ("httptools", "aiohttp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,34 +41,8 @@ class ChatResult:
     completion_tokens: int | None
 
 
-def _describe(exc: BaseException) -> str:
-    """The error's class and text, even for aiohttp errors whose str() needs missing fields."""
-    try:
-        text = str(exc)
-    except Exception:
-        text = ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def map_errors(server: str) -> Iterator[None]:
-    """Translate aiohttp and socket errors into ours, most specific first."""
-    try:
-        yield
-    except RequestError:
-        raise
-    except aiohttp.ClientConnectorError as exc:
-        raise ConnectError(f"cannot connect: {_describe(exc)}", server=server) from exc
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise RequestTimeout("request timed out", server=server) from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
-        raise ConnectionLostError(f"connection lost: {_describe(exc)}", server=server) from exc
-    except (aiohttp.ClientError, ConnectionError, OSError) as exc:
-        raise ConnectionLostError(f"connection failed: {_describe(exc)}", server=server) from exc
-
-
 def _retry_after(headers: Any) -> float | None:
-    value = headers.get("Retry-After") if headers is not None else None
+    value = headers.get("retry-after") if headers is not None else None
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
@@ -117,43 +91,45 @@ def _decode(raw: bytes) -> Any:
         return raw[:500].decode("utf-8", "replace")
 
 
-def make_session(api_key: str | None = None) -> aiohttp.ClientSession:
-    """One session for the whole run; concurrency is bounded by the balancer, not the connector."""
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_TIMEOUT)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    return aiohttp.ClientSession(connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=None))
+class Transport(Protocol):
+    """Moves one request to one server and back; failures are already our RequestErrors."""
+
+    async def request(
+        self, method: str, server: str, path: str, timeout: float, body: bytes | None = None
+    ) -> Response: ...
+
+    async def close(self) -> None: ...
+
+
+def open_transport(api_key: str | None = None, kind: str = "httptools") -> Http11Transport | AiohttpTransport:
+    """The run's transport, used as `async with open_transport(...) as transport`."""
+    if kind == "aiohttp":
+        from .aiohttp_transport import AiohttpTransport  # imported only when asked for: 0.3 s per process
+
+        return AiohttpTransport(api_key)
+    return Http11Transport(api_key)
 
 
 class Client:
     """Sends single requests to single servers and returns results or raises our errors."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
 
     async def chat(self, server: str, payload: dict[str, Any], timeout: float) -> ChatResult:
         """POST one chat completion."""
-        status, body, headers = await self._request(
+        status, raw, headers = await self.transport.request(
             "POST", server, "/v1/chat/completions", timeout, orjson.dumps(payload)
         )
+        body = _decode(raw)
         if status != 200:
             raise status_error(status, body, server, headers)
         return parse_chat(body, server)
 
     async def get_json(self, server: str, path: str, timeout: float = 10.0) -> Any:
         """GET a JSON document (discovery and health)."""
-        status, body, headers = await self._request("GET", server, path, timeout)
+        status, raw, headers = await self.transport.request("GET", server, path, timeout)
+        body = _decode(raw)
         if status != 200:
             raise status_error(status, body, server, headers)
         return body
-
-    async def _request(
-        self, method: str, server: str, path: str, timeout: float, data: bytes | None = None
-    ) -> tuple[int, Any, Any]:
-        headers = {"Content-Type": "application/json"} if data is not None else None
-        with map_errors(server):
-            async with (
-                asyncio.timeout(timeout),
-                self.session.request(method, server + path, data=data, headers=headers) as resp,
-            ):
-                raw = await resp.read()
-                return resp.status, _decode(raw), resp.headers

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from . import __version__, cursor, health
 from .balancer import ServerPool, ServerState
-from .client import Client, make_session
+from .client import Client, open_transport
 from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
 from .errors import ConfigError, OutputError, PipelineError
@@ -458,8 +458,8 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> O
     if config.shard is None:  # a worker process runs under its parent's lock
         lock.acquire()
     try:
-        async with make_session(config.api_key) as session:
-            return await _run_locked(config, Client(session), counter)
+        async with open_transport(config.api_key, config.http_client) as transport:
+            return await _run_locked(config, Client(transport), counter)
     finally:
         lock.release()
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from .client import Client, make_session
+from .client import Client, open_transport
 from .config import RunConfig
 from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, Outcome
 from .status import STATUS
@@ -93,8 +93,8 @@ def _merge_servers(views: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str
 async def _settle(config: RunConfig) -> None:
     from .pipeline import settle_settings
 
-    async with make_session(config.api_key) as session:
-        await settle_settings(config, Client(session))
+    async with open_transport(config.api_key, config.http_client) as transport:
+        await settle_settings(config, Client(transport))
 
 
 def run_workers(config: RunConfig, argv: list[str]) -> Outcome:

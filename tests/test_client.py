@@ -9,7 +9,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gen_pipeline.client import Client, make_session, map_errors, parse_chat, status_error
+from gen_pipeline.aiohttp_transport import map_errors
+from gen_pipeline.client import HTTP_CLIENTS, Client, open_transport, parse_chat, status_error
 from gen_pipeline.errors import (
     AuthError,
     BadRequestError,
@@ -46,7 +47,7 @@ def test_status_table(status, cls, reason):
 
 def test_retry_after_is_read():
     """A 429's Retry-After header reaches the error."""
-    err = status_error(429, None, "s", {"Retry-After": "3"})
+    err = status_error(429, None, "s", {"retry-after": "3"})  # transports give lower-case names
     assert isinstance(err, OverloadedError) and err.retry_after == 3.0
 
 
@@ -104,14 +105,15 @@ def test_malformed_200_is_a_server_error():
     assert ok.content == "hi" and ok.prompt_tokens == 3
 
 
-async def _with_server(handler, check):
+async def _with_server(handler, check, kind):
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
-    async with TestServer(app, host="127.0.0.1") as server, make_session("k") as session:
-        return await check(Client(session), str(server.make_url("")).rstrip("/"))
+    async with TestServer(app, host="127.0.0.1") as server, open_transport("k", kind) as transport:
+        return await check(Client(transport), str(server.make_url("")).rstrip("/"))
 
 
-def test_chat_over_real_socket_sends_bearer_and_json():
+@pytest.mark.parametrize("kind", HTTP_CLIENTS)
+def test_chat_over_real_socket_sends_bearer_and_json(kind):
     """A chat request carries the key and JSON body; a 200 becomes a ChatResult."""
     seen = {}
 
@@ -129,13 +131,14 @@ def test_chat_over_real_socket_sends_bearer_and_json():
     async def check(client, url):
         return await client.chat(url, {"messages": [], "max_tokens": 2}, 5)
 
-    result = asyncio.run(asyncio.wait_for(_with_server(handler, check), 10))
+    result = asyncio.run(asyncio.wait_for(_with_server(handler, check, kind), 10))
     assert result.finish_reason == "length" and result.completion_tokens == 2
     assert seen["auth"] == "Bearer k" and seen["ctype"] == "application/json"
     assert seen["body"]["max_tokens"] == 2
 
 
-def test_timeout_and_refused_over_real_sockets():
+@pytest.mark.parametrize("kind", HTTP_CLIENTS)
+def test_timeout_and_refused_over_real_sockets(kind):
     """A hung server times out; a closed port is refused."""
 
     async def handler(request):
@@ -148,4 +151,4 @@ def test_timeout_and_refused_over_real_sockets():
         with pytest.raises(ConnectError):
             await client.chat("http://127.0.0.1:1", {}, 2)
 
-    asyncio.run(asyncio.wait_for(_with_server(handler, check), 10))
+    asyncio.run(asyncio.wait_for(_with_server(handler, check, kind), 10))
