@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -120,7 +121,12 @@ class _Connection(asyncio.Protocol):
     def _deliver(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.parser.get_status_code(), b"".join(self.body), self.headers))
+            try:
+                body = _decoded(b"".join(self.body), self.headers.get("content-encoding"))
+            except zlib.error as exc:
+                waiter.set_exception(ConnectionLostError(f"malformed HTTP response: {describe(exc)}"))
+            else:
+                waiter.set_result((self.parser.get_status_code(), body, self.headers))
         if self.closed and self.transport is not None:
             self.transport.close()
 
@@ -128,6 +134,13 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionLostError(message))
+
+
+def _decoded(body: bytes, encoding: str | None) -> bytes:
+    """The body without its content coding: we ask for none, but a proxy may gzip anyway."""
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return zlib.decompress(body, wbits=47)  # 47: a gzip or a zlib header, told apart by zlib
+    return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +213,8 @@ class Http11Transport:
         length = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if body is not None else ""
         head = (
             f"{method} {origin.prefix}{path} HTTP/1.1\r\nHost: {origin.host_header}\r\n"
-            f"User-Agent: {USER_AGENT}\r\nAccept: application/json\r\n{self._auth}{length}\r\n"
+            f"User-Agent: {USER_AGENT}\r\nAccept: application/json\r\nAccept-Encoding: identity\r\n"
+            f"{self._auth}{length}\r\n"
         ).encode("latin-1")
         return head + body if body is not None else head
 

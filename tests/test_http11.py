@@ -165,6 +165,35 @@ def test_body_delimited_by_close_is_delivered():
     assert serve(eof_body, check).connections == 2
 
 
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_compressed_answer_is_decoded(coding):
+    """We send `Accept-Encoding: identity`, but a proxy may compress anyway."""
+    import gzip
+    import zlib
+
+    packed = gzip.compress(OK) if coding == "gzip" else zlib.compress(OK)
+
+    async def compressed(n, writer):
+        writer.write(answer(packed, extra=b"Content-Encoding: %s\r\n" % coding.encode()))
+
+    async def check(t, url):
+        assert (await t.request("GET", url, "/x", 5))[:2] == (200, OK)
+
+    head, _ = serve(compressed, check).requests[0]
+    assert b"Accept-Encoding: identity\r\n" in head
+
+
+def test_corrupt_compressed_answer_is_connection_lost():
+    async def corrupt(n, writer):
+        writer.write(answer(b"not gzip", extra=b"Content-Encoding: gzip\r\n"))
+
+    async def check(t, url):
+        with pytest.raises(ConnectionLostError, match="malformed"):
+            await t.request("GET", url, "/x", 5)
+
+    serve(corrupt, check)
+
+
 def test_interim_100_continue_is_skipped():
     async def interim(n, writer):
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + answer())
