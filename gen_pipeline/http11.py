@@ -79,7 +79,7 @@ class _Connection(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:  # an upgrade we never asked for
             self._fail(f"malformed HTTP response: {describe(exc)}")
             self.close()
 

@@ -272,6 +272,17 @@ def test_garbage_answer_is_connection_lost():
     serve(garbage, check)
 
 
+def test_unasked_protocol_switch_is_connection_lost():
+    async def upgrade(n, writer):
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nxx")
+
+    async def check(t, url):
+        with pytest.raises(ConnectionLostError, match="malformed HTTP response"):
+            await t.request("GET", url, "/x", 5)
+
+    serve(upgrade, check)
+
+
 def test_unasked_bytes_after_an_answer_retire_the_socket():
     async def extra(n, writer):
         writer.write(answer() + b"HTTP/1.1 200 OK\r\n")
