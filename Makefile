@@ -23,10 +23,13 @@ LLAMA_MODELS := $(LLAMA_DIR)/models
 
 install: $(VENV)/.installed
 
+# compileall writes the bytecode a regular install would: under PYTHONDONTWRITEBYTECODE (set in many
+# containers) an editable install would recompile every module in every process (--workers K starts K+1).
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m compileall -q gen_pipeline
 	touch $@
 
 generate: install

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import os
 import shutil
 import subprocess
@@ -354,6 +355,10 @@ def report_big(args: argparse.Namespace, r: dict[str, Any], ours: dict[str, floa
 
 def main() -> None:
     args = parse_args()
+    # A regular `pip install` compiles the package's bytecode; an editable one does not, and where
+    # PYTHONDONTWRITEBYTECODE is set (this VM, many container images) every process would recompile every
+    # module (~0.1 s CPU a start). Measure what an installed copy costs.
+    compileall.compile_dir(ROOT / "gen_pipeline", quiet=1)
     tmp = Path(tempfile.mkdtemp(prefix="bench-perf-"))
     try:
         results = measure(args, tmp)
