@@ -339,3 +339,67 @@ def test_close_shuts_every_socket():
 
     server = serve(slow_ok, check)
     assert server.connections == 4 and server.closed_by_client == 4
+
+
+def test_ipv6_literal_url():
+    async def main():
+        server = RawServer(always_ok)
+        srv = await asyncio.start_server(server.handle, "::1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            async with Http11Transport() as t:
+                assert (await t.request("GET", f"http://[::1]:{port}", "/x", 5))[0] == 200
+        finally:
+            srv.close()
+        return server
+
+    try:
+        server = asyncio.run(main())
+    except OSError as exc:  # no IPv6 loopback on this machine
+        pytest.skip(f"no IPv6 loopback: {exc}")
+    assert b"Host: [::1]:" in server.requests[0][0]
+
+
+@pytest.fixture
+def self_signed(tmp_path):
+    """A certificate for 127.0.0.1 made with the openssl command."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("needs the openssl command")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_https_verifies_the_server_certificate(self_signed, monkeypatch):
+    """https:// URLs get TLS with verification: a trusted certificate works, an unknown one cannot connect."""
+    import ssl
+
+    cert, key = self_signed
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+
+    async def main():
+        server = RawServer(always_ok)
+        srv = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=context)
+        url = f"https://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+        try:
+            async with Http11Transport() as t:
+                with pytest.raises(ConnectError, match="cannot connect: SSLCertVerificationError"):
+                    await t.request("GET", url, "/x", 5)
+            monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # read when the transport makes its context
+            async with Http11Transport() as t:
+                assert (await t.request("GET", url, "/x", 5))[:2] == (200, OK)
+                assert (await t.request("GET", url, "/x", 5))[:2] == (200, OK)
+        finally:
+            srv.close()
+        return server
+
+    server = asyncio.run(asyncio.wait_for(main(), 20))
+    assert len(server.requests) == 2 and server.connections == 1  # the failed handshake never reached it
