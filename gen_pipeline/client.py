@@ -23,10 +23,10 @@ from .errors import (
     ServerError,
 )
 from .http11 import Http11Transport, Response
+from .overflow import error_message, parse_overflow
 
 if TYPE_CHECKING:
     from .aiohttp_transport import AiohttpTransport
-from .overflow import error_message, parse_overflow
 
 HTTP_CLIENTS = ("httptools", "aiohttp")
 
