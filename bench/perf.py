@@ -57,6 +57,7 @@ TICK = 0.001  # the ticker's sleep: a 1 ms dispatch loop
 LONG_BATCH = 256  # the pipeline's default tokenize batch
 TINY_ROWS = 20  # rows of the start-up runs
 RSS_TARGET_MB, RSS_GROWTH_MB = 300, 100  # issue 7: at 654,676 rows, and over the 20k-row run
+CPU_TARGET_MS, ONE_WORKER_RATIO, TWO_WORKER_RATIO = 0.35, 0.7, 1.0  # issue 7: CPU per request; req/s vs bare
 
 BARE = r"""
 import asyncio, itertools, json, sys
@@ -302,6 +303,8 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
         f"ratios gen-pipeline/bare: CPU {ours['cpu'] / bare['cpu']:.2f}x, req/s {bare['wall'] / ours['wall']:.2f}x; "
         f"--workers 2 req/s {bare['wall'] / ours2['wall']:.2f}x"
     )
+    one, two = bare["wall"] / ours["wall"], bare["wall"] / ours2["wall"]
+    print(targets(ours["cpu"] / n * 1e3, bare["cpu"] / n * 1e3, one, two))
     print(
         f"fsync every 1 s vs never: CPU ms/req {ours['cpu'] / n * 1e3:.3f} vs {nofsync['cpu'] / n * 1e3:.3f}, "
         f"req/s {n / ours['wall']:.0f} vs {n / nofsync['wall']:.0f}"
@@ -314,6 +317,20 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
         f"prompts of {min(gap['counts']):,}-{max(gap['counts']):,} tokens"
     )
     report_big(args, r, ours)
+
+
+def targets(cpu_ms: float, bare_ms: float, one: float, two: float) -> str:
+    """Issue 7's request targets against this run's figures."""
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    return (
+        f"targets: CPU <= {CPU_TARGET_MS} ms/req: {cpu_ms:.3f}, {verdict(cpu_ms <= CPU_TARGET_MS)} (the bare script "
+        f"here: {bare_ms:.3f}); one worker >= {ONE_WORKER_RATIO}x the bare req/s: {one:.2f}x, "
+        f"{verdict(one >= ONE_WORKER_RATIO)}; --workers 2 >= {TWO_WORKER_RATIO}x: {two:.2f}x, "
+        f"{verdict(two >= TWO_WORKER_RATIO)}"
+    )
 
 
 def report_big(args: argparse.Namespace, r: dict[str, Any], ours: dict[str, float]) -> None:
