@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .errors import ConnectError, RequestError, RetryableError
@@ -75,16 +75,24 @@ class ServerPool:
         self.servers = list(servers)
         self.clock = clock
         self._changed = asyncio.Condition()
+        self._waiters = 0  # leases waiting for a slot: a release wakes them only when there are any
         self.waiting_since: float | None = None
 
     def pick(self, exclude: frozenset[str] = frozenset()) -> ServerState | None:
-        """The least loaded available server, avoiding `exclude` while any other is available."""
+        """The least loaded available server (ties: fewest requests, then list order), avoiding
+        `exclude` while any other server is healthy."""
         now = self.clock()
-        ready = [s for s in self.servers if s.available(now)]
         # Wait for a busy healthy server rather than go back to one that just failed.
-        others = any(s.url not in exclude and now >= s.down_until for s in self.servers)
-        candidates = [s for s in ready if s.url not in exclude] if others else ready
-        return min(candidates, key=lambda s: (s.load, s.requests), default=None)
+        avoid = exclude if exclude and any(s.url not in exclude and now >= s.down_until for s in self.servers) else ()
+        best: ServerState | None = None
+        best_key = (0.0, 0)
+        for s in self.servers:
+            if s.url in avoid or not s.available(now):
+                continue
+            key = (s.load, s.requests)
+            if best is None or key < best_key:
+                best, best_key = s, key
+        return best
 
     def healthy(self) -> list[ServerState]:
         """Servers not cooling down."""
@@ -98,26 +106,34 @@ class ServerPool:
         return self.clock() - self.waiting_since
 
     async def _wait_for_server(self, exclude: frozenset[str]) -> ServerState:
-        async with self._changed:
-            while (server := self.pick(exclude)) is None:
-                if not self.healthy() and self.waiting_since is None:
-                    self.waiting_since = self.clock()
-                wake = min((s.down_until for s in self.servers), default=0) - self.clock()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), max(0.05, min(wake, 1.0)))
-            self.waiting_since = None
-            server.in_flight += 1
-            server.requests += 1
-            return server
+        # No await between the pick and taking the slot: no other task can take it in between.
+        server = self.pick(exclude) or await self._wait(exclude)
+        self.waiting_since = None
+        server.in_flight += 1
+        server.requests += 1
+        return server
 
-    @contextlib.asynccontextmanager
-    async def lease(self, exclude: frozenset[str] = frozenset()) -> AsyncIterator[ServerState]:
-        """Hold one slot on the best server for the duration of one request."""
-        server = await self._wait_for_server(exclude)
+    async def _wait(self, exclude: frozenset[str]) -> ServerState:
+        self._waiters += 1
         try:
-            yield server
+            async with self._changed:
+                while (server := self.pick(exclude)) is None:
+                    if not self.healthy() and self.waiting_since is None:
+                        self.waiting_since = self.clock()
+                    wake = min((s.down_until for s in self.servers), default=0) - self.clock()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), max(0.05, min(wake, 1.0)))
+                return server
         finally:
-            server.in_flight -= 1
+            self._waiters -= 1
+
+    def lease(self, exclude: frozenset[str] = frozenset()) -> Lease:
+        """Hold one slot on the best server for the duration of one request: `async with pool.lease()`."""
+        return Lease(self, exclude)
+
+    async def _release(self, server: ServerState) -> None:
+        server.in_flight -= 1
+        if self._waiters:
             async with self._changed:
                 self._changed.notify()
 
@@ -175,3 +191,22 @@ class ServerPool:
             server.out_of_service_s += self.clock() - server.down_since
             server.down_since = None
         server.trial = False
+
+
+class Lease:
+    """One slot on one server, from `async with` to its end; cancellation cannot leak it."""
+
+    __slots__ = ("exclude", "pool", "server")
+
+    def __init__(self, pool: ServerPool, exclude: frozenset[str]) -> None:
+        self.pool = pool
+        self.exclude = exclude
+        self.server: ServerState | None = None
+
+    async def __aenter__(self) -> ServerState:
+        self.server = await self.pool._wait_for_server(self.exclude)
+        return self.server
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.server is not None:
+            await self.pool._release(self.server)

@@ -89,6 +89,25 @@ def test_lease_waits_for_capacity_and_releases_on_cancel():
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
+def test_a_release_hands_the_slot_to_a_waiting_lease_at_once():
+    """The waiter is woken by the release itself, within a few loop turns, not by its 50 ms re-check."""
+
+    async def scenario():
+        p = ServerPool([ServerState("s0", 1)])
+        async with p.lease():
+            waiter = asyncio.create_task(_hold(p, 10))
+            await asyncio.sleep(0.01)
+            assert p.servers[0].requests == 1
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert p.servers[0].requests == 2 and p.servers[0].in_flight == 1
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert p.servers[0].in_flight == 0
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
 async def _hold(p: ServerPool, seconds: float = 0.0) -> None:
     async with p.lease():
         await asyncio.sleep(seconds)
