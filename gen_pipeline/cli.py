@@ -278,9 +278,27 @@ def limit_malloc_arenas() -> bool:
         return False
 
 
+def raise_open_file_limit() -> int | None:
+    """Raise this process's soft limit on open files to its hard limit (each request in flight holds a
+    socket; distributions often start at 1,024); the new soft limit, or None where there is none to raise."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+        return hard
+    return soft if soft != resource.RLIM_INFINITY else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gen-pipeline` command."""
     limit_malloc_arenas()
+    raise_open_file_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     # A file-size limit (ulimit -f) then fails the write with EFBIG, which we report and survive,
     # instead of killing the process mid-line.

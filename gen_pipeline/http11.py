@@ -12,6 +12,7 @@ the request head and the mapping of every failure to our error tree, here and no
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 import time
 import zlib
@@ -242,6 +243,8 @@ class Http11Transport:
                 server_hostname=origin.host if tls else None,
             )
         except OSError as exc:  # refused, unreachable, DNS (gaierror), TLS handshake (SSLError)
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # our file table is full: not the server's fault
+                raise ConnectionLostError(f"cannot open a socket: {describe(exc)} (ulimit -n)", server=server) from exc
             raise ConnectError(f"cannot connect: {describe(exc)}", server=server) from exc
         self._open.add(conn)
         return conn

@@ -44,6 +44,9 @@ from .store import (
 from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
 
 log = logging.getLogger("gen_pipeline")
+# File descriptors kept for everything but request sockets: output, ledger, input, index, tokenizer files,
+# the event loop's own, worker pipes.
+RESERVED_FILES = 64
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -375,14 +378,40 @@ def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
     return model, ctx, tokenizer
 
 
-def build_pool(config: RunConfig, fleet: FleetInfo) -> ServerPool:
-    """One slot per request each server runs at once; servers down at start begin out of service."""
+def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = None) -> ServerPool:
+    """One slot per request each server runs at once; servers down at start begin out of service.
+
+    Every request in flight holds a socket: when the servers take more than this process's open-file limit
+    allows (`ulimit -n`, read when `open_files` is None), every server's share shrinks to fit, with a
+    warning, instead of failing connections that would then be blamed on the servers.
+    """
     reported = {s.url: s.max_running_requests for s in fleet.servers}
-    pool = ServerPool(ServerState(url, config.capacity_for(reported.get(url))) for url in config.servers)
+    capacities = {url: config.capacity_for(reported.get(url)) for url in config.servers}
+    limit = open_file_limit() if open_files is None else open_files
+    sockets = max(len(capacities), limit - RESERVED_FILES)
+    wanted = sum(capacities.values())
+    if wanted > sockets:
+        capacities = {url: max(1, c * sockets // wanted) for url, c in capacities.items()}
+        fleet.warnings.append(
+            f"the servers take {wanted} requests at once but the open-file limit (ulimit -n) is {limit}: "
+            f"keeping {sum(capacities.values())} in flight; raise the limit to use them all"
+        )
+        log.warning("%s", fleet.warnings[-1])
+    pool = ServerPool(ServerState(url, capacity) for url, capacity in capacities.items())
     for server in pool.servers:
         if server.url in fleet.down:
             pool.mark_down(server)
     return pool
+
+
+def open_file_limit() -> int:
+    """This process's soft limit on open files (sockets included); very large where there is none."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return 1 << 20
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import orjson
 import pytest
 from e2e import check_invariant, prompts, read_jsonl
 from procs import generate, run_generate, sim_fleet, wait_for_lines
@@ -187,3 +188,36 @@ def test_generate_imports_neither_aiohttp_nor_the_simulator():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["[]", "True"]
+
+
+def test_open_file_limit_is_raised_to_the_hard_limit():
+    """Distributions often start processes at 1,024 open files; the command raises its own soft limit."""
+    code = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "from gen_pipeline.cli import raise_open_file_limit\n"
+        "raised = raise_open_file_limit()\n"
+        "print(raised, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    raised, now, hard = out
+    assert now == hard and raised in (hard, "None")  # None: an unlimited hard limit is left as it is
+
+
+def test_a_fleet_larger_than_the_open_file_limit_runs_without_connection_failures(write_jsonl, tmp_path):
+    """8 servers x 128 slots with a hard limit of 512 files: in flight is capped (warning), nothing fails."""
+    import resource
+
+    def cap_files():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))
+
+    rows = prompts(1500)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    with sim_fleet(8, "--max-running", "128") as servers:
+        done = run_generate(path, out, servers, preexec_fn=cap_files)
+    assert done.returncode == 0, done.stderr
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["completed"] == 1500 and summary["failed"] == {}
+    assert all(not v["failures"] for v in summary["servers"].values()), summary["servers"]
+    assert any("open-file limit (ulimit -n) is 512" in w for w in summary["warnings"])

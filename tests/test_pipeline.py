@@ -204,3 +204,25 @@ def test_rows_the_chat_template_refuses_become_bad_input(write_jsonl, tmp_path):
     again, _ = BatchReader(cfg, Refusing(), ledgered, RunStats()).next_batch()
     assert [type(x).__name__ for x in again] == ["Skipped", "Prompt", "Prompt"]
     assert again[0] == Skipped("bad_input")
+
+
+def test_pool_fits_the_open_file_limit(tmp_path):
+    """Each request in flight holds a socket: a fleet that takes more than the open-file limit allows gets
+    smaller shares (with a warning) instead of connections that fail and get blamed on the servers."""
+    from gen_pipeline.config import RunConfig, parse_servers
+    from gen_pipeline.fleet import FleetInfo, ServerInfo
+    from gen_pipeline.pipeline import RESERVED_FILES, build_pool
+
+    servers = parse_servers("127.0.0.1:30000-30007")
+    config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path / "out", servers=servers)
+
+    def fleet():
+        return FleetInfo([ServerInfo(url, "m", 8192, max_running_requests=128) for url in servers], [])
+
+    roomy = fleet()
+    assert [s.capacity for s in build_pool(config, roomy, open_files=65536).servers] == [128] * 8
+    assert roomy.warnings == []
+    tight = fleet()
+    capacities = [s.capacity for s in build_pool(config, tight, open_files=512).servers]
+    assert sum(capacities) <= 512 - RESERVED_FILES and min(capacities) >= 1 and len(set(capacities)) == 1
+    assert "open-file limit (ulimit -n) is 512" in tight.warnings[0]
