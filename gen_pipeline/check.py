@@ -41,7 +41,7 @@ from .client import Client, open_transport
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
-from .pipeline import BatchReader, Skipped, manifest_for, resolve
+from .pipeline import BatchReader, Skipped, fit_open_files, manifest_for, open_file_limit, resolve
 from .progress import RunStats
 from .records import Prompt
 from .report import distribution
@@ -195,6 +195,9 @@ def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings
     running = _spread(checks, "max_running_requests")
     if len(running) > 1:
         found.warnings.append(f"servers report different max_running_requests: {running}")
+    wanted = {c.url: config.capacity_for(c.info.max_running_requests) for c in checks if c.info is not None}
+    if (warning := fit_open_files(wanted, open_file_limit())[1]) is not None:
+        found.warnings.append(warning)
     if config.concurrency and running and config.concurrency < min(map(int, running)):
         found.warnings.append(
             f"--concurrency {config.concurrency} is below the servers' max_running_requests "

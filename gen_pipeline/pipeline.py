@@ -386,22 +386,30 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     warning, instead of failing connections that would then be blamed on the servers.
     """
     reported = {s.url: s.max_running_requests for s in fleet.servers}
-    capacities = {url: config.capacity_for(reported.get(url)) for url in config.servers}
-    limit = open_file_limit() if open_files is None else open_files
-    sockets = max(len(capacities), limit - RESERVED_FILES)
-    wanted = sum(capacities.values())
-    if wanted > sockets:
-        capacities = {url: max(1, c * sockets // wanted) for url, c in capacities.items()}
-        fleet.warnings.append(
-            f"the servers take {wanted} requests at once but the open-file limit (ulimit -n) is {limit}: "
-            f"keeping {sum(capacities.values())} in flight; raise the limit to use them all"
-        )
-        log.warning("%s", fleet.warnings[-1])
+    wanted = {url: config.capacity_for(reported.get(url)) for url in config.servers}
+    capacities, warning = fit_open_files(wanted, open_file_limit() if open_files is None else open_files)
+    if warning is not None:
+        fleet.warnings.append(warning)
+        log.warning("%s", warning)
     pool = ServerPool(ServerState(url, capacity) for url, capacity in capacities.items())
     for server in pool.servers:
         if server.url in fleet.down:
             pool.mark_down(server)
     return pool
+
+
+def fit_open_files(capacities: dict[str, int], limit: int) -> tuple[dict[str, int], str | None]:
+    """Each server's share of in-flight requests scaled down to fit `limit` open files, and the warning
+    that says so (None when everything fits)."""
+    sockets = max(len(capacities), limit - RESERVED_FILES)
+    wanted = sum(capacities.values())
+    if wanted <= sockets:
+        return capacities, None
+    fitted = {url: max(1, c * sockets // wanted) for url, c in capacities.items()}
+    return fitted, (
+        f"the servers take {wanted} requests at once but the open-file limit (ulimit -n) is {limit}: "
+        f"keeping {sum(fitted.values())} in flight; raise the limit to use them all"
+    )
 
 
 def open_file_limit() -> int:

@@ -170,3 +170,13 @@ def test_command_line_exit_codes_and_json(write_jsonl, tmp_path, capsys):
     assert "PROBLEM: every prompt (5) is over_length" in out and "check: FAILED (1 problem(s))" in out
     assert orjson.loads((tmp_path / "ok.json").read_bytes())["ok"] is True
     assert orjson.loads((tmp_path / "bad.json").read_bytes())["ok"] is False
+
+
+def test_a_fleet_larger_than_the_open_file_limit_is_a_warning(write_jsonl, tmp_path, monkeypatch):
+    """check says what generate will do when the servers take more requests than the open-file limit allows."""
+    import gen_pipeline.check as check_module
+
+    monkeypatch.setattr(check_module, "open_file_limit", lambda: 100)  # 2 servers x 64 slots need 128
+    report = check([sim(2, context_length=CTX)], write_jsonl(prompts(4)), tmp_path)
+    assert report["ok"], report["problems"]
+    assert any("open-file limit (ulimit -n) is 100: keeping 36 in flight" in w for w in report["warnings"])
