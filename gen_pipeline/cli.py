@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import importlib
 import logging
 import os
@@ -295,9 +296,24 @@ def raise_open_file_limit() -> int | None:
     return soft if soft != resource.RLIM_INFINITY else None
 
 
+# CPython walks its youngest generation of containers every 700 net allocations. A run keeps thousands of
+# parsed prompts queued and in flight, so each walk meets the same live objects again: 0.3-0.4 s of CPU
+# per 20,000 requests (~4%), for cycles that almost never form here. One walk per 10,000 allocations costs
+# 0.02 s over the same run and pauses ~2 ms; memory is freed by reference counting as before.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def collect_cycles_less_often() -> None:
+    """Raise the youngest generation's collection threshold (the older two keep their defaults)."""
+    young, older, oldest = gc.get_threshold()
+    if 0 < young < GC_YOUNG_THRESHOLD:  # 0: the user turned collection off; keep it so
+        gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gen-pipeline` command."""
     limit_malloc_arenas()
+    collect_cycles_less_often()
     raise_open_file_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     # A file-size limit (ulimit -f) then fails the write with EFBIG, which we report and survive,

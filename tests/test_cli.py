@@ -205,6 +205,20 @@ def test_open_file_limit_is_raised_to_the_hard_limit():
     assert now == hard and raised in (hard, "None")  # None: an unlimited hard limit is left as it is
 
 
+def test_the_command_collects_cycles_less_often_unless_collection_is_off():
+    """Every subcommand raises the youngest generation's threshold; a threshold of 0 (off) stays off."""
+    code = (
+        "import gc, sys\n"
+        "gc.set_threshold(int(sys.argv[1]), 10, 10)\n"
+        "from gen_pipeline import cli\n"
+        "try:\n    cli.main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "print(*gc.get_threshold())\n"
+    )
+    for before, after in (("700", "10000 10 10"), ("0", "0 10 10"), ("50000", "50000 10 10")):
+        out = subprocess.run([sys.executable, "-c", code, before], capture_output=True, text=True, check=True)
+        assert out.stdout.strip().splitlines()[-1] == after
+
+
 def test_a_fleet_larger_than_the_open_file_limit_runs_without_connection_failures(write_jsonl, tmp_path):
     """8 servers x 128 slots with a hard limit of 512 files: in flight is capped (warning), nothing fails."""
     import resource
