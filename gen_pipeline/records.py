@@ -108,10 +108,10 @@ class Prompt:
     meta: dict[str, Any] = field(default_factory=dict)
     input_tokens: int = 0
     derived_id: bool = False  # the row had no id: it is content_id(messages)
+    key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
-    @property
-    def key(self) -> int:
-        return id_key(self.id)
+    def __post_init__(self) -> None:
+        self.key = id_key(self.id)
 
 
 @dataclass(slots=True)
@@ -131,6 +131,7 @@ class Completion:
     latency_s: float
     model: str
     meta: dict[str, Any]
+    key: int = -1  # id_key(id), carried from the Prompt so the output index does not hash it again
 
     def to_line(self) -> bytes:
         return (

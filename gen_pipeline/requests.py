@@ -134,6 +134,7 @@ class RequestPath:
             latency_s=track.latency,
             model=self.model,
             meta=prompt.meta,
+            key=prompt.key,
         )
 
     def _failure(self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track) -> Failure:
