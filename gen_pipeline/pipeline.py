@@ -506,8 +506,10 @@ async def settle_manifest(
 ) -> tuple[FleetInfo, str, int, TokenCounter, T | None]:
     """Discover the fleet, load the tokenizer, and refuse (or record) the run's settings.
 
-    `during_load()` runs in another thread while the tokenizer loads (the resume scan: tokenizers
-    loads without holding the GIL, so the two overlap), and its result is returned.
+    `during_load()` (the resume scan) runs in another thread beside the tokenizer's load, and its result is
+    returned. They take turns rather than overlap: tokenizers 0.23 holds the GIL for the whole load (~0.75 s
+    for Qwen3's tokenizer.json; from_file, from_str and from_buffer alike), so only the scan's waits on the
+    disk run beside it.
     """
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
