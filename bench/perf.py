@@ -12,8 +12,8 @@ max_tokens 64, at most 256 requests in flight (32 per port). Printed, one table:
 `--workers 2` is measured too (CPU and RSS include both workers and the parent), one run with
 `--fsync-interval 3600` (no fsync during the run) shows what the default fsync every second costs, and one
 with `--http-client aiohttp` what our own HTTP/1.1 transport (the default) saves over aiohttp's client.
-Each client also runs over 20 rows: that run's CPU is its start-up cost (imports, tokenizer, fleet
-discovery; for `-w 2` a parent and two workers), printed with the CPU per request after it.
+Each client also runs over 20 rows: that run's CPU and wall are its start-up cost (imports, tokenizer, fleet
+discovery; for `-w 2` a parent and two workers), printed with the CPU per request and the req/s after it.
 Then: tokenize + budget rate (prompts/s, in-process, batches of 256); the event loop's lag (a 1 ms ticker)
 while a worker thread counts 256 long prompts (~4,000-8,000 tokens each), beside the same loop idle; and
 resume-ready time and peak RSS on the big input (bench/inputs.py: 654,676 Infinity-Instruct-shaped rows,
@@ -289,10 +289,20 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
         sim = f"{m['sim_cpu'] / rows * 1e3:.3f}" if m.get("sim_cpu") is not None else "-"
         print(f"{name:<30}{m['cpu'] / rows * 1e3:>12.3f}{rows / m['wall']:>10.0f}{m['rss_mb']:>13.0f}{sim:>16}")
     print(f"after start-up ({TINY_ROWS}-row runs of the same clients: their CPU is the start-up cost):")
+    steady: dict[str, float] = {}
     for name, key in (("bare script", "bare"), ("gen-pipeline", "ours"), ("gen-pipeline -w 2", "ours2")):
         full, tiny = r[key], r[f"{key}_tiny"]
         marginal = (full["cpu"] - tiny["cpu"]) / (n - TINY_ROWS) * 1e3
-        print(f"  {name:<28}start-up {tiny['cpu']:.2f} s CPU, {tiny['wall']:.2f} s wall; then {marginal:.3f} ms/req")
+        steady[key] = (n - TINY_ROWS) / max(full["wall"] - tiny["wall"], 1e-9)
+        print(
+            f"  {name:<28}start-up {tiny['cpu']:.2f} s CPU, {tiny['wall']:.2f} s wall; "
+            f"then {marginal:.3f} ms/req, {steady[key]:.0f} req/s"
+        )
+    print(
+        f"  req/s after start-up vs the bare script's: one worker {steady['ours'] / steady['bare']:.2f}x, "
+        f"--workers 2 {steady['ours2'] / steady['bare']:.2f}x (the wall of the whole run, start-up included, "
+        "is what the targets below compare)"
+    )
     if bare.get("sim_cpu"):
         per = bare["sim_cpu"] / n
         print(
