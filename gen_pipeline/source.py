@@ -260,6 +260,9 @@ class PromptSource:
                 prompt = parse_row(raw, line)
             except RowError as exc:
                 error = str(exc)
+            else:  # JSON keeps the last of two "id" keys; the peek read the first, which decided above
+                if prompt.id != rid:
+                    prompt, error = None, 'row has the key "id" more than once'
         if error is None:
             return prompt
         self.note_bad(line, key or 0)

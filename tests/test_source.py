@@ -27,6 +27,7 @@ GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
         (b'{"id": "x", "prompt": "a", "max_tokens": 0}', "max_tokens"),
         (b'{"id": "x", "prompt": "a", "sampling": {"max_tokens": 3}}', "sampling may not set"),
         (b'{"id": "x", "prompt": "caf\xe9"}', "invalid UTF-8"),
+        (b'{"id": "x", "prompt": "a", "id": "y"}', 'the key "id" more than once'),
     ],
 )
 def test_each_bad_row_kind(write_jsonl, line, detail):
