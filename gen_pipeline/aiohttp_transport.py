@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import aiohttp
 
-from .errors import ConnectError, ConnectionLostError, RequestError, RequestTimeout
-from .http11 import KEEPALIVE_TIMEOUT, Response, describe
+from .errors import ConnectionLostError, RequestError, RequestTimeout
+from .http11 import KEEPALIVE_TIMEOUT, Response, connect_failure, describe
 
 
 @contextlib.contextmanager
@@ -22,7 +22,7 @@ def map_errors(server: str) -> Iterator[None]:
     except RequestError:
         raise
     except aiohttp.ClientConnectorError as exc:
-        raise ConnectError(f"cannot connect: {describe(exc)}", server=server) from exc
+        raise connect_failure(exc.os_error.errno, describe(exc), server) from exc
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise RequestTimeout("request timed out", server=server) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:

@@ -41,6 +41,14 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def connect_failure(code: int | None, detail: str, server: str) -> ConnectError | ConnectionLostError:
+    """A socket that could not be opened: the server's fault (ConnectError, which takes it out of rotation
+    at once), unless our own file table is full (EMFILE, ENFILE: `ulimit -n`), which no server can mend."""
+    if code in (errno.EMFILE, errno.ENFILE):
+        return ConnectionLostError(f"cannot open a socket: {detail} (ulimit -n)", server=server)
+    return ConnectError(f"cannot connect: {detail}", server=server)
+
+
 class _Connection(asyncio.Protocol):
     """One socket to one server: at most one request in flight, its answer delivered to `waiter`."""
 
@@ -243,9 +251,7 @@ class Http11Transport:
                 server_hostname=origin.host if tls else None,
             )
         except OSError as exc:  # refused, unreachable, DNS (gaierror), TLS handshake (SSLError)
-            if exc.errno in (errno.EMFILE, errno.ENFILE):  # our file table is full: not the server's fault
-                raise ConnectionLostError(f"cannot open a socket: {describe(exc)} (ulimit -n)", server=server) from exc
-            raise ConnectError(f"cannot connect: {describe(exc)}", server=server) from exc
+            raise connect_failure(exc.errno, describe(exc), server) from exc
         self._open.add(conn)
         return conn
 

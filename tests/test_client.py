@@ -152,3 +152,35 @@ def test_timeout_and_refused_over_real_sockets(kind):
             await client.chat("http://127.0.0.1:1", {}, 2)
 
     asyncio.run(asyncio.wait_for(_with_server(handler, check, kind), 10))
+
+
+@pytest.mark.parametrize("kind", HTTP_CLIENTS)
+def test_a_full_file_table_is_not_blamed_on_the_server(kind):
+    """EMFILE when opening a socket is our limit (ulimit -n): ConnectionLostError, not ConnectError (which
+    takes a server out of rotation at once)."""
+    import subprocess
+    import sys
+
+    code = """
+import asyncio, resource, sys
+from gen_pipeline.client import open_transport
+from gen_pipeline.errors import ConnectionLostError
+
+async def main():
+    async def hold(reader, writer):
+        await asyncio.sleep(5)
+    srv = await asyncio.start_server(hold, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    async with open_transport(None, sys.argv[1]) as t:
+        results = await asyncio.gather(*(t.request("GET", url, "/x", 2) for _ in range(80)), return_exceptions=True)
+    lost = [r for r in results if isinstance(r, ConnectionLostError) and "ulimit -n" in str(r)]
+    print(len(lost), sorted({type(r).__name__ for r in results}))
+    srv.close()
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code, kind], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    count, kinds = out.stdout.split(" ", 1)
+    assert int(count) > 0 and "ConnectError" not in kinds, out.stdout

@@ -391,34 +391,3 @@ def test_https_verifies_the_server_certificate(self_signed, monkeypatch):
 
     server = asyncio.run(asyncio.wait_for(main(), 20))
     assert len(server.requests) == 2 and server.connections == 1  # the failed handshake never reached it
-
-
-def test_a_full_file_table_is_not_blamed_on_the_server():
-    """EMFILE when opening a socket is our limit (ulimit -n): ConnectionLostError, not ConnectError (which
-    takes a server out of rotation at once)."""
-    import subprocess
-    import sys
-
-    code = """
-import asyncio, resource
-from gen_pipeline.http11 import Http11Transport
-from gen_pipeline.errors import ConnectionLostError
-
-async def main():
-    async def hold(reader, writer):
-        await asyncio.sleep(5)
-    srv = await asyncio.start_server(hold, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    async with Http11Transport() as t:
-        results = await asyncio.gather(*(t.request("GET", url, "/x", 2) for _ in range(80)), return_exceptions=True)
-    lost = [r for r in results if isinstance(r, ConnectionLostError) and "ulimit -n" in str(r)]
-    print(len(lost), sorted({type(r).__name__ for r in results}))
-    srv.close()
-
-asyncio.run(main())
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    count, kinds = out.stdout.split(" ", 1)
-    assert int(count) > 0 and "ConnectError" not in kinds, out.stdout
