@@ -22,7 +22,7 @@ def map_errors(server: str) -> Iterator[None]:
     except RequestError:
         raise
     except aiohttp.ClientConnectorError as exc:
-        raise connect_failure(exc.os_error.errno, describe(exc), server) from exc
+        raise connect_failure(exc.errno, describe(exc), server) from exc  # its os_error's errno
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise RequestTimeout("request timed out", server=server) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
