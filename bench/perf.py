@@ -1,6 +1,7 @@
 """Client performance: gen-pipeline vs a bare asyncio+aiohttp script, side by side in one run.
 
-    python bench/perf.py [--rows 20000] [--big-rows 654676] [--skip-big] [--big-full] [--keep]
+    python bench/perf.py [--rows 20000] [--big-rows 654676] [--skip-big] [--big-full] [--canned-rows 100000]
+                         [--skip-canned] [--keep]
 
 Workload (as in issue 7): 8 zero-latency simulated SGLang ports in a separate process, short chat prompts,
 max_tokens 64, at most 256 requests in flight (32 per port). Printed, one table:
@@ -23,6 +24,9 @@ appending 1,000 new rows to the input (the output index and the input cursor wri
 exist, as for a nightly run or a resume after a crash).
 --big-full adds a full run over the whole big input (wall, req/s, CPU ms/req, peak RSS against the
 issue's target: <= 300 MB and <= +100 MB over the 20k-row run). It takes 15-25 minutes on 2 cores.
+Last, the client-bound runs: bare, gen-pipeline and `--workers 2` over --canned-rows (100,000) short prompts
+against bench/canned.py, a server that sends one canned reply (~0.05 ms of CPU a request), so that the
+clients' own CPU sets their req/s and `--workers 2` has the second core to use (--skip-canned leaves them out).
 The bare script counts nothing, budgets nothing, keeps no ledger and cannot resume.
 """
 
@@ -47,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from inputs import long_prompts, short_rows, write_jsonl  # noqa: E402
-from simfleet import ENV, sim_process  # noqa: E402
+from simfleet import ENV, canned_process, sim_process  # noqa: E402
 
 from gen_pipeline.sim import free_ports  # noqa: E402
 
@@ -227,6 +231,8 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="also run gen-pipeline over the whole big input (opt-in: 15-25 minutes on 2 cores)",
     )
+    ap.add_argument("--canned-rows", type=int, default=100000, help="short prompts per client-bound run")
+    ap.add_argument("--skip-canned", action="store_true", help="skip the client-bound runs (bench/canned.py)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (inputs and outputs)")
     return ap.parse_args()
 
@@ -269,7 +275,25 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # the nightly case: the caches are the ones the full run kept itself
             append_rows(big[0], "next")
             r["resume_after_full"] = big_resume(big[0], tmp / "big-full", servers)
+    if not args.skip_canned:
+        r["canned"] = measure_canned(args, tmp)
     return r
+
+
+def measure_canned(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """The same clients against bench/canned.py: their own CPU, not the server's, sets the pace."""
+    rows = tmp / "canned.jsonl"
+    write_jsonl(rows, short_rows(args.canned_rows))
+    ports = free_ports(8)
+    servers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    with canned_process(ports) as server:
+        bare = [sys.executable, str(tmp / "bare.py"), str(rows), str(tmp / "canned-bare.out"), urls]
+        return {
+            "bare": timed_against(server.pid, bare),
+            "ours": timed_against(server.pid, generate_cmd(rows, tmp / "canned-ours", servers)),
+            "ours2": timed_against(server.pid, generate_cmd(rows, tmp / "canned-ours2", servers, "--workers", "2")),
+        }
 
 
 def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[str, Any]) -> None:
@@ -327,6 +351,28 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
         f"prompts of {min(gap['counts']):,}-{max(gap['counts']):,} tokens"
     )
     report_big(args, r, ours)
+    report_canned(args, r)
+
+
+def report_canned(args: argparse.Namespace, r: dict[str, Any]) -> None:
+    if "canned" not in r:
+        return
+    c, n = r["canned"], args.canned_rows
+    print(
+        f"client-bound: the same clients over {n:,} short prompts against bench/canned.py (8 ports, one process, "
+        "the same reply every time: no counting, no generation)"
+    )
+    print(f"{'client':<30}{'CPU ms/req':>12}{'req/s':>10}{'peak RSS MB':>13}{'server CPU ms/req':>19}")
+    for name, key in (("bare script", "bare"), ("gen-pipeline", "ours"), ("gen-pipeline -w 2", "ours2")):
+        m = c[key]
+        server = f"{m['sim_cpu'] / n * 1e3:.3f}" if m.get("sim_cpu") is not None else "-"
+        print(f"{name:<30}{m['cpu'] / n * 1e3:>12.3f}{n / m['wall']:>10.0f}{m['rss_mb']:>13.0f}{server:>19}")
+    bare, one, two = c["bare"]["wall"], c["ours"]["wall"], c["ours2"]["wall"]
+    print(
+        f"  req/s vs the bare script: one worker {bare / one:.2f}x, --workers 2 {bare / two:.2f}x; "
+        f"--workers 2 vs one worker {one / two:.2f}x (cores kept busy: one worker "
+        f"{c['ours']['cpu'] / one:.2f}, --workers 2 {c['ours2']['cpu'] / two:.2f}, of 2)"
+    )
 
 
 def targets(cpu_ms: float, bare_ms: float, one: float, two: float) -> str:
