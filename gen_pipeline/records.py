@@ -60,14 +60,19 @@ def key_of(id_bytes: bytes) -> int:
 _LEADING_ID = re.compile(rb'\{"id":\s*(?:"([^"\\]*)"|(-?[1-9]\d*|0))\s*,')
 
 
+# The integers orjson reads as integers (and can write back); past them it reads a float.
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
 def _leading_id(raw: bytes) -> tuple[RowId, bytes] | None:
     """The id a line starts with, and its bytes as they stand in the line (a string id without escapes is
-    its own UTF-8; the regex only takes canonical integers)."""
+    its own UTF-8; the regex only takes canonical integers, and only those the parser reads as integers)."""
     m = _LEADING_ID.match(raw)
     if m is None:
         return None
     if m[2] is not None:
-        return int(m[2]), m[2]
+        number = int(m[2])
+        return (number, m[2]) if _INT_MIN <= number <= _INT_MAX else None
     try:
         return m[1].decode("utf-8"), m[1]
     except UnicodeDecodeError:

@@ -71,7 +71,7 @@ def _row_id(row: dict[str, Any], messages: Messages) -> RowId:
         return content_id(messages)
     rid = row["id"]
     if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
-        raise RowError(f"id must be a non-empty string or an integer, not {rid!r}")
+        raise RowError(f"id must be a non-empty string or a 64-bit integer, not {rid!r}")
     return rid
 
 

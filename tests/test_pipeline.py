@@ -104,15 +104,16 @@ def test_speculative_reserve_is_learned(write_jsonl, tmp_path):
 def test_bad_rows_ledgered_once_across_reruns(write_jsonl, tmp_path):
     """Bad rows get one ledger line each; a rerun neither re-ledgers nor re-sends anything."""
     twice = b'{"id": "t", "prompt": "which id?", "id": "u"}'  # sent as "u" once, it came back on every rerun
-    rows = [*prompts(5), b"{broken", {"id": "e", "messages": []}, {"id": 1, "prompt": "conflict"}, twice]
+    huge = b'{"id": 123456789012345678901234567890, "prompt": "x"}'  # its ledger line crashed the run
+    rows = [*prompts(5), b"{broken", {"id": "e", "messages": []}, {"id": 1, "prompt": "conflict"}, twice, huge]
     path, out = write_jsonl(rows), tmp_path / "out"
     first, _ = run_sim(path, out)
-    assert first.summary["failed"] == {"bad_input": 4}
+    assert first.summary["failed"] == {"bad_input": 5}
     second, fleet = run_sim(path, out)
     assert second.summary["completed"] == 0 and second.summary["failed"] == {}
-    assert second.summary["skipped"] == {"done": 5, "bad_input": 4}
+    assert second.summary["skipped"] == {"done": 5, "bad_input": 5}
     assert sum(s.requests for s in fleet.stats.values()) == 0
-    assert len(read_jsonl(out / "failures.jsonl")) == 4
+    assert len(read_jsonl(out / "failures.jsonl")) == 5
 
 
 def test_resume_skips_done_and_permanent_but_retries_transient(write_jsonl, tmp_path):

@@ -28,6 +28,7 @@ GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
         (b'{"id": "x", "prompt": "a", "sampling": {"max_tokens": 3}}', "sampling may not set"),
         (b'{"id": "x", "prompt": "caf\xe9"}', "invalid UTF-8"),
         (b'{"id": "x", "prompt": "a", "id": "y"}', 'the key "id" more than once'),
+        (b'{"id": 123456789012345678901234567890, "prompt": "a"}', "64-bit integer, not 1.2345678901234568e+29"),
     ],
 )
 def test_each_bad_row_kind(write_jsonl, line, detail):
@@ -99,6 +100,9 @@ def test_repeats_without_id_collapse_even_when_whitespace_differs(write_jsonl):
         (b'{"id": 012, "prompt": "x"}', None),  # not JSON
         (b'{"prompt": "x", "id": 1}', None),  # id not first
         (b'{"id": "last"}', None),  # nothing after the id: let the parser judge the row
+        (b'{"id": 18446744073709551615, "prompt": "x"}', 2**64 - 1),  # the largest integer JSON gives back
+        (b'{"id": 18446744073709551616, "prompt": "x"}', None),  # parsed as a float: let the parser judge it
+        (b'{"id": -9223372036854775809, "prompt": "x"}', None),
     ],
 )
 def test_peek_id(raw, expected):
