@@ -41,12 +41,12 @@ from .client import Client, open_transport
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
-from .pipeline import BatchReader, Skipped, fit_open_files, manifest_for, open_file_limit, resolve
+from .pipeline import BatchReader, fit_open_files, manifest_for, open_file_limit, resolve
 from .progress import RunStats
 from .records import Prompt
 from .report import distribution
 from .requests import request_body
-from .source import BadRow, PromptSource
+from .source import BadRow, PromptSource, Skipped
 from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
 from .tokens import TokenCounter, load_counter
 

@@ -65,8 +65,8 @@ def error_message(body: Any) -> str:
     """The message of an error body in any server's envelope (flat SGLang, nested vLLM/llama.cpp)."""
     if isinstance(body, dict):
         inner = body.get("error")
-        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return inner["message"]
+        if isinstance(inner, dict) and isinstance(message := inner.get("message"), str):
+            return message
         if isinstance(inner, str):
             return inner
         if isinstance(body.get("message"), str):
@@ -81,8 +81,12 @@ def _int(value: Any) -> int | None:
 def parse_overflow(body: Any) -> OverflowCounts | None:
     """The counts a context-length error states, or None when the body is not such an error."""
     inner = body.get("error") if isinstance(body, dict) else None
-    fields = isinstance(inner, dict) and inner.get("type") == "exceed_context_size_error"
-    if fields and "n_prompt_tokens" in inner and "n_ctx" in inner:  # type: ignore[operator]
+    if (
+        isinstance(inner, dict)
+        and inner.get("type") == "exceed_context_size_error"
+        and "n_prompt_tokens" in inner
+        and "n_ctx" in inner
+    ):
         return OverflowCounts(
             pattern="llamacpp.fields",
             context_length=_int(inner["n_ctx"]),

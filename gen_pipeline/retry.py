@@ -28,7 +28,7 @@ def backoff_delay(policy: RetryPolicy, attempt: int, retry_after: float | None =
     if retry_after is not None:
         return min(retry_after, policy.max_retry_after)
     base = min(policy.initial_delay * 2 ** (attempt - 1), policy.max_delay)
-    return base * (0.5 + policy.jitter.random() / 2)  # jitter in [base/2, base]
+    return float(base * (0.5 + policy.jitter.random() / 2))  # jitter in [base/2, base]
 
 
 def rebudget(

@@ -46,7 +46,7 @@ def build(out_dir: Path) -> Path:
         show_progress=False,
     )
     tok.train_from_iterator([line for line in _CORPUS.splitlines() if line] * 4, trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
