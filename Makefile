@@ -48,6 +48,7 @@ test: install
 lint: install
 	$(BIN)/ruff check gen_pipeline tests
 	$(BIN)/ruff format --check gen_pipeline tests
+	$(BIN)/mypy gen_pipeline
 
 fmt: install
 	$(BIN)/ruff check --fix gen_pipeline tests
