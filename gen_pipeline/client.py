@@ -69,16 +69,23 @@ def status_error(status: int, body: Any, server: str, headers: Any = None) -> Re
 
 
 def parse_chat(body: Any, server: str) -> ChatResult:
-    """The completion in a 200 body, or ServerError when the body is not one."""
+    """The completion in a 200 body, or ServerError when the body is not one (a field of the wrong type
+    included: it would otherwise reach the output, or the run's token totals)."""
     try:
         choice = body["choices"][0]
         usage = body.get("usage") or {}
-        return ChatResult(
+        result = ChatResult(
             content=choice["message"].get("content") or "",
             finish_reason=choice.get("finish_reason"),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
         )
+        if not isinstance(result.content, str) or not isinstance(result.finish_reason, str | None):
+            raise TypeError(f"content {result.content!r:.80} / finish_reason {result.finish_reason!r:.80}")
+        for count in (result.prompt_tokens, result.completion_tokens):
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+                raise TypeError(f"usage count {count!r:.80}")
+        return result
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         detail = error_message(body) if isinstance(body, dict) and "error" in body else repr(exc)
         raise ServerError(f"malformed completion: {detail}", server=server, status=200) from exc

@@ -105,6 +105,23 @@ def test_malformed_200_is_a_server_error():
     assert ok.content == "hi" and ok.prompt_tokens == 3
 
 
+@pytest.mark.parametrize(
+    ("message", "finish", "usage"),
+    [
+        ({"content": ["x"]}, "stop", {}),  # would reach the dataset as a list
+        ({"content": "x"}, 3, {}),
+        ({"content": "x"}, "stop", {"completion_tokens": "8"}),  # crashed the run's token totals
+        ({"content": "x"}, "stop", {"prompt_tokens": 5.5}),
+        ({"content": "x"}, "stop", {"prompt_tokens": True}),
+    ],
+)
+def test_a_200_with_a_field_of_the_wrong_type_is_a_server_error(message, finish, usage):
+    """Only a string completion and integer counts (or none) pass; anything else is retried elsewhere and
+    ledgered, never written to the output or added to the totals."""
+    with pytest.raises(ServerError, match="malformed completion"):
+        parse_chat({"choices": [{"message": message, "finish_reason": finish}], "usage": usage}, "s")
+
+
 async def _with_server(handler, check, kind):
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
