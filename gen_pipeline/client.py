@@ -39,6 +39,7 @@ class ChatResult:
     finish_reason: str | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    reasoning_content: str | None = None  # a server's reasoning parser puts the thinking here, not in content
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -74,14 +75,17 @@ def parse_chat(body: Any, server: str) -> ChatResult:
     try:
         choice = body["choices"][0]
         usage = body.get("usage") or {}
+        message = choice["message"]
         result = ChatResult(
-            content=choice["message"].get("content") or "",
+            content=message.get("content") or "",
             finish_reason=choice.get("finish_reason"),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
+            reasoning_content=message.get("reasoning_content"),
         )
-        if not isinstance(result.content, str) or not isinstance(result.finish_reason, str | None):
-            raise TypeError(f"content {result.content!r:.80} / finish_reason {result.finish_reason!r:.80}")
+        texts = (result.content, result.finish_reason, result.reasoning_content)
+        if not isinstance(texts[0], str) or not all(isinstance(t, str | None) for t in texts[1:]):
+            raise TypeError(f"content / finish_reason / reasoning_content {texts!r:.200}")
         for count in (result.prompt_tokens, result.completion_tokens):
             if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
                 raise TypeError(f"usage count {count!r:.80}")

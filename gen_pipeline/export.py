@@ -32,7 +32,7 @@ from .store import FAILURES, MANIFEST, shard_files
 DEFAULT_COLUMNS = ("id", "finish_reason", "prompt_tokens", "completion_tokens", "model")
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
-_STRINGS = ("id", "completion", "finish_reason", "server", "model", "meta")
+_STRINGS = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = "float64"

@@ -137,28 +137,23 @@ class Completion:
     model: str
     meta: dict[str, Any]
     key: int = -1  # id_key(id), carried from the Prompt so the output index does not hash it again
+    reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
 
     def to_line(self) -> bytes:
-        return (
-            orjson.dumps(
-                {
-                    "id": self.id,
-                    "messages": self.messages,
-                    "completion": self.completion,
-                    "finish_reason": self.finish_reason,
-                    "input_tokens": self.input_tokens,
-                    "prompt_tokens": self.prompt_tokens,
-                    "completion_tokens": self.completion_tokens,
-                    "max_tokens": self.max_tokens,
-                    "server": self.server,
-                    "attempts": self.attempts,
-                    "latency_s": round(self.latency_s, 4),
-                    "model": self.model,
-                    "meta": self.meta,
-                }
-            )
-            + b"\n"
-        )
+        line: dict[str, Any] = {"id": self.id, "messages": self.messages, "completion": self.completion}
+        if self.reasoning_content is not None:  # only servers with a reasoning parser send one
+            line["reasoning_content"] = self.reasoning_content
+        line["finish_reason"] = self.finish_reason
+        line["input_tokens"] = self.input_tokens
+        line["prompt_tokens"] = self.prompt_tokens
+        line["completion_tokens"] = self.completion_tokens
+        line["max_tokens"] = self.max_tokens
+        line["server"] = self.server
+        line["attempts"] = self.attempts
+        line["latency_s"] = round(self.latency_s, 4)
+        line["model"] = self.model
+        line["meta"] = self.meta
+        return orjson.dumps(line) + b"\n"
 
 
 @dataclass(slots=True)

@@ -135,6 +135,7 @@ class RequestPath:
             model=self.model,
             meta=prompt.meta,
             key=prompt.key,
+            reasoning_content=result.reasoning_content,
         )
 
     def _failure(self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track) -> Failure:

@@ -102,7 +102,9 @@ def test_malformed_200_is_a_server_error():
         },
         "s",
     )
-    assert ok.content == "hi" and ok.prompt_tokens == 3
+    assert ok.content == "hi" and ok.prompt_tokens == 3 and ok.reasoning_content is None
+    thought = parse_chat({"choices": [{"message": {"content": "4", "reasoning_content": "2+2"}}]}, "s")
+    assert (thought.content, thought.reasoning_content) == ("4", "2+2")
 
 
 @pytest.mark.parametrize(
@@ -113,6 +115,7 @@ def test_malformed_200_is_a_server_error():
         ({"content": "x"}, "stop", {"completion_tokens": "8"}),  # crashed the run's token totals
         ({"content": "x"}, "stop", {"prompt_tokens": 5.5}),
         ({"content": "x"}, "stop", {"prompt_tokens": True}),
+        ({"content": "x", "reasoning_content": {"text": "?"}}, "stop", {}),
     ],
 )
 def test_a_200_with_a_field_of_the_wrong_type_is_a_server_error(message, finish, usage):

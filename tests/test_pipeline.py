@@ -228,3 +228,29 @@ def test_pool_fits_the_open_file_limit(tmp_path):
     capacities = [s.capacity for s in build_pool(config, tight, open_files=512).servers]
     assert sum(capacities) <= 512 - RESERVED_FILES and min(capacities) >= 1 and len(set(capacities)) == 1
     assert "open-file limit (ulimit -n) is 512" in tight.warnings[0]
+
+
+def test_reasoning_content_is_kept_and_exported(write_jsonl, tmp_path):
+    """A server with a reasoning parser sends the thinking apart from content: it is written after the
+    completion (only then), and `export --columns reasoning_content` carries it into the dataset."""
+    import argparse
+
+    import datasets
+
+    from gen_pipeline import export
+
+    path = write_jsonl(prompts(6))
+    run_sim(path, tmp_path / "plain")
+    assert all("reasoning_content" not in r for r in read_jsonl(tmp_path / "plain" / "completions.jsonl"))
+    outcome, _ = run_sim(path, tmp_path / "think", sim={"reasoning_words": 6})
+    assert outcome.summary["completed"] == 6
+    lines = read_jsonl(tmp_path / "think" / "completions.jsonl")
+    assert all(isinstance(r["reasoning_content"], str) and r["reasoning_content"] for r in lines)
+    assert list(lines[0])[:4] == ["id", "messages", "completion", "reasoning_content"]
+    parser = argparse.ArgumentParser()
+    export.add_arguments(parser)
+    argv = [str(tmp_path / "think"), "--out", str(tmp_path / "ds"), "--save-to-disk"]
+    argv += ["--columns", "id,reasoning_content"]
+    assert export.main(parser.parse_args(argv)) == 0
+    rows = {r["id"]: r["reasoning_content"] for r in datasets.load_from_disk(str(tmp_path / "ds"))}
+    assert rows == {str(r["id"]): r["reasoning_content"] for r in lines}

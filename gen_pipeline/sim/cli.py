@@ -99,6 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=48,
         help="upper bound of the natural completion length",
     )
+    parser.add_argument(
+        "--reasoning-words",
+        type=int,
+        default=0,
+        help="up to this many words of reasoning_content in each chat reply, as with SGLang's --reasoning-parser "
+        "(default 0: null)",
+    )
     add("--seed", type=int, default=0, help="seed of completions and fault draws")
     _add_fault_arguments(parser)
 
@@ -171,6 +178,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         legacy_offbyone=args.legacy_offbyone,
         explicit_context_length=args.explicit_context_length,
         completion_words=args.completion_words,
+        reasoning_words=args.reasoning_words,
         seed=args.seed,
         dead=args.dead,
         flaky=_by_port(args.flaky, live[0], "--flaky"),

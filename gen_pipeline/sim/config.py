@@ -43,7 +43,9 @@ class SimConfig:
     checks (A) and (B) and their messages only; `legacy_offbyone` makes (B) reject
     `input + max_new >= ctx` (<= 0.5.9); `explicit_context_length` models `--context-length`
     (check (D), and a non-null context_length in /server_info).
-    Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`.
+    Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`; with
+    `reasoning_words` > 0 a chat reply also carries up to that many words of `reasoning_content`, as SGLang does
+    with `--reasoning-parser` (the thinking split out of `content`).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
     `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `slow`
     {port: factor} multiplies latencies; `p500`, `p503` (queue full), `p_drop` (connection
@@ -73,6 +75,7 @@ class SimConfig:
     explicit_context_length: bool = False
     # content
     completion_words: int = 48
+    reasoning_words: int = 0
     seed: int = 0
     # faults
     dead: tuple[int, ...] = ()
@@ -102,8 +105,8 @@ class SimConfig:
             raise ConfigError(f"simulator: context_length must be >= 8, got {self.context_length}")
         if self.max_running < 1 or (self.max_queued is not None and self.max_queued < 0):
             raise ConfigError("simulator: max_running must be >= 1 and max_queued >= 0")
-        if self.completion_words < 1:
-            raise ConfigError("simulator: completion_words must be >= 1")
+        if self.completion_words < 1 or self.reasoning_words < 0:
+            raise ConfigError("simulator: completion_words must be >= 1 and reasoning_words >= 0")
         if min(self.token_latency, self.prefill_latency, self.health_delay, self.warmup) < 0:
             raise ConfigError("simulator: latencies must be >= 0")
 

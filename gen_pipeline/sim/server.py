@@ -235,8 +235,13 @@ class PortServer:
         gen = sglang.generate(_prompt_key(req), self.cfg, max_new, req.stop, self.eos)
         async with self.scheduler.slot():
             await self.scheduler.decode(gen.tokens)
-        build = sglang.chat_body if chat else sglang.text_body
-        return build(req, gen, prompt_tokens)
+        if not chat:
+            return sglang.text_body(req, gen, prompt_tokens)
+        body = sglang.chat_body(req, gen, prompt_tokens)
+        if self.cfg.reasoning_words > 0:  # a reasoning parser's split: the thinking beside the answer
+            thought = sglang.generate(b"think" + _prompt_key(req), self.cfg, self.cfg.reasoning_words, (), self.eos)
+            body["choices"][0]["message"]["reasoning_content"] = thought.text
+        return body
 
     def _should_crash(self) -> bool:
         """True for the first request past crash_after (a port crashes at most once)."""
