@@ -136,8 +136,12 @@ class Completion:
     latency_s: float
     model: str
     meta: dict[str, Any]
-    key: int = -1  # id_key(id), carried from the Prompt so the output index does not hash it again
+    key: int = -1  # id_key(id): carried from the Prompt (hashed once), else hashed here
     reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
+
+    def __post_init__(self) -> None:
+        if self.key < 0:
+            self.key = id_key(self.id)
 
     def to_line(self) -> bytes:
         line: dict[str, Any] = {"id": self.id, "messages": self.messages, "completion": self.completion}

@@ -264,7 +264,7 @@ class RunWriter:
         line = completion.to_line()
         self._append(COMPLETIONS, line)
         if self.index is not None:
-            self.index.add(completion.key if completion.key >= 0 else id_key(completion.id), len(line))
+            self.index.add(completion.key, len(line))
 
     def write_failure(self, failure: Failure) -> None:
         self._append(FAILURES, failure.to_line())
