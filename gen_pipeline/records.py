@@ -144,20 +144,29 @@ class Completion:
             self.key = id_key(self.id)
 
     def to_line(self) -> bytes:
-        line: dict[str, Any] = {"id": self.id, "messages": self.messages, "completion": self.completion}
-        if self.reasoning_content is not None:  # only servers with a reasoning parser send one
-            line["reasoning_content"] = self.reasoning_content
-        line["finish_reason"] = self.finish_reason
-        line["input_tokens"] = self.input_tokens
-        line["prompt_tokens"] = self.prompt_tokens
-        line["completion_tokens"] = self.completion_tokens
-        line["max_tokens"] = self.max_tokens
-        line["server"] = self.server
-        line["attempts"] = self.attempts
-        line["latency_s"] = round(self.latency_s, 4)
-        line["model"] = self.model
-        line["meta"] = self.meta
-        return orjson.dumps(line) + b"\n"
+        # reasoning_content only when the server sent one (a reasoning parser), so other lines stay as they were
+        thinking = {"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}
+        return (
+            orjson.dumps(
+                {
+                    "id": self.id,
+                    "messages": self.messages,
+                    "completion": self.completion,
+                    **thinking,
+                    "finish_reason": self.finish_reason,
+                    "input_tokens": self.input_tokens,
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                    "max_tokens": self.max_tokens,
+                    "server": self.server,
+                    "attempts": self.attempts,
+                    "latency_s": round(self.latency_s, 4),
+                    "model": self.model,
+                    "meta": self.meta,
+                }
+            )
+            + b"\n"
+        )
 
 
 @dataclass(slots=True)
