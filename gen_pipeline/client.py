@@ -83,9 +83,11 @@ def parse_chat(body: Any, server: str) -> ChatResult:
             completion_tokens=usage.get("completion_tokens"),
             reasoning_content=message.get("reasoning_content"),
         )
-        texts = (result.content, result.finish_reason, result.reasoning_content)
-        if not isinstance(texts[0], str) or not all(isinstance(t, str | None) for t in texts[1:]):
-            raise TypeError(f"content / finish_reason / reasoning_content {texts!r:.200}")
+        if not isinstance(result.content, str):
+            raise TypeError(f"content {result.content!r:.80}")
+        for text in (result.finish_reason, result.reasoning_content):
+            if text is not None and not isinstance(text, str):
+                raise TypeError(f"finish_reason or reasoning_content {text!r:.80}")
         for count in (result.prompt_tokens, result.completion_tokens):
             if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
                 raise TypeError(f"usage count {count!r:.80}")
