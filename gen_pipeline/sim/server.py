@@ -232,14 +232,15 @@ class PortServer:
             raise sglang.bad_request(message)
         self.stats.max_prompt_tokens = max(self.stats.max_prompt_tokens, prompt_tokens)
         max_new = sglang.effective_max_new(self.cfg, prompt_tokens, req.max_new)
-        gen = sglang.generate(_prompt_key(req), self.cfg, max_new, req.stop, self.eos)
+        key = _prompt_key(req)
+        gen = sglang.generate(key, self.cfg, max_new, req.stop, self.eos)
         async with self.scheduler.slot():
             await self.scheduler.decode(gen.tokens)
         if not chat:
             return sglang.text_body(req, gen, prompt_tokens)
         body = sglang.chat_body(req, gen, prompt_tokens)
         if self.cfg.reasoning_words > 0:  # a reasoning parser's split: the thinking beside the answer
-            thought = sglang.generate(b"think" + _prompt_key(req), self.cfg, self.cfg.reasoning_words, (), self.eos)
+            thought = sglang.generate(b"think" + key, self.cfg, self.cfg.reasoning_words, (), self.eos)
             body["choices"][0]["message"]["reasoning_content"] = thought.text
         return body
 
