@@ -20,9 +20,10 @@ import pytest
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.sim import SimConfig, SimFleet, add_arguments, free_ports, start_fleet
 from gen_pipeline.sim.faults import Fault, FaultPlan
-from gen_pipeline.tokens import HFTokenCounter
+from gen_pipeline.tokens import TINY_TOKENIZER, FastTokenCounter, HFTokenCounter, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+QWEN3 = ROOT.parent / "shared" / "tokenizers" / "qwen3"
 PROMPT = [{"role": "user", "content": "hello there, simulator"}]
 TINY_EOS = 2  # <|im_end|> in the tiny tokenizer
 
@@ -391,6 +392,43 @@ def test_long_prompt_is_counted(tiny_counter: HFTokenCounter) -> None:
     expected = tiny_counter.count([messages])[0]
     status, body = ask(sim(context_length=100_000), messages=messages, max_tokens=1)
     assert status == 200 and body["usage"]["prompt_tokens"] == expected
+
+
+CONVERSATIONS = [
+    PROMPT,
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Dis-moi: où est l'été? 夏はどこ"}],
+    [
+        {"role": "user", "content": "two plus two"},
+        {"role": "assistant", "content": "four"},
+        {"role": "user", "content": "times ten\n\nthen halve it"},
+    ],
+]
+
+
+@pytest.mark.parametrize("folder", [str(TINY_TOKENIZER), str(QWEN3)], ids=["tiny", "qwen3"])
+def test_light_template_counts_what_transformers_counts(folder: str) -> None:
+    """light_template changes the simulator's CPU, not its usage.prompt_tokens (checked against transformers)."""
+    if not Path(folder, "tokenizer.json").exists():
+        pytest.skip(f"no tokenizer at {folder}")
+    expected = load_tokenizer(folder).count(CONVERSATIONS)
+
+    async def counts(light: bool) -> list[Any]:
+        async with serving(sim(tokenizer=folder, light_template=light, template_extra_tokens=1)) as (fleet, s):
+            counter = fleet.servers[fleet.config.ports[0]].counter.chat_counter
+            assert isinstance(counter, FastTokenCounter) is light
+            replies = [await chat(s, fleet.urls[0], messages=m, max_tokens=1) for m in CONVERSATIONS]
+        return [body["usage"]["prompt_tokens"] - 1 if status == 200 else body for status, body in replies]
+
+    assert run(counts(True)) == run(counts(False)) == expected
+
+
+def test_light_template_needs_a_light_folder(tmp_path: Path) -> None:
+    """A folder ChatTemplate cannot stand in for is refused at start, not counted some other way."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (tmp_path / name).write_bytes((TINY_TOKENIZER / name).read_bytes())
+    (tmp_path / "special_tokens_map.json").write_text("{}")
+    with pytest.raises(ConfigError, match="--light-template needs"):
+        run(start_fleet(sim(tokenizer=str(tmp_path), light_template=True)))
 
 
 def test_completions_are_deterministic() -> None:

@@ -60,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokenizer folder whose chat template counts prompts",
     )
     add("--model", default="sim-model", help="served model name")
+    add(
+        "--light-template",
+        action="store_true",
+        help="render chat prompts with gen_pipeline's own template renderer (same text as transformers, "
+        "~0.1 ms less CPU a request; the folder needs tokenizer.json and its chat template)",
+    )
     add("--max-running", type=int, default=64, help="requests run at once per port; the rest queue")
     add(
         "--max-queued",
@@ -167,6 +173,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         context_length=args.context_length,
         tokenizer=args.tokenizer,
         model=args.model,
+        light_template=args.light_template,
         max_running=args.max_running,
         max_queued=args.max_queued,
         max_total_tokens=args.max_total_tokens,

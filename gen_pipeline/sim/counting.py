@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..tokens import HFTokenCounter
+from ..tokens import FastTokenCounter, HFTokenCounter
 from . import sglang
 from .sglang import GenRequest
 
@@ -12,10 +12,17 @@ LONG_TEXT_CHARS = 20_000  # count longer prompts in a thread so one does not sta
 
 
 class ServerCounter:
-    """Counts prompts with the served tokenizer, plus the template tokens the client cannot see."""
+    """Counts prompts with the served tokenizer, plus the template tokens the client cannot see.
 
-    def __init__(self, counter: HFTokenCounter, template_extra_tokens: int) -> None:
+    Chat prompts are counted by `light` when given (the same tokenizer, rendered by ChatTemplate), else by
+    `counter` (transformers' apply_chat_template).
+    """
+
+    def __init__(
+        self, counter: HFTokenCounter, template_extra_tokens: int, light: FastTokenCounter | None = None
+    ) -> None:
         self.counter = counter
+        self.chat_counter: HFTokenCounter | FastTokenCounter = light or counter
         self.tokenizer = counter.tokenizer
         self.extra = template_extra_tokens
 
@@ -27,9 +34,9 @@ class ServerCounter:
             return len(self.prompt_ids(req))
         size = sum(len(str(m.get("content", ""))) for m in req.messages)
         if size > LONG_TEXT_CHARS:
-            counted = await asyncio.to_thread(self.counter.count, [req.messages])
+            counted = await asyncio.to_thread(self.chat_counter.count, [req.messages])
         else:
-            counted = self.counter.count([req.messages])
+            counted = self.chat_counter.count([req.messages])
         if isinstance(counted[0], str):
             raise sglang.bad_request(counted[0], "BadRequest")
         return counted[0] + self.extra

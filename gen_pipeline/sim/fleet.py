@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from types import TracebackType
 
+from ..chat_render import ChatTemplate
 from ..errors import ConfigError
-from ..tokens import load_tokenizer
+from ..tokens import FastTokenCounter, HFTokenCounter, light_parts, load_tokenizer
 from .config import QWEN_EOS_ID, SimConfig
 from .counting import ServerCounter
 from .scheduler import PortStats
@@ -49,7 +51,8 @@ async def start_fleet(config: SimConfig) -> SimFleet:
     counter = await asyncio.to_thread(load_tokenizer, config.tokenizer)
     eos = counter.tokenizer.eos_token_id
     eos = QWEN_EOS_ID if eos is None else int(eos)
-    server_counter = ServerCounter(counter, config.template_extra_tokens)
+    light = light_counter(config, counter) if config.light_template else None
+    server_counter = ServerCounter(counter, config.template_extra_tokens, light)
     servers = {port: PortServer(config, port, server_counter, eos) for port in config.live_ports}
     fleet = SimFleet(config, servers)
     for port, server in servers.items():
@@ -59,6 +62,22 @@ async def start_fleet(config: SimConfig) -> SimFleet:
             await fleet.aclose()
             raise ConfigError(f"simulator: cannot listen on 127.0.0.1:{port}: {exc}") from exc
     return fleet
+
+
+def light_counter(config: SimConfig, counter: HFTokenCounter) -> FastTokenCounter:
+    """The loaded tokenizer's own Rust tokenizer with the folder's template rendered by ChatTemplate."""
+    folder = Path(config.tokenizer)
+    parts = light_parts(folder) if folder.is_dir() else None
+    if parts is None:
+        raise ConfigError(
+            f"simulator: --light-template needs a tokenizer folder with tokenizer.json, tokenizer_config.json and "
+            f"one chat template, and no special_tokens_map.json; {config.tokenizer!r} is not one"
+        )
+    try:
+        template = ChatTemplate(*parts)
+    except Exception as exc:  # a template jinja cannot compile
+        raise ConfigError(f"simulator: cannot compile the chat template of {config.tokenizer!r}: {exc}") from exc
+    return FastTokenCounter(counter.tokenizer.backend_tokenizer, template, config.tokenizer)
 
 
 def free_ports(n: int) -> list[int]:
