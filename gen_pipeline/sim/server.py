@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from . import info, sglang
 from .config import SimConfig
 from .counting import ServerCounter
 from .faults import Fault, FaultPlan
+from .http import HttpServer, Reply, Request
 from .scheduler import PortStats, Scheduler
 from .sglang import GenRequest, Rejection
 
@@ -21,11 +21,14 @@ HANG_SECONDS = 24 * 3600.0  # "never": the client gives up first, which cancels 
 KEEPALIVE_TIMEOUT = 5.0  # uvicorn's timeout_keep_alive, which SGLang keeps
 RESTART_RETRY_SECONDS = 0.5  # how often a restarting port retries a port someone else holds
 MEDIA_TYPE_ERROR = "Unsupported Media Type: Only 'application/json' is allowed"
+MODEL_PREFIX = "/v1/models/"
+NOT_FOUND = {"detail": "Not Found"}  # FastAPI's replies for an unknown path and for another method
+METHOD_NOT_ALLOWED = {"detail": "Method Not Allowed"}
 
 
-def json_response(body: Any, status: int = 200) -> web.Response:
+def json_response(body: Any, status: int = 200) -> Reply:
     """A JSON reply serialised with orjson."""
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+    return Reply(status, orjson.dumps(body))
 
 
 class PortServer:
@@ -39,27 +42,34 @@ class PortServer:
         self.state = "down"  # down: refuses connections; warming: /health 503; up
         self.started = time.time()
         self.has_crashed = False
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._routes: dict[str, dict[str, Callable[[Request], Awaitable[Reply]]]] = {
+            "GET": {
+                "/health": self._health,
+                "/health_generate": self._health,
+                "/ready": self._ready,
+                "/v1/models": self._models,
+                "/model_info": self._model_info,
+                "/get_model_info": self._model_info,
+                "/server_info": self._server_info,
+                "/get_server_info": self._server_info,
+            },
+            "POST": {
+                "/v1/chat/completions": self._chat,
+                "/v1/completions": self._completions,
+                "/v1/tokenize": self._tokenize,
+                "/tokenize": self._tokenize,
+            },
+        }
 
     # lifecycle
 
     async def start(self, warmup: float = 0.0) -> None:
         """Listen; with a warmup, /health answers 503 for that long while /v1/* is served."""
-        runner = web.AppRunner(
-            self._app(),
-            handler_cancellation=True,  # SGLang aborts a request whose client went away
-            keepalive_timeout=KEEPALIVE_TIMEOUT,
-            shutdown_timeout=0.5,
-            access_log=None,
-        )
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner, self.started = runner, time.time()
+        http = HttpServer(self._route, KEEPALIVE_TIMEOUT)
+        await http.listen("127.0.0.1", self.port)
+        self._http, self.started = http, time.time()
         self.state = "warming" if warmup > 0 else "up"
         if warmup > 0:
             self._spawn(self._finish_warmup(warmup))
@@ -78,21 +88,15 @@ class PortServer:
 
     async def _kill(self) -> None:
         """Close the listener, then reset every open connection, as a killed process would."""
-        runner = self._runner
+        http = self._http
         self.state = "down"
-        if runner is None:
+        if http is None:
             return
-        for site in list(runner.sites):
-            await site.stop()
-        for conn in runner.server.connections if runner.server else []:
-            if conn.transport is not None:
-                conn.transport.abort()
-        await asyncio.sleep(0)  # let connection_lost run, which cancels their handlers
         try:
-            await runner.cleanup()
-        finally:  # kept until cleaned up, so that aclose() can finish a cancelled kill
-            if self._runner is runner:
-                self._runner = None
+            await http.close()
+        finally:  # kept until closed, so that aclose() can finish a cancelled kill
+            if self._http is http:
+                self._http = None
 
     async def _crash(self) -> None:
         """Die mid-run, then come back after restart_after seconds if configured."""
@@ -118,63 +122,51 @@ class PortServer:
 
     # routes
 
-    def _app(self) -> web.Application:
-        """The aiohttp application with SGLang's routes."""
-        app = web.Application(client_max_size=1 << 30)
-        get = [
-            ("/health", self._health),
-            ("/health_generate", self._health),
-            ("/ready", self._ready),
-            ("/v1/models", self._models),
-            ("/v1/models/{model:.+}", self._model),
-            ("/model_info", self._model_info),
-            ("/get_model_info", self._model_info),
-            ("/server_info", self._server_info),
-            ("/get_server_info", self._server_info),
-        ]
-        post = [
-            ("/v1/chat/completions", self._chat),
-            ("/v1/completions", self._completions),
-            ("/v1/tokenize", self._tokenize),
-            ("/tokenize", self._tokenize),
-        ]
-        app.add_routes([web.get(path, handler) for path, handler in get])
-        app.add_routes([web.post(path, handler) for path, handler in post])
-        return app
+    async def _route(self, request: Request) -> Reply:
+        """The handler of the request's method and path; FastAPI's 404 and 405 otherwise."""
+        path = request.path
+        handler = self._routes.get(request.method, {}).get(path)
+        if handler is not None:
+            return await handler(request)
+        is_model = path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX)
+        if is_model and request.method == "GET":
+            return self._model(path[len(MODEL_PREFIX) :])
+        if is_model or any(path in routes for routes in self._routes.values()):
+            return json_response(METHOD_NOT_ALLOWED, 405)
+        return json_response(NOT_FOUND, 404)
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def _health(self, request: Request) -> Reply:
         """503 while warming up; otherwise 200 after the probe generation (>= 1 s in SGLang)."""
         if self.state != "up":
-            return web.Response(status=503)
+            return Reply(503, content_type=None)
         if self.cfg.health_delay > 0:
             await asyncio.sleep(self.cfg.health_delay)
-        return web.Response(status=200)
+        return Reply(200, content_type=None)
 
-    async def _ready(self, request: web.Request) -> web.Response:
+    async def _ready(self, request: Request) -> Reply:
         """200 when up, else 503, with no probe."""
-        return web.Response(status=200 if self.state == "up" else 503)
+        return Reply(200 if self.state == "up" else 503, content_type=None)
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, request: Request) -> Reply:
         """The model list with one card."""
         card = info.model_card(self.cfg, int(self.started))
         return json_response({"object": "list", "data": [card]})
 
-    async def _model(self, request: web.Request) -> web.Response:
+    def _model(self, name: str) -> Reply:
         """One card, or the 404 envelope for another name."""
-        name = request.match_info["model"]
         if name != self.cfg.model:
             return json_response(info.model_not_found(name), 404)
         return json_response(info.model_card(self.cfg, int(self.started)))
 
-    async def _model_info(self, request: web.Request) -> web.Response:
+    async def _model_info(self, request: Request) -> Reply:
         """The model info (no context length, as in SGLang)."""
         return json_response(info.model_info(self.cfg))
 
-    async def _server_info(self, request: web.Request) -> web.Response:
+    async def _server_info(self, request: Request) -> Reply:
         """The server args plus scheduler info."""
         return json_response(info.server_info(self.cfg, self.port, self.started))
 
-    async def _tokenize(self, request: web.Request) -> web.Response:
+    async def _tokenize(self, request: Request) -> Reply:
         """/v1/tokenize of a prompt or of chat messages; max_model_len is the tokenizer's."""
         try:
             payload = await _read_json(request)
@@ -187,17 +179,17 @@ class PortServer:
         limit = self.counter.tokenizer.model_max_length
         return json_response({"tokens": ids, "count": len(ids), "max_model_len": limit})
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: Request) -> Reply:
         """POST /v1/chat/completions."""
         return await self._generate(request, chat=True)
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _completions(self, request: Request) -> Reply:
         """POST /v1/completions."""
         return await self._generate(request, chat=False)
 
     # the generation path
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: Request, chat: bool) -> Reply:
         """Crash, drop or hang if the dice say so; otherwise answer (a completion or an error)."""
         self.stats.requests += 1
         with self.scheduler.in_flight():
@@ -218,7 +210,7 @@ class PortServer:
             self.stats.completions += 1
             return json_response(body)
 
-    async def _complete(self, request: web.Request, chat: bool, fault: Fault) -> dict[str, Any]:
+    async def _complete(self, request: Request, chat: bool, fault: Fault) -> dict[str, Any]:
         """The completion body, or a Rejection for a failed check or an injected error."""
         _raise_fault(fault)
         payload = await _read_json(request)
@@ -252,18 +244,17 @@ class PortServer:
         self.has_crashed = True
         return True
 
-    def _drop(self, request: web.Request) -> web.Response:
+    def _drop(self, request: Request) -> Reply:
         """Reset the connection: the client sees a disconnect and no reply."""
         self.stats.dropped += 1
-        if request.transport is not None:
-            request.transport.abort()
-        return web.Response(status=500)  # never sent: the transport is gone
+        request.connection.abort()
+        return Reply(500)  # never sent: the connection is gone
 
 
-async def _hang() -> web.Response:
+async def _hang() -> Reply:
     """Never answer; the handler is cancelled when the client (or the server) hangs up."""
     await asyncio.sleep(HANG_SECONDS)
-    return web.Response(status=504)
+    return Reply(504)
 
 
 def _raise_fault(fault: Fault) -> None:
@@ -276,12 +267,12 @@ def _raise_fault(fault: Fault) -> None:
         raise sglang.queue_full()
 
 
-async def _read_json(request: web.Request) -> Any:
+async def _read_json(request: Request) -> Any:
     """The request body as JSON, or the 400s FastAPI would give."""
     if request.content_type != "application/json":
         raise sglang.bad_request(MEDIA_TYPE_ERROR, "Bad Request")
     try:
-        return orjson.loads(await request.read())
+        return orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
         raise sglang.bad_request(f"JSON decode error: {exc}", "Bad Request") from exc
 
