@@ -49,6 +49,18 @@ async def fleet_socket() -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.St
             writer.close()
 
 
+@contextlib.asynccontextmanager
+async def own_server(handler: Any, keepalive_timeout: float = 5.0) -> AsyncIterator[int]:
+    """An HttpServer serving `handler` on a free port; yields the port."""
+    server = HttpServer(handler, keepalive_timeout)
+    port = free_ports(1)[0]
+    await server.listen("127.0.0.1", port)
+    try:
+        yield port
+    finally:
+        await server.close()
+
+
 def test_unknown_path_and_wrong_method_get_fastapis_json() -> None:
     """404 {"detail":"Not Found"} and 405 {"detail":"Method Not Allowed"}, on a connection kept alive."""
 
@@ -118,18 +130,13 @@ def test_idle_keepalive_connection_is_closed_after_the_timeout() -> None:
         return Reply(200, b"{}")
 
     async def scenario() -> tuple[int, bytes]:
-        server = HttpServer(slow, keepalive_timeout=0.1)
-        port = free_ports(1)[0]
-        await server.listen("127.0.0.1", port)
-        try:
+        async with own_server(slow, keepalive_timeout=0.1) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(get("/"))
             status, _, _ = await read_reply(reader)  # took 0.3 s, longer than the timeout: not closed meanwhile
             closed = await asyncio.wait_for(reader.read(), 2.0)
             writer.close()
             return status, closed
-        finally:
-            await server.close()
 
     assert run(scenario()) == (200, b"")
 
@@ -148,17 +155,12 @@ def test_handler_is_cancelled_when_the_client_goes_away() -> None:
         return Reply()
 
     async def scenario() -> None:
-        server = HttpServer(forever, keepalive_timeout=5.0)
-        port = free_ports(1)[0]
-        await server.listen("127.0.0.1", port)
-        try:
+        async with own_server(forever) as port:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(get("/"))
             await asyncio.sleep(0.05)
             writer.close()
             await asyncio.wait_for(cancelled.wait(), 2.0)
-        finally:
-            await server.close()
 
     run(scenario())
 
@@ -172,10 +174,7 @@ def test_a_handler_bug_is_a_500_and_the_connection_lives_on(capsys: Any) -> None
         return Reply(200, b"ok", "text/plain")
 
     async def scenario() -> list[tuple[int, bytes]]:
-        server = HttpServer(buggy, keepalive_timeout=5.0)
-        port = free_ports(1)[0]
-        await server.listen("127.0.0.1", port)
-        try:
+        async with own_server(buggy) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             out = []
             for path in ("/bug", "/fine"):
@@ -184,8 +183,6 @@ def test_a_handler_bug_is_a_500_and_the_connection_lives_on(capsys: Any) -> None
                 out.append((status, body))
             writer.close()
             return out
-        finally:
-            await server.close()
 
     assert run(scenario()) == [(500, b"Internal Server Error"), (200, b"ok")]
     assert "KeyError: 'boom'" in capsys.readouterr().err
