@@ -4,7 +4,9 @@
                          [--skip-canned] [--keep]
 
 Workload (as in issue 7): 8 zero-latency simulated SGLang ports in a separate process, short chat prompts,
-max_tokens 64, at most 256 requests in flight (32 per port). Printed, one table:
+max_tokens 64, at most 256 requests in flight (32 per port). The simulator runs with --light-template (the
+same counts as transformers' chat template at less CPU): on 2 cores every ms it spends is taken from the
+client being measured. Printed, one table:
   - CPU ms/req: the client process's user+sys CPU divided by the rows it completed;
   - req/s: rows / wall time of the client process;
   - peak RSS (MB) of the client process;

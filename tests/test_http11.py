@@ -303,6 +303,69 @@ def test_timeout_closes_the_socket_and_the_next_request_gets_a_fresh_one():
     assert server.connections == 2
 
 
+def test_a_later_request_with_an_earlier_deadline_times_out_on_time():
+    """The shared timer is set again for a deadline earlier than the one it waits for."""
+
+    async def never(n, writer):
+        await asyncio.sleep(3)
+
+    async def check(t, url):
+        slow = asyncio.ensure_future(t.request("GET", url, "/x", 2.0))
+        await asyncio.sleep(0.05)
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(RequestTimeout):
+            await t.request("GET", url, "/x", 0.2)
+        waited = asyncio.get_running_loop().time() - began
+        assert 0.2 <= waited <= 0.2 + http11.Deadlines.SLACK + 0.2
+        assert not slow.done()  # its own deadline is still ahead
+        with pytest.raises(RequestTimeout):
+            await slow
+        assert asyncio.get_running_loop().time() - began <= 2.0 + http11.Deadlines.SLACK + 0.2
+
+    serve(never, check)
+
+
+def test_many_timeouts_each_fire_and_successes_are_left_alone():
+    """Requests with staggered deadlines time out one after another; answered ones are never cancelled."""
+
+    async def odd_ones_hang(n, writer):
+        if n % 2:
+            await asyncio.sleep(3)
+        else:
+            writer.write(answer())
+
+    async def one(t, url, timeout):
+        try:
+            return (await t.request("GET", url, "/x", timeout))[0]
+        except RequestTimeout:
+            return "timeout"
+
+    async def check(t, url):
+        results = await asyncio.gather(*(one(t, url, 0.1 + i / 20) for i in range(10)))
+        assert results.count("timeout") == 5 and results.count(200) == 5
+
+    serve(odd_ones_hang, check)
+
+
+def test_a_cancellation_at_the_deadline_is_not_taken_for_a_timeout():
+    """The task cancelled by someone else as its deadline passes is cancelled, not timed out."""
+
+    async def never(n, writer):
+        await asyncio.sleep(3)
+
+    async def check(t, url):
+        task = asyncio.ensure_future(t.request("GET", url, "/x", 5))
+        await asyncio.sleep(0.1)
+        deadlines = t._deadlines
+        deadlines._due[task] = 0.0  # the deadline passes now, in this very step...
+        deadlines._fire(asyncio.get_running_loop())
+        task.cancel()  # ...and the run is being stopped
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    serve(never, check)
+
+
 def test_refused_and_unresolvable_are_connect_errors():
     async def main():
         async with Http11Transport() as t:
