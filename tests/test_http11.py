@@ -75,6 +75,10 @@ async def always_ok(n, writer):
     writer.write(answer())
 
 
+async def never_answers(n, writer):
+    await asyncio.sleep(3)
+
+
 def test_sequential_requests_share_one_keepalive_connection():
     """Twenty requests one after another use one socket; the head carries host, agent, key and length."""
 
@@ -306,9 +310,6 @@ def test_timeout_closes_the_socket_and_the_next_request_gets_a_fresh_one():
 def test_a_later_request_with_an_earlier_deadline_times_out_on_time():
     """The shared timer is set again for a deadline earlier than the one it waits for."""
 
-    async def never(n, writer):
-        await asyncio.sleep(3)
-
     async def check(t, url):
         slow = asyncio.ensure_future(t.request("GET", url, "/x", 2.0))
         await asyncio.sleep(0.05)
@@ -322,7 +323,7 @@ def test_a_later_request_with_an_earlier_deadline_times_out_on_time():
             await slow
         assert asyncio.get_running_loop().time() - began <= 2.0 + http11.Deadlines.SLACK + 0.2
 
-    serve(never, check)
+    serve(never_answers, check)
 
 
 def test_many_timeouts_each_fire_and_successes_are_left_alone():
@@ -350,9 +351,6 @@ def test_many_timeouts_each_fire_and_successes_are_left_alone():
 def test_a_cancellation_at_the_deadline_is_not_taken_for_a_timeout():
     """The task cancelled by someone else as its deadline passes is cancelled, not timed out."""
 
-    async def never(n, writer):
-        await asyncio.sleep(3)
-
     async def check(t, url):
         task = asyncio.ensure_future(t.request("GET", url, "/x", 5))
         await asyncio.sleep(0.1)
@@ -363,7 +361,7 @@ def test_a_cancellation_at_the_deadline_is_not_taken_for_a_timeout():
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    serve(never, check)
+    serve(never_answers, check)
 
 
 def test_refused_and_unresolvable_are_connect_errors():
