@@ -146,3 +146,21 @@ def test_throughput_buckets_add_up_to_the_elapsed_time():
     x, rate, mean_latency, _, _ = throughput_series(latency, tokens, elapsed=10.0, buckets=10)
     assert x[-1] == pytest.approx(10.0) and rate == pytest.approx([500.0] * 10)
     assert mean_latency == pytest.approx([1.0] * 10)
+
+
+def test_progress_bar_shows_the_counts_and_log_mode_needs_no_tqdm(capsys):
+    """The bar (tqdm, imported only for it) shows settled rows and the line; other modes never import tqdm."""
+    import subprocess
+    import sys
+
+    from gen_pipeline.progress import Progress, RunStats
+
+    stats = RunStats(completed=3)
+    stats.failed["bad_input"] = 1
+    bar = Progress("bar", total=10)
+    bar.update(stats)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "4/10" in err and "done 3" in err and "failed 1" in err
+    code = "import sys; from gen_pipeline.progress import Progress; Progress('log'); print('tqdm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
