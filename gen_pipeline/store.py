@@ -19,6 +19,7 @@ import socket
 import time
 from array import array
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -238,7 +239,7 @@ class DirLock:
 
 
 class RunWriter:
-    """Appends completions and ledger entries, one flushed line per write, fsync on an interval."""
+    """Appends completions and ledger entries, one flushed line per write, fsync on an interval (in a thread)."""
 
     def __init__(self, out: Path, fsync_interval: float, suffix: str = "", found: FileKeys | None = None) -> None:
         """`found`: what the resume scan read of our completions file, to keep its index current."""
@@ -246,6 +247,9 @@ class RunWriter:
         self._files: dict[str, IO[bytes]] = {}
         self._last_sync = time.monotonic()
         self.failed: OutputError | None = None  # after one failed write, nothing more is written
+        self._out = out
+        self._fsync_thread: ThreadPoolExecutor | None = None
+        self._fsyncing: Future[None] | None = None
         for name in (COMPLETIONS, FAILURES):
             path = out / name.replace(".jsonl", f"{suffix}.jsonl")
             try:
@@ -277,13 +281,45 @@ class RunWriter:
             f.write(line)
             f.flush()
             if time.monotonic() - self._last_sync >= self.fsync_interval:
-                self.sync()
+                self._sync_behind()
         except OSError as exc:
             self.failed = OutputError(f"cannot write {f.name}: {exc.strerror or exc}")
             raise self.failed from exc
 
+    def _sync_behind(self) -> None:
+        """fsync both files in the writer's own thread, one fsync at a time; now and then, record the index.
+
+        Every line is already in the file (flushed) when its write returns, which is what a crash of this
+        process needs; fsync is for a crash of the machine. It can take from 0.1 ms to seconds (ext4 commits
+        other files' dirty data with ours; network filesystems), and on the event loop it would hold up every
+        request for that long. While one runs, the next waits for its turn."""
+        self._last_sync = time.monotonic()
+        if self._fsyncing is not None:
+            if not self._fsyncing.done():
+                return
+            self._settle_fsync()
+        if self._fsync_thread is None:
+            self._fsync_thread = ThreadPoolExecutor(1, thread_name_prefix="gen-pipeline-fsync")
+        self._fsyncing = self._fsync_thread.submit(self._fsync_files)
+        if self.index is not None and self.index.due():
+            self.index.save()
+
+    def _fsync_files(self) -> None:
+        for f in self._files.values():
+            os.fsync(f.fileno())
+
+    def _settle_fsync(self) -> None:
+        """Wait for the fsync in flight, if any; if it failed, so does the writer (OutputError)."""
+        pending, self._fsyncing = self._fsyncing, None
+        exc = pending.exception() if pending is not None else None
+        if exc is not None:
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            self.failed = OutputError(f"cannot fsync the output in {self._out}: {detail}")
+            raise self.failed from exc
+
     def sync(self) -> None:
-        """Flush and fsync both files; now and then, record the completions file's index."""
+        """Flush and fsync both files now (after the fsync in flight); now and then, record the index."""
+        self._settle_fsync()
         for f in self._files.values():
             f.flush()
             os.fsync(f.fileno())
@@ -292,10 +328,12 @@ class RunWriter:
             self.index.save()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, OutputError):
             self.sync()
             if self.index is not None and self.failed is None:
                 self.index.save()
+        if self._fsync_thread is not None:
+            self._fsync_thread.shutdown(wait=True)
         for f in self._files.values():
             with contextlib.suppress(OSError):
                 f.close()

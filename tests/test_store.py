@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import time
+
 import orjson
 import pytest
 
-from gen_pipeline.errors import ConfigError, ManifestMismatchError
+from gen_pipeline.errors import ConfigError, ManifestMismatchError, OutputError
 from gen_pipeline.records import Completion, Failure, id_key
 from gen_pipeline.store import (
     COMPLETIONS,
@@ -69,6 +73,46 @@ def test_writer_lines_are_whole_and_flushed(tmp_path):
     assert orjson.loads((tmp_path / COMPLETIONS).read_bytes())["id"] == 1
     assert orjson.loads((tmp_path / FAILURES).read_bytes())["reason"] == "timeout"
     writer.close()
+
+
+def test_a_slow_fsync_never_holds_up_a_write(tmp_path, monkeypatch):
+    """fsync runs in the writer's thread: with a disk taking 0.3 s an fsync, writes return at once, every line
+    is in the file, and close() waits for the fsync in flight and makes its own."""
+    fsynced = []
+
+    def slow_fsync(fd):
+        time.sleep(0.3)
+        fsynced.append(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    writer = RunWriter(tmp_path, fsync_interval=0.0)
+    longest = 0.0
+    for i in range(20):
+        began = time.monotonic()
+        writer.write_completion(completion(i))
+        longest = max(longest, time.monotonic() - began)
+    assert longest < 0.15, longest  # on the loop, the first write alone would take 0.6 s (two files)
+    assert len((tmp_path / COMPLETIONS).read_bytes().splitlines()) == 20  # flushed before fsync
+    writer.close()
+    assert len(fsynced) == 4  # the one in flight (both files), then close's own
+
+
+def test_a_failed_background_fsync_fails_the_next_write(tmp_path, monkeypatch):
+    """An fsync error in the thread stops the writer at its next fsync turn with an OutputError."""
+
+    def failing_fsync(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    writer = RunWriter(tmp_path, fsync_interval=0.0)
+    writer.write_completion(completion(1))  # starts the fsync that fails
+    time.sleep(0.05)
+    with pytest.raises(OutputError, match=r"cannot fsync the output .*Input/output error"):
+        writer.write_completion(completion(2))
+    with pytest.raises(OutputError):  # and nothing more is written
+        writer.write_failure(Failure(3, 3, "timeout", "slow"))
+    writer.close()  # does not raise
+    assert [orjson.loads(x)["id"] for x in (tmp_path / COMPLETIONS).read_bytes().splitlines()] == [1, 2]
 
 
 def test_manifest_mismatch_refused_unless_forced(tmp_path):
