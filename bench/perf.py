@@ -247,8 +247,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     (tmp / "bare.py").write_text(BARE)
     big = write_big(tmp, args.big_rows) if args.big_full or not args.skip_big else None
     ports = free_ports(8)
-    servers = ",".join(f"127.0.0.1:{p}" for p in ports)
-    urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    servers, urls = addresses(ports)
     # --light-template: the same counts at ~0.1 ms less of the shared cores a request (tests/test_simulator.py)
     sim_flags = ("--max-running", "32", "--tokenizer", TOKENIZER, "--context-length", "32768", "--light-template")
     r: dict[str, Any] = {"big_input": big}
@@ -283,13 +282,17 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return r
 
 
+def addresses(ports: list[int]) -> tuple[str, str]:
+    """The ports as gen-pipeline's --servers (host:port,...) and as the bare script's base URLs."""
+    return ",".join(f"127.0.0.1:{p}" for p in ports), ",".join(f"http://127.0.0.1:{p}" for p in ports)
+
+
 def measure_canned(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The same clients against bench/canned.py: their own CPU, not the server's, sets the pace."""
     rows = tmp / "canned.jsonl"
     write_jsonl(rows, short_rows(args.canned_rows))
     ports = free_ports(8)
-    servers = ",".join(f"127.0.0.1:{p}" for p in ports)
-    urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    servers, urls = addresses(ports)
     with canned_process(ports) as server:
         bare = [sys.executable, str(tmp / "bare.py"), str(rows), str(tmp / "canned-bare.out"), urls]
         return {
@@ -306,15 +309,12 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
         f"workload: {n} short chat prompts, max_tokens 64, 8 zero-latency ports, <=256 in flight; "
         f"tokenizer {Path(TOKENIZER).name}"
     )
-    print(f"{'client':<30}{'CPU ms/req':>12}{'req/s':>10}{'peak RSS MB':>13}{'sim CPU ms/req':>16}")
     table = [("bare script", bare, n), ("gen-pipeline", ours, n), ("gen-pipeline -w 2", ours2, n)]
     table.append(("gen-pipeline, fsync never", nofsync, n))
     table.append(("gen-pipeline, aiohttp client", r["aiohttp"], n))
     if "full" in r:
         table.append((f"gen-pipeline, big {r['full_rows']:,} rows", r["full"], r["full_rows"]))
-    for name, m, rows in table:
-        sim = f"{m['sim_cpu'] / rows * 1e3:.3f}" if m.get("sim_cpu") is not None else "-"
-        print(f"{name:<30}{m['cpu'] / rows * 1e3:>12.3f}{rows / m['wall']:>10.0f}{m['rss_mb']:>13.0f}{sim:>16}")
+    print_table(table, "sim CPU ms/req")
     print(f"after start-up ({TINY_ROWS}-row runs of the same clients: their CPU is the start-up cost):")
     steady: dict[str, float] = {}
     for name, key in (("bare script", "bare"), ("gen-pipeline", "ours"), ("gen-pipeline -w 2", "ours2")):
@@ -357,6 +357,15 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
     report_canned(args, r)
 
 
+def print_table(table: list[tuple[str, dict[str, Any], int]], server_column: str) -> None:
+    """One line per (client, measurement, rows): CPU ms/req, req/s, peak RSS and the server's CPU ms/req."""
+    width = len(server_column) + 2
+    print(f"{'client':<30}{'CPU ms/req':>12}{'req/s':>10}{'peak RSS MB':>13}{server_column:>{width}}")
+    for name, m, rows in table:
+        server = f"{m['sim_cpu'] / rows * 1e3:.3f}" if m.get("sim_cpu") is not None else "-"
+        print(f"{name:<30}{m['cpu'] / rows * 1e3:>12.3f}{rows / m['wall']:>10.0f}{m['rss_mb']:>13.0f}{server:>{width}}")
+
+
 def report_canned(args: argparse.Namespace, r: dict[str, Any]) -> None:
     if "canned" not in r:
         return
@@ -365,11 +374,8 @@ def report_canned(args: argparse.Namespace, r: dict[str, Any]) -> None:
         f"client-bound: the same clients over {n:,} short prompts against bench/canned.py (8 ports, one process, "
         "the same reply every time: no counting, no generation)"
     )
-    print(f"{'client':<30}{'CPU ms/req':>12}{'req/s':>10}{'peak RSS MB':>13}{'server CPU ms/req':>19}")
-    for name, key in (("bare script", "bare"), ("gen-pipeline", "ours"), ("gen-pipeline -w 2", "ours2")):
-        m = c[key]
-        server = f"{m['sim_cpu'] / n * 1e3:.3f}" if m.get("sim_cpu") is not None else "-"
-        print(f"{name:<30}{m['cpu'] / n * 1e3:>12.3f}{n / m['wall']:>10.0f}{m['rss_mb']:>13.0f}{server:>19}")
+    names = (("bare script", "bare"), ("gen-pipeline", "ours"), ("gen-pipeline -w 2", "ours2"))
+    print_table([(name, c[key], n) for name, key in names], "server CPU ms/req")
     bare, one, two = c["bare"]["wall"], c["ours"]["wall"], c["ours2"]["wall"]
     print(
         f"  req/s vs the bare script: one worker {bare / one:.2f}x, --workers 2 {bare / two:.2f}x; "
