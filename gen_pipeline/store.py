@@ -301,8 +301,7 @@ class RunWriter:
         if self._fsync_thread is None:
             self._fsync_thread = ThreadPoolExecutor(1, thread_name_prefix="gen-pipeline-fsync")
         self._fsyncing = self._fsync_thread.submit(self._fsync_files)
-        if self.index is not None and self.index.due():
-            self.index.save()
+        self._save_index_when_due()
 
     def _fsync_files(self) -> None:
         for f in self._files.values():
@@ -322,8 +321,11 @@ class RunWriter:
         self._settle_fsync()
         for f in self._files.values():
             f.flush()
-            os.fsync(f.fileno())
+        self._fsync_files()
         self._last_sync = time.monotonic()
+        self._save_index_when_due()
+
+    def _save_index_when_due(self) -> None:
         if self.index is not None and self.index.due():
             self.index.save()
 
