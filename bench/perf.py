@@ -25,7 +25,7 @@ The resume is measured twice: cold (output written by the bench: no index, no in
 appending 1,000 new rows to the input (the output index and the input cursor written by the first resume
 exist, as for a nightly run or a resume after a crash).
 --big-full adds a full run over the whole big input (wall, req/s, CPU ms/req, peak RSS against the
-issue's target: <= 300 MB and <= +100 MB over the 20k-row run). It takes 15-25 minutes on 2 cores.
+issue's target: <= 300 MB and <= +100 MB over the 20k-row run). It takes 4-25 minutes on 2 vCPUs, by the VM.
 Last, the client-bound runs: bare, gen-pipeline and `--workers 2` over --canned-rows (100,000) short prompts
 against bench/canned.py, a server that sends one canned reply (~0.05 ms of CPU a request), so that the
 clients' own CPU sets their req/s and `--workers 2` has the second core to use (--skip-canned leaves them out).
@@ -237,7 +237,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--big-full",
         action="store_true",
-        help="also run gen-pipeline over the whole big input (opt-in: 15-25 minutes on 2 cores)",
+        help="also run gen-pipeline over the whole big input (opt-in: 4-25 minutes on 2 vCPUs)",
     )
     ap.add_argument("--canned-rows", type=int, default=100000, help="short prompts per client-bound run")
     ap.add_argument("--skip-canned", action="store_true", help="skip the client-bound runs (bench/canned.py)")
