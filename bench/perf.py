@@ -201,15 +201,17 @@ def write_big(tmp: Path, n: int) -> tuple[Path, Path, float]:
     return inp, done, time.monotonic() - start
 
 
-def big_resume(inp: Path, out: Path, servers: str) -> dict[str, float]:
-    """Resume the run in `out` (all but 1,000 rows done): time to the first new line, and peak RSS."""
+def big_resume(inp: Path, out: Path, servers: str, *extra: str) -> dict[str, float]:
+    """Resume the run in `out` (all but 1,000 rows done): time to the first new line, and peak RSS.
+    With `--workers K` among `extra` the new lines go to the workers' own shard files."""
     size_mb = (inp.stat().st_size + (out / "completions.jsonl").stat().st_size) / 2**20
     start = time.monotonic()
-    proc = subprocess.Popen(generate_cmd(inp, out, servers), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    done_bytes = (out / "completions.jsonl").stat().st_size
+    cmd = generate_cmd(inp, out, servers, *extra)
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done_bytes = output_bytes(out)
     ready = None
     while proc.poll() is None and ready is None:
-        if (out / "completions.jsonl").stat().st_size > done_bytes:
+        if output_bytes(out) > done_bytes:
             ready = time.monotonic() - start
         time.sleep(0.01)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -221,6 +223,11 @@ def big_resume(inp: Path, out: Path, servers: str) -> dict[str, float]:
         "files_mb": size_mb,
         "wall": time.monotonic() - start,
     }
+
+
+def output_bytes(out: Path) -> int:
+    """The size of every completions file in a run directory (completions.jsonl and the workers' shards)."""
+    return sum(f.stat().st_size for f in out.glob("completions*.jsonl"))
 
 
 def append_rows(path: Path, prefix: str) -> None:
@@ -277,6 +284,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # the next day's run: 1,000 new rows appended; the output's index and the input cursor now exist
             append_rows(big[0], "new")
             r["resume_warm"] = big_resume(big[0], big[1], servers)
+            # the same run resumed by two worker processes: each reads the input for its own shard
+            append_rows(big[0], "shards")
+            r["resume_w2"] = big_resume(big[0], big[1], servers, "--workers", "2")
         if big and args.big_full:
             r["full_rows"] = sum(1 for _ in big[0].open("rb"))
             r["full"] = timed_against(sim.pid, generate_cmd(big[0], tmp / "big-full", servers))
@@ -419,6 +429,10 @@ def target_rows(args: argparse.Namespace, r: dict[str, Any], rate: float) -> lis
     if own is not None:
         rows.append((f"resume-ready at {big} rows: <= {RESUME_TARGET_S:.0f} s", f"{own['ready_s']:.2f} s",
                      verdict(own["ready_s"] <= RESUME_TARGET_S)))  # fmt: skip
+        shards = r["resume_w2"]["ready_s"]
+        rows.append(
+            ("  resumed by --workers 2 (no worker cursor yet)", f"{shards:.2f} s", verdict(shards <= RESUME_TARGET_S))
+        )
         cold = r["resume"]["ready_s"]
         rows.append(("  output not written by gen-pipeline (no index, no cursor)", f"{cold:.2f} s",
                      verdict(cold <= RESUME_TARGET_S)))  # fmt: skip
@@ -461,6 +475,11 @@ def report_big(args: argparse.Namespace, r: dict[str, Any], ours: dict[str, floa
         print(
             "again with 1,000 new rows appended to the input (index and input cursor written by that run): "
             f"first new line after {warm['ready_s']:.2f} s, peak RSS {warm['rss_mb']:.0f} MB"
+        )
+        w2 = r["resume_w2"]
+        print(
+            "again with 1,000 more rows, by `--workers 2` (no worker has its own input cursor yet): "
+            f"first new line after {w2['ready_s']:.2f} s, peak RSS {w2['rss_mb']:.0f} MB (its largest process)"
         )
     if "full" in r:
         full, rows = r["full"], r["full_rows"]
