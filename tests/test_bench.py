@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import orjson
 from e2e import prompts, read_jsonl
@@ -17,20 +18,24 @@ from gen_pipeline.tokens import TINY_TOKENIZER
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
+def _bench_modules(*names: str) -> list[ModuleType]:
+    """Modules of bench/ (scripts, not a package), imported by name."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        return [importlib.import_module(name) for name in names]
+    finally:
+        sys.path.remove(str(BENCH))
+
+
 def test_canned_server_serves_generate_and_the_bare_script(write_jsonl, tmp_path):
     """generate completes every row against it, with no token drift recorded (its usage has no
     prompt_tokens), and so does the bare aiohttp script the bench compares against."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        from perf import BARE
-        from simfleet import canned_process
-    finally:
-        sys.path.remove(str(BENCH))
+    perf, simfleet = _bench_modules("perf", "simfleet")
     rows = prompts(40)
     path, out = write_jsonl(rows), tmp_path / "out"
-    (tmp_path / "bare.py").write_text(BARE)
+    (tmp_path / "bare.py").write_text(perf.BARE)
     ports = free_ports(2)
-    with canned_process(ports):
+    with simfleet.canned_process(ports):
         servers = ",".join(f"127.0.0.1:{p}" for p in ports)
         done = run_generate(path, out, servers, "--tokenizer", str(TINY_TOKENIZER))  # it names none
         urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
@@ -44,22 +49,13 @@ def test_canned_server_serves_generate_and_the_bare_script(write_jsonl, tmp_path
     assert len((tmp_path / "bare.out").read_text().splitlines()) == 40
 
 
-def _perf_module():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import perf
-    finally:
-        sys.path.remove(str(BENCH))
-    return perf
-
-
 def _measured(cpu: float, wall: float, rss_mb: float = 150.0) -> dict[str, float]:
     return {"cpu": cpu, "wall": wall, "rss_mb": rss_mb}
 
 
 def test_target_rows_judge_each_issue_7_target_at_its_threshold():
     """At a threshold a target is met, past it not; what a run left out says so instead of a verdict."""
-    perf = _perf_module()
+    (perf,) = _bench_modules("perf")
     args = SimpleNamespace(rows=1000, big_rows=654676)
     # CPU exactly 0.35 ms/req; one worker 0.7x and --workers 2 1.0x the bare script's req/s
     r = {"bare": _measured(0.5, 7.0), "ours": _measured(0.35, 10.0), "ours2": _measured(0.4, 7.0)}
