@@ -1,0 +1,157 @@
+"""A run's figures: summary.json (how a run ended) and status.json (how it is doing), and one merge.
+
+Several processes write figures for one run (the workers of `--workers K`; the claimers of a multi-node
+run). Each field says once, in a rule table, how the parts add up: `SUMMARY_RULES` for summaries,
+`STATUS_RULES` for live snapshots. A rule reads either every part (what a process did stays on disk
+when it ends) or only the live ones (load, capacity, health, rates: a process that ended holds none).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one field of several parts becomes one: `combine` over the parts' values (missing ones left out)."""
+
+    combine: Callable[[list[Any]], Any]
+    live: bool = False  # read the live parts only
+
+
+@dataclass(frozen=True)
+class PerKey:
+    """A mapping (servers by URL) merged key by key with its own rules."""
+
+    rules: dict[str, Any]
+
+
+def total(values: list[Any]) -> Any:
+    """The sum (0 for none)."""
+    return sum(v or 0 for v in values)
+
+
+def tally(values: list[Any]) -> dict[str, int]:
+    """Counts by name, added up."""
+    return dict(sum((Counter(v or {}) for v in values), Counter()))
+
+
+def largest(values: list[Any]) -> Any:
+    """The largest known value (None when none is known)."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def newest(values: list[Any]) -> dict[str, Any]:
+    """Later parts' entries replace earlier ones (parts come oldest first)."""
+    return {k: v for d in values for k, v in (d or {}).items()}
+
+
+def merge(every: list[Doc], live: list[Doc], rules: dict[str, Any]) -> Doc:
+    """One document from several, field by field by `rules` (a dict of Rule, PerKey or nested dicts)."""
+    out: Doc = {}
+    for key, rule in rules.items():
+        if isinstance(rule, dict):
+            out[key] = merge([d.get(key) or {} for d in every], [d.get(key) or {} for d in live], rule)
+        elif isinstance(rule, PerKey):
+            out[key] = _merge_per_key([d.get(key) or {} for d in every], [d.get(key) or {} for d in live], rule)
+        else:
+            out[key] = rule.combine([d[key] for d in (live if rule.live else every) if key in d])
+    return out
+
+
+def _merge_per_key(every: list[Doc], live: list[Doc], per: PerKey) -> Doc:
+    keys = dict.fromkeys(k for d in every for k in d)
+    return {k: merge([d[k] for d in every if k in d], [d[k] for d in live if k in d], per.rules) for k in keys}
+
+
+def _joined(values: list[Any]) -> str | None:
+    return "; ".join(sorted({v for v in values if v})) or None
+
+
+def _earliest_cursor(values: list[Any]) -> dict[str, Any] | None:
+    """Each worker keeps its own input cursor: the merged one is where every worker's reading began."""
+    if not values or not all(values):
+        return None
+    return dict(min(values, key=lambda c: c["line"]))
+
+
+def _state(values: list[Any]) -> str:
+    states = set(values) or {"finished"}
+    return next((s for s in ("running", "stopping") if s in states), "finished")
+
+
+def _eta(values: list[Any]) -> float | None:
+    """The parts share no rows, so the run ends when the slowest one does; unknown if any is unknown."""
+    if None in values or not values:
+        return None
+    return max(float(v) for v in values)
+
+
+def _rounded(ndigits: int) -> Callable[[list[Any]], float]:
+    return lambda values: round(total(values), ndigits)
+
+
+SUM, TALLY = Rule(total), Rule(tally)
+
+SUMMARY_RULES: dict[str, Any] = {
+    **dict.fromkeys(("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens"), SUM),
+    **dict.fromkeys(("skipped", "failed", "finish_reasons"), TALLY),
+    "token_drift": {"compared": SUM, "by_offset": TALLY},
+    "servers": PerKey(
+        {
+            **dict.fromkeys(("requests", "completions", "output_tokens", "capacity"), SUM),
+            "failures": TALLY,
+            "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
+            "mean_latency_s": Rule(largest),
+        }
+    ),
+    "stop_reason": Rule(_joined),
+    "learned_offset": Rule(lambda v: largest(v) or 0),
+    "input_cursor": Rule(_earliest_cursor),
+    "warnings": Rule(lambda v: sorted({w for ws in v for w in ws or []})),
+}
+
+STATUS_RULES: dict[str, Any] = {
+    "updated": Rule(lambda v: max(float(x) for x in v) if v else 0.0, live=True),
+    "state": Rule(_state, live=True),
+    "counts": {"done": SUM, "skipped": SUM, "failed": TALLY, "in_flight": Rule(total, live=True)},
+    "rates": {"req_per_s": Rule(_rounded(2), live=True), "out_tok_per_s": Rule(_rounded(1), live=True)},
+    "eta_s": Rule(_eta, live=True),
+    "servers": PerKey(
+        {
+            "in_flight": Rule(total, live=True),
+            "capacity": Rule(total, live=True),
+            # one process seeing a server down is evidence enough: the others use the same server
+            "healthy": Rule(lambda v: all(bool(x) for x in v), live=True),
+            "requests": SUM,
+            "failures": TALLY,
+        }
+    ),
+    "last_error": Rule(newest),
+}
+
+
+def merge_summaries(parts: list[Doc], elapsed: float, exit_code: int) -> Doc:
+    """One summary.json from the parts' summaries; rates over the whole run's `elapsed` seconds."""
+    merged = merge(parts, parts, SUMMARY_RULES)
+    merged["token_drift"]["differed"] = sum(merged["token_drift"]["by_offset"].values())
+    merged.update(
+        exit_code=exit_code,
+        workers=len(parts),
+        elapsed_s=round(elapsed, 2),
+        requests_per_s=round(merged["completed"] / max(elapsed, 1e-9), 2),
+        output_tokens_per_s=round(merged["output_tokens"] / max(elapsed, 1e-9), 1),
+    )
+    return merged
+
+
+def merge_statuses(every: Iterable[Doc], live: Iterable[Doc]) -> Doc:
+    """One status.json from the parts' snapshots; `live`: those of the parts still running (or all)."""
+    by_age = sorted(every, key=lambda s: float(s.get("updated", 0)))
+    return merge(by_age, list(live) or by_age, STATUS_RULES)

@@ -1,0 +1,70 @@
+"""RunDir: every file name of a run directory comes from one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.rundir import FileLock, RunDir, write_json_atomic
+
+
+def test_the_single_writer_and_each_worker_have_their_own_files(tmp_path: Path) -> None:
+    """Worker 3 writes completions-00003.jsonl and its siblings; the single writer the plain names."""
+    run = RunDir(tmp_path)
+    single, third = run.writer(), run.writer(3)
+    assert [p.name for p in (single.completions, single.failures, single.status, single.summary)] == [
+        "completions.jsonl",
+        "failures.jsonl",
+        "status.json",
+        "summary.json",
+    ]
+    assert [p.name for p in (third.completions, third.failures, third.status, third.summary)] == [
+        "completions-00003.jsonl",
+        "failures-00003.jsonl",
+        "status-00003.json",
+        "summary-00003.json",
+    ]
+    assert (single.worker, third.worker) == (None, 3)
+
+
+def test_output_files_are_listed_single_writer_first_then_workers_by_number(tmp_path: Path) -> None:
+    """Only files that exist, and only names a writer uses (a stray completions-old.jsonl is not output)."""
+    for name in ("completions-00010.jsonl", "completions-00002.jsonl", "completions.jsonl", "completions-old.jsonl"):
+        (tmp_path / name).touch()
+    (tmp_path / "failures-00002.jsonl").touch()
+    run = RunDir(tmp_path)
+    assert [p.name for p in run.completion_files()] == [
+        "completions.jsonl",
+        "completions-00002.jsonl",
+        "completions-00010.jsonl",
+    ]
+    assert [p.name for p in run.failure_files()] == ["failures-00002.jsonl"]
+
+
+def test_worker_reports_are_found_by_number(tmp_path: Path) -> None:
+    """status-KKKKK.json by worker; stale reports include the workers' summaries but never summary.json."""
+    run = RunDir(tmp_path)
+    for name in ("status-00001.json", "status-00000.json", "summary-00001.json", "summary.json", "status.json"):
+        write_json_atomic(tmp_path / name, {})
+    assert {w: p.name for w, p in run.worker_status_files().items()} == {0: "status-00000.json", 1: "status-00001.json"}
+    assert [p.name for p in run.stale_worker_reports()] == [
+        "status-00000.json",
+        "status-00001.json",
+        "summary-00001.json",
+    ]
+
+
+def test_a_held_lock_is_refused_naming_its_holder(tmp_path: Path) -> None:
+    """The second taker gets one line with the holder's pid; after release the lock is free again."""
+    run = RunDir(tmp_path)
+    first, second = FileLock(run.lock_path, str(tmp_path)), FileLock(run.lock_path, str(tmp_path))
+    first.acquire()
+    try:
+        with pytest.raises(ConfigError, match=r"is in use by pid \d+ on "):
+            second.acquire()
+    finally:
+        first.release()
+    second.acquire()
+    second.release()
