@@ -78,6 +78,9 @@ class OffsetLearner:
                 self.offset = gap
 
 
+Sleep = Callable[[float], Awaitable[None]]
+
+
 def _retry_after(error: BaseException | None) -> float | None:
     return error.retry_after if isinstance(error, OverloadedError) else None
 
@@ -90,10 +93,11 @@ def _wait(policy: RetryPolicy, done: int) -> Any:
     return wait
 
 
-def transport_retrying(policy: RetryPolicy, done: int = 0) -> AsyncRetrying:
+def transport_retrying(policy: RetryPolicy, done: int = 0, sleep: Sleep = asyncio.sleep) -> AsyncRetrying:
     """Retry transport errors with exponential backoff and jitter, up to policy.max_attempts in all
     (`done` attempts already made)."""
     return AsyncRetrying(
+        sleep=sleep,
         stop=stop_after_attempt(policy.max_attempts - done),
         wait=_wait(policy, done),
         retry=retry_if_exception_type(RetryableError),
@@ -101,19 +105,22 @@ def transport_retrying(policy: RetryPolicy, done: int = 0) -> AsyncRetrying:
     )
 
 
-async def with_transport_retries(policy: RetryPolicy, call: Callable[[], Awaitable[T]]) -> T:
+async def with_transport_retries(
+    policy: RetryPolicy, call: Callable[[], Awaitable[T]], sleep: Sleep = asyncio.sleep
+) -> T:
     """`call()` until it succeeds or a non-retryable error, at most policy.max_attempts times.
 
     The first attempt runs bare: tenacity's per-call set-up costs ~40 us, most requests succeed at
     once, and the same schedule (backoff after attempt 1, then tenacity) follows a first failure.
+    `sleep` waits between attempts (tests pass one that records the waits).
     """
     try:
         return await call()
     except RetryableError as exc:
         if policy.max_attempts <= 1:
             raise
-        await asyncio.sleep(backoff_delay(policy, 1, _retry_after(exc)))
-    async for attempt in transport_retrying(policy, done=1):
+        await sleep(backoff_delay(policy, 1, _retry_after(exc)))
+    async for attempt in transport_retrying(policy, done=1, sleep=sleep):
         with attempt:
             return await call()
     raise AssertionError("unreachable: tenacity reraises the last error")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-import time
+import threading
 
 import orjson
 import pytest
@@ -76,23 +76,21 @@ def test_writer_lines_are_whole_and_flushed(tmp_path):
 
 
 def test_a_slow_fsync_never_holds_up_a_write(tmp_path, monkeypatch):
-    """fsync runs in the writer's thread: with a disk taking 0.3 s an fsync, writes return at once, every line
-    is in the file, and close() waits for the fsync in flight and makes its own."""
-    fsynced = []
+    """fsync runs in the writer's thread: while a disk holds an fsync, writes still return, every line is in
+    the file, and close() waits for the fsync in flight and makes its own."""
+    fsynced, disk = [], threading.Event()
 
-    def slow_fsync(fd):
-        time.sleep(0.3)
+    def held_fsync(fd):
+        assert disk.wait(10), "the test never released the disk"
         fsynced.append(fd)
 
-    monkeypatch.setattr(os, "fsync", slow_fsync)
+    monkeypatch.setattr(os, "fsync", held_fsync)
     writer = RunWriter(tmp_path, fsync_interval=0.0)
-    longest = 0.0
-    for i in range(20):
-        began = time.monotonic()
+    for i in range(20):  # on the loop, the first write would wait for the held fsync and never return
         writer.write_completion(completion(i))
-        longest = max(longest, time.monotonic() - began)
-    assert longest < 0.15, longest  # on the loop, the first write alone would take 0.6 s (two files)
     assert len((tmp_path / COMPLETIONS).read_bytes().splitlines()) == 20  # flushed before fsync
+    assert fsynced == []  # every write returned while the first fsync was still held
+    disk.set()
     writer.close()
     assert len(fsynced) == 4  # the one in flight (both files), then close's own
 
@@ -106,7 +104,8 @@ def test_a_failed_background_fsync_fails_the_next_write(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", failing_fsync)
     writer = RunWriter(tmp_path, fsync_interval=0.0)
     writer.write_completion(completion(1))  # starts the fsync that fails
-    time.sleep(0.05)
+    assert writer._fsyncing is not None
+    writer._fsyncing.exception(timeout=10)  # the thread has failed (no sleep: wait for it)
     with pytest.raises(OutputError, match=r"cannot fsync the output .*Input/output error"):
         writer.write_completion(completion(2))
     with pytest.raises(OutputError):  # and nothing more is written
