@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .chat_render import ChatTemplate
-from .errors import ConfigError
-from .records import Messages
+from ..errors import ConfigError
+from ..records import Messages
+from .render import ChatTemplate
 
 log = logging.getLogger(__name__)
 
-TINY_TOKENIZER = Path(__file__).parent / "data" / "tiny-tokenizer"
+TINY_TOKENIZER = Path(__file__).parents[1] / "data" / "tiny-tokenizer"
 ENCODE_CHARS = 200_000  # characters per encode call (~1 ms of GIL at a time)
 
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from conftest import QWEN3
 
-from gen_pipeline.chat_render import ChatTemplate
+from gen_pipeline.tokens.render import ChatTemplate
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.pipeline import chat_template_hash
 from gen_pipeline.tokens import (
