@@ -143,13 +143,14 @@ def load_counter() -> Any:
 
 def tokenize_rate(counter: Any, rows: list[dict]) -> float:
     from gen_pipeline.config import RunConfig
+    from gen_pipeline.tokens.budget import prompt_budget
 
     config = RunConfig(input=Path("x"), out=Path("y"))
     start = time.monotonic()
     for i in range(0, len(rows), 256):
         batch = rows[i : i + 256]
         for n in counter.count([r["messages"] for r in batch]):
-            config.budget(32768, int(n), None)
+            prompt_budget(config, 32768, int(n), None)
     return len(rows) / (time.monotonic() - start)
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from .errors import ConfigError
 from .records import ALL_REASONS
-from .tokens import clamp_max_tokens
 
 DEFAULT_SERVERS = "127.0.0.1:30000-30007"
 DEFAULT_CONCURRENCY = 64
@@ -199,16 +198,6 @@ class RunConfig:
         reserved = {"model", "messages", "max_tokens", "max_completion_tokens", "stream"}
         if reserved & self.sampling.keys():
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
-
-    def budget(self, context_length: int, input_tokens: int, row_max_tokens: int | None) -> int | None:
-        """The max_tokens generate sends for a prompt, or None when it is over length."""
-        return clamp_max_tokens(
-            row_max_tokens or self.max_tokens,
-            context_length=context_length,
-            input_tokens=input_tokens,
-            margin=self.safety_margin,
-            min_tokens=self.min_tokens,
-        )
 
     def capacity_for(self, reported: int | None) -> int:
         """Requests this process keeps in flight on a server that reports `reported` running slots.

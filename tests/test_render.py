@@ -8,7 +8,6 @@ import shutil
 import pytest
 from conftest import QWEN3
 
-from gen_pipeline.tokens.render import ChatTemplate
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.pipeline import chat_template_hash
 from gen_pipeline.tokens import (
@@ -19,6 +18,7 @@ from gen_pipeline.tokens import (
     load_counter,
     template_identity,
 )
+from gen_pipeline.tokens.render import ChatTemplate
 
 CHATS = [
     [{"role": "user", "content": "Hello, world!"}],

@@ -224,21 +224,3 @@ def load_tokenizer(name_or_path: str) -> HFTokenCounter:
     except Exception as exc:
         raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
     return HFTokenCounter(tok, name_or_path)
-
-
-def clamp_max_tokens(
-    requested: int,
-    *,
-    context_length: int,
-    input_tokens: int,
-    margin: int,
-    min_tokens: int,
-) -> int | None:
-    """The max_tokens to send, or None when fewer than `min_tokens` fit.
-
-    The margin absorbs the servers' off-by-ones: SGLang <= 0.5.9 rejects input + max_tokens >= context,
-    and its scheduler rejects inputs of context - 6 or more.
-    """
-    room = context_length - input_tokens - margin
-    budget = min(requested, room)
-    return budget if budget >= min_tokens else None
