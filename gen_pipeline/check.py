@@ -358,7 +358,11 @@ async def _fleet_and_probes(
         fleet = fleet_info(checks)
         try:
             model, ctx, tokenizer = resolve(config, fleet)
-            loaded = counter if counter is not None else await asyncio.to_thread(load_counter, tokenizer)
+            loaded = (
+                counter
+                if counter is not None
+                else await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader)
+            )
         except ConfigError as exc:
             found.problems.append(f"no budget plan: {exc}")
             return None

@@ -511,7 +511,7 @@ async def settle_manifest(
     background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
     try:
         if counter is None:
-            counter = await asyncio.to_thread(load_counter, tokenizer)
+            counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader)
         manifest = manifest_for(config, model, ctx, counter)
         check_manifest(config.out, manifest, config.force, write=config.shard is None)
         extra = await background if background is not None else None
@@ -526,7 +526,7 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     """settle_manifest for the parent of `--workers K`: the tokenizer's vocabulary is left to the workers."""
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
-    identity = await asyncio.to_thread(template_identity, tokenizer)
+    identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
     check_manifest(config.out, manifest_for(config, model, ctx, identity), config.force, write=True)
 
 

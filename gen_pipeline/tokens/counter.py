@@ -1,15 +1,18 @@
-"""Counting prompt tokens the way the server does, and the budget arithmetic built on the count.
+"""Counting prompt tokens the way the server does.
 
-SGLang and vLLM render `apply_chat_template(messages, add_generation_prompt=True)` with the model's own
-Hugging Face template and encode the text without adding special tokens again, so rendering then
-batch-encoding here gives exactly the server's `usage.prompt_tokens`.
+SGLang and vLLM render `apply_chat_template(messages, tools=..., add_generation_prompt=True,
+**chat_template_kwargs)` with the model's own Hugging Face template and encode the text without adding
+special tokens again, so rendering the same request then batch-encoding it here gives exactly the
+server's `usage.prompt_tokens`. `count` takes conversations as plain message lists or as
+`Conversation`s carrying tools and template kwargs too (tokens/conversation.py), and returns an error
+text instead of a count for a row the server would refuse or its template raises for.
 
-`load_counter` reads a local tokenizer folder with the Rust `tokenizers` library and renders the
-template with `chat_render.ChatTemplate` (same environment and inputs as transformers): no
-transformers import, ~100 MB less memory, 2.5 s less start-up, and shapes seen before render from a
-skeleton. Folders it cannot read exactly that way (no tokenizer.json, a legacy special_tokens_map.json,
-several named templates) and hub names go through transformers' AutoTokenizer, as does everything
-when GEN_PIPELINE_TOKENIZER_LOADER=transformers.
+`load_counter` reads a local tokenizer folder with the Rust `tokenizers` library and renders with
+`render.ChatTemplate` (transformers' environment and inputs, with transformers itself as the fallback):
+no transformers import unless a request needs it, ~100 MB less memory, 2.5 s less start-up. Folders it
+cannot read exactly that way (no tokenizer.json, a legacy special_tokens_map.json, several named
+templates, a template our environment cannot compile) and hub names go through transformers'
+AutoTokenizer, as does everything with loader="transformers" (the CLI's GEN_PIPELINE_TOKENIZER_LOADER).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import ConfigError
-from ..records import Messages
-from .render import ChatTemplate
+from ..errors import ConfigError, InputError
+from .conversation import ChatInput, ServerView, server_view
+from .render import ChatTemplate, compile_template
 
 log = logging.getLogger(__name__)
 
@@ -38,46 +41,78 @@ class TokenCounter(Protocol):
     name: str
     chat_template: Any  # the template source (transformers may hold several, by name)
 
-    def count(self, conversations: Sequence[Messages]) -> list[int | str]: ...
+    def count(self, conversations: Sequence[ChatInput]) -> list[int | str]: ...
+
+
+def failure_text(exc: Exception) -> str:
+    """What a row that cannot be counted is ledgered with."""
+    if isinstance(exc, InputError):
+        return str(exc)
+    return f"chat template failed: {exc}"  # jinja raise_exception(), type errors in the template
+
+
+def hf_render(tokenizer: Any, view: ServerView) -> str:
+    """transformers' own render of a request the server has shaped."""
+    out: str = tokenizer.apply_chat_template(
+        view.messages, tools=view.tools, add_generation_prompt=True, tokenize=False, **view.template_kwargs
+    )
+    return out
+
+
+def content_format_of(source: Any) -> str:
+    """The content format the server detects for a template ("string" when ours cannot parse it)."""
+    from .conversation import content_format
+
+    if not isinstance(source, str):
+        return "string"
+    try:
+        return content_format(compile_template(source).environment, source)
+    except Exception:
+        return "string"
 
 
 class HFTokenCounter:
-    """A Hugging Face tokenizer with its chat template, counting a batch at a time."""
+    """A Hugging Face tokenizer with its chat template, rendering with apply_chat_template."""
 
-    def __init__(self, tokenizer: Any, name: str) -> None:
+    def __init__(self, tokenizer: Any, name: str, server: str = "sglang") -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"tokenizer {name!r} has no chat template; the server would need one too")
         self.tokenizer = tokenizer
         self.name = name
         self.chat_template: Any = tokenizer.chat_template
+        self.server = server
+        self.content_format = content_format_of(self.chat_template)
 
-    def count(self, conversations: Sequence[Messages]) -> list[int | str]:
+    def count(self, conversations: Sequence[ChatInput]) -> list[int | str]:
         """Render every conversation, then encode all of them in one call."""
-        try:
-            texts: list[str] = self._render(list(conversations))
-        except Exception:
-            # One bad row must not sink its batch: find it by rendering one at a time.
-            return [self._count_one(c) for c in conversations]
-        return self._lengths(texts)
+        texts: list[str] = []
+        where: list[int] = []
+        out: list[int | str] = []
+        for i, chat in enumerate(conversations):
+            try:
+                texts.append(self.render(chat))
+            except Exception as exc:
+                out.append(failure_text(exc))
+                continue
+            where.append(i)
+            out.append(0)
+        for i, n in zip(where, self._lengths(texts), strict=True):
+            out[i] = n
+        return out
 
-    def _lengths(self, texts: list[str]) -> list[int | str]:
+    def render(self, chat: ChatInput) -> str:
+        """The prompt text of one conversation."""
+        return hf_render(self.tokenizer, server_view(chat, content_format=self.content_format, server=self.server))
+
+    def _lengths(self, texts: list[str]) -> list[int]:
         """Token counts of rendered prompts, without adding special tokens again."""
+        if not texts:
+            return []
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:  # the Rust tokenizer directly: half the cost of the Python wrapper
-            return list[int | str](encoded_lengths(backend, texts))
+            return encoded_lengths(backend, texts)
         ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
         return [len(x) for x in ids["input_ids"]]
-
-    def _render(self, conversations: list[Messages]) -> list[str]:
-        out = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
-        return [out] if isinstance(out, str) else list(out)
-
-    def _count_one(self, messages: Messages) -> int | str:
-        try:
-            text = self._render([messages])[0]
-        except Exception as exc:  # jinja raise_exception(), type errors in the template
-            return f"chat template failed: {exc}"
-        return self._lengths([text])[0]
 
 
 class FastTokenCounter:
@@ -89,21 +124,36 @@ class FastTokenCounter:
         self.chat_template: Any = template.source
         self.name = name
 
-    def count(self, conversations: Sequence[Messages]) -> list[int | str]:
+    def count(self, conversations: Sequence[ChatInput]) -> list[int | str]:
+        """Render every conversation, then encode the rendered ones ENCODE_CHARS at a time."""
         texts: list[str] = []
         where: list[int] = []
         out: list[int | str] = []
-        for i, messages in enumerate(conversations):
+        for i, chat in enumerate(conversations):
             try:
-                texts.append(self.template.render(messages))
-            except Exception as exc:  # jinja raise_exception(), type errors in the template
-                out.append(f"chat template failed: {exc}")
+                texts.append(self.template.render(chat))
+            except Exception as exc:
+                out.append(failure_text(exc))
                 continue
             where.append(i)
             out.append(0)
         for i, n in zip(where, encoded_lengths(self.tokenizer, texts), strict=True):
             out[i] = n
         return out
+
+
+class TransformersFallback:
+    """transformers' apply_chat_template for the requests ChatTemplate leaves to it; loaded on first use."""
+
+    def __init__(self, name_or_path: str) -> None:
+        self.name_or_path = name_or_path
+        self.tokenizer: Any = None
+
+    def __call__(self, view: ServerView) -> str:
+        if self.tokenizer is None:
+            log.info("rendering with transformers for a request our renderer leaves to it")
+            self.tokenizer = load_tokenizer(self.name_or_path).tokenizer
+        return hf_render(self.tokenizer, view)
 
 
 def encoded_lengths(tokenizer: Any, texts: list[str], chunk_chars: int = ENCODE_CHARS) -> list[int]:
@@ -170,10 +220,13 @@ class FolderTemplate:
     chat_template: str
 
 
-def _light_folder(name_or_path: str) -> tuple[str, dict[str, str]] | None:
+LOADERS = ("auto", "transformers")
+
+
+def _light_folder(name_or_path: str, loader: str) -> tuple[str, dict[str, str]] | None:
     """light_parts of the folder when load_counter takes the light path there, else None."""
     folder = Path(name_or_path)
-    if not folder.is_dir() or os.environ.get("GEN_PIPELINE_TOKENIZER_LOADER", "") == "transformers":
+    if not folder.is_dir() or loader == "transformers":
         return None
     try:
         return light_parts(folder)
@@ -181,17 +234,33 @@ def _light_folder(name_or_path: str) -> tuple[str, dict[str, str]] | None:
         raise ConfigError(f"cannot read tokenizer folder {name_or_path!r}: {exc}") from exc
 
 
-def _template(name_or_path: str, parts: tuple[str, dict[str, str]]) -> ChatTemplate:
+def _template(name_or_path: str, parts: tuple[str, dict[str, str]]) -> ChatTemplate | None:
+    """The folder's template compiled by us, or None when only transformers compiles it."""
     try:
-        return ChatTemplate(*parts)
+        return ChatTemplate(*parts, fallback=TransformersFallback(name_or_path))
     except Exception as exc:
+        if transformers_compiles(parts[0]):
+            log.info("chat template of %s: rendered by transformers (%s)", name_or_path, exc)
+            return None
         raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
 
 
-def load_counter(name_or_path: str) -> TokenCounter:
+def transformers_compiles(source: str) -> bool:
+    """Whether transformers' own environment compiles this template."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(source)
+    except Exception:
+        return False
+    return True
+
+
+def load_counter(name_or_path: str, loader: str = "auto") -> TokenCounter:
     """The client's token counter: the light loader when the folder allows it, else transformers."""
-    parts = _light_folder(name_or_path)
-    if parts is None:
+    parts = _light_folder(name_or_path, loader)
+    template = _template(name_or_path, parts) if parts is not None else None
+    if template is None:
         return load_tokenizer(name_or_path)
     from tokenizers import Tokenizer
 
@@ -199,19 +268,20 @@ def load_counter(name_or_path: str) -> TokenCounter:
         tok = Tokenizer.from_file(str(Path(name_or_path) / "tokenizer.json"))
     except Exception as exc:
         raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
-    return FastTokenCounter(tok, _template(name_or_path, parts), name_or_path)
+    return FastTokenCounter(tok, template, name_or_path)
 
 
-def template_identity(name_or_path: str) -> TemplateIdentity:
+def template_identity(name_or_path: str, loader: str = "auto") -> TemplateIdentity:
     """The name and chat template load_counter's counter would have, without the vocabulary when possible.
 
     For the parent of `--workers K`, which records the manifest but counts nothing: the workers load the
     tokenizer themselves. Other folders and hub names are loaded in full.
     """
-    parts = _light_folder(name_or_path)
-    if parts is None:  # what load_counter does then, without asking _light_folder twice
+    parts = _light_folder(name_or_path, loader)
+    template = _template(name_or_path, parts) if parts is not None else None
+    if template is None:  # what load_counter does then
         return load_tokenizer(name_or_path)
-    return FolderTemplate(name_or_path, _template(name_or_path, parts).source)
+    return FolderTemplate(name_or_path, template.source)
 
 
 def load_tokenizer(name_or_path: str) -> HFTokenCounter:

@@ -1,330 +1,239 @@
-"""Rendering chat templates exactly as transformers' `apply_chat_template(tokenize=False)` does, but fast.
+"""Rendering a chat template exactly as transformers' `apply_chat_template(..., tokenize=False)` does.
 
-`ChatTemplate` compiles the model's template once in the same sandboxed Jinja environment transformers
-builds (trim_blocks, lstrip_blocks, loopcontrols, its tojson/raise_exception/strftime_now/dict/namespace)
-and renders with the same inputs (messages with None values dropped and reasoning fields aliased, the
-tokenizer's named special tokens, tools=None, documents=None, add_generation_prompt=True).
+`compile_template` builds the environment transformers 5 builds (`utils/chat_template_utils.py`,
+`_cached_compile_jinja_template`): an ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the
+`{% generation %}` tag and loopcontrols extensions, its tojson filter, and its raise_exception,
+strftime_now, dict and namespace globals. `ChatTemplate.render` hands the template what
+apply_chat_template hands it: the server's view of the request (tokens/conversation.py), top-level None
+values dropped, every value rebuilt from plain JSON types, reasoning copied under its three names, the
+tokenizer's named special tokens overridden by the template kwargs, documents=None and
+add_generation_prompt=True. tests/test_template_parity.py holds the two equal over the ~70 chat templates
+of the llama.cpp source.
 
-Rendering the Qwen3 template costs ~90 us per short prompt, more than encoding it. Most training
-prompts share a few shapes (the role sequence: "user", "system,user", ...), and most templates only
-paste a message's text into the output and ask yes/no questions of it ("does it start with
-<tool_response>?"). So for each shape `ShapeCache` renders once with *probe* texts that record every
-question the template asks of them. A later conversation of that shape is rendered by asking its
-texts the same questions: when every answer matches, the template took the same path, and the
-output is the recorded skeleton with the texts pasted in. Any other use of a text (slicing, length,
-upper(), JSON or HTML escaping, formatting) makes the shape uncacheable, and it is rendered in full.
-Every shape's first fast render, and one in VERIFY_EVERY after it, is checked against a full render;
-a mismatch disables the fast path for that shape. Templates that read the clock render in full.
+Whatever this renderer does not do itself goes to `fallback`, transformers' own apply_chat_template, when
+one is set (tokens/counter.py sets it): any exception from our render (so a template's raise_exception
+text is transformers' too), and template kwargs named like one of apply_chat_template's own parameters,
+which transformers consumes instead of passing them to the template.
+
+Every conversation is rendered in full: ~0.1 ms for a short prompt, and no cache to be wrong.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import re
-import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
-log = logging.getLogger(__name__)
+from .conversation import ChatInput, ServerView, server_view
 
-VERIFY_EVERY = 1000  # fast renders per shape between two checks against a full render
-MAX_SHAPES = 4096
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-
-# str methods whose answer is a bool or an int: recorded, and asked again of the real text
-_QUESTIONS = frozenset(
+# apply_chat_template's own parameters: template kwargs of these names never reach the template there
+APPLY_PARAMETERS = frozenset(
     [
-        "startswith",
-        "endswith",
-        "find",
-        "rfind",
-        "count",
-        "isspace",
-        "isalpha",
-        "isdigit",
-        "isalnum",
-        "isupper",
-        "islower",
-        "istitle",
-        "isnumeric",
-        "isdecimal",
-        "isidentifier",
-        "isascii",
-        "isprintable",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
     ]
 )
-_STRIPS = frozenset(("strip", "lstrip", "rstrip"))  # allowed when they leave the text unchanged
-_SPLITS = frozenset(("split", "rsplit"))  # allowed when the separator is absent
+
+Fallback = Callable[[ServerView], str]
 
 
-class Uncacheable(Exception):
-    """The template uses a message's text in a way a skeleton cannot reproduce."""
+class NotRendered(Exception):
+    """Our renderer leaves this request to transformers (raised out of render only without a fallback)."""
 
 
 def compile_template(source: str) -> Any:
-    """The template compiled in an environment equivalent to transformers' (jinja2 >= 3.1.6 sandbox)."""
+    """The template compiled in the environment transformers compiles it in (jinja2 >= 3.1.6 sandbox)."""
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_generation_tag(), jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _namespace_class()
+    return env.from_string(source)
 
-    def tojson(
-        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
-    ) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    def strftime_now(fmt: str) -> str:
-        return datetime.now().strftime(fmt)
+def _generation_tag() -> type:
+    """transformers' AssistantTracker without the tracking: `{% generation %}` renders its body."""
+    import jinja2
+    from jinja2.ext import Extension
 
-    class TemplateDict:
-        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            return dict(*args, **kwargs)
+    class GenerationTag(Extension):
+        tags: ClassVar[set[str]] = {"generation"}
 
-        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            return dict.fromkeys(*args, **kwargs)
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_generation_support"), [], [], body).set_lineno(lineno)
+
+        @jinja2.pass_eval_context
+        def _generation_support(self, context: Any, caller: Any) -> str:
+            return str(caller())
+
+    return GenerationTag
+
+
+def _raise_exception(message: str) -> None:
+    import jinja2
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # Jinja's own tojson escapes HTML characters; transformers' does not
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _TemplateDict:
+    """`dict(...)` for templates, without attribute access to the real type."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _namespace_class() -> type:
+    """jinja's Namespace refusing underscore-prefixed names, as transformers' TemplateNamespace does."""
+    import jinja2
+
+    def check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}. "
+                "Please rename the attribute."
+            )
 
     class TemplateNamespace(jinja2.utils.Namespace):
         def __init__(*args: Any, **kwargs: Any) -> None:
             self, rest = args[0], args[1:]
             attrs = dict(*rest, **kwargs)
             for name in attrs:
-                TemplateNamespace.check(name)
+                check(name)
             jinja2.utils.Namespace.__init__(self, attrs)
 
         def __setitem__(self, name: str, value: Any) -> None:
-            TemplateNamespace.check(name)
+            check(name)
             jinja2.utils.Namespace.__setitem__(self, name, value)
 
-        @staticmethod
-        def check(name: Any) -> None:
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"chat templates cannot set {name!r} on a namespace")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    env.globals["dict"] = TemplateDict()
-    env.globals["namespace"] = TemplateNamespace
-    return env.from_string(source)
+    return TemplateNamespace
 
 
-def normalize(messages: Sequence[Any]) -> list[Any]:
-    """What transformers hands the template: None values dropped, reasoning copied under its names."""
-    out: list[Any] = []
+def plain(value: Any) -> Any:
+    """`value` rebuilt from plain JSON types, as transformers' _plain_template_data does."""
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return value
+    if kind is dict or isinstance(value, Mapping):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if kind is list:
+        return [plain(v) for v in value]
+    if kind is tuple:
+        return tuple(plain(v) for v in value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    return f"<{kind.__name__}>"
+
+
+def template_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages as the template sees them: None values dropped, plain types, reasoning aliased."""
+    if isinstance(messages, (list, tuple)) and not messages:
+        raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+    out: list[dict[str, Any]] = []
     for m in messages:
-        if isinstance(m, dict):
-            m = {k: v for k, v in m.items() if v is not None}
-            reasoning = next((m[k] for k in REASONING_FIELDS if m.get(k) is not None), None)
-            if reasoning is not None:
-                m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        if not isinstance(m, dict):
+            raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models, but got {m!r}.")
+        m = plain({k: v for k, v in m.items() if v is not None})
+        reasoning = next((m[k] for k in REASONING_FIELDS if m.get(k) is not None), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
         out.append(m)
     return out
 
 
-class Probe(str):
-    """A stand-in message text that records what the template asks of it."""
-
-    trace: list[tuple[int, str, tuple[Any, ...], Any]]
-    slot: int  # which message's text
-
-    def __new__(cls, text: str, slot: int, trace: list[tuple[int, str, tuple[Any, ...], Any]]) -> Probe:
-        obj = super().__new__(cls, text)
-        obj.slot, obj.trace = slot, trace
-        return obj
-
-    def _plain(self) -> str:
-        return str.__str__(self)
-
-    def __getattribute__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("slot", "trace"):
-            return object.__getattribute__(self, name)
-        plain = str.__str__(self)
-        if name in _QUESTIONS:
-            method = getattr(str, name)
-
-            def ask(*args: Any) -> Any:
-                answer = method(plain, *args)
-                self.trace.append((self.slot, name, args, answer))
-                return answer
-
-            return ask
-        if name in _STRIPS:
-
-            def strip(*args: Any) -> Probe:
-                if getattr(str, name)(plain, *args) != plain:
-                    raise Uncacheable(name)
-                self.trace.append((self.slot, name, args, None))
-                return self
-
-            return strip
-        if name in _SPLITS:
-
-            def split(sep: Any = None, maxsplit: int = -1) -> list[Any]:
-                if sep is None or sep in plain:
-                    raise Uncacheable(name)
-                self.trace.append((self.slot, "__contains__", (sep,), False))
-                return [self]
-
-            return split
-        raise Uncacheable(name)
-
-    def __contains__(self, item: object) -> bool:
-        answer = str.__contains__(self._plain(), item)  # type: ignore[operator]
-        self.trace.append((self.slot, "__contains__", (item,), answer))
-        return answer
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Probe):
-            raise Uncacheable("==")
-        answer = str.__eq__(self._plain(), other)
-        self.trace.append((self.slot, "__eq__", (other,), answer))
-        return answer is True
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
-    def __bool__(self) -> bool:
-        self.trace.append((self.slot, "__bool__", (), True))
-        return True
-
-    def __str__(self) -> str:
-        return self._plain()
-
-    def __add__(self, other: str) -> str:
-        return self._plain() + other
-
-    def __radd__(self, other: str) -> str:
-        return other + self._plain()
-
-    def __format__(self, spec: str) -> str:
-        if spec:
-            raise Uncacheable("format spec")
-        return self._plain()
-
-    def __hash__(self) -> int:
-        raise Uncacheable("hash")
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise Uncacheable("text operation")
-
-    __len__ = __getitem__ = __iter__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
-    __mul__ = __rmul__ = __mod__ = __rmod__ = __repr__ = __reversed__ = _refuse
-
-
-def _answer(text: str, op: str, args: tuple[Any, ...]) -> Any:
-    if op in _STRIPS:
-        return None if getattr(str, op)(text, *args) == text else "changed"
-    if op == "__bool__":
-        return bool(text)
-    return getattr(str, op)(text, *args)
-
-
-class Shape:
-    """A recorded render: the questions asked of each text, and the output around the texts."""
-
-    def __init__(self, trace: list[tuple[int, str, tuple[Any, ...], Any]], parts: list[str | int]) -> None:
-        self.trace = trace
-        self.parts = parts
-        self.fast = 0  # fast renders since the last check
-
-    def matches(self, texts: Sequence[str]) -> bool:
-        return all(_answer(texts[i], op, args) == answer for i, op, args, answer in self.trace)
-
-    def fill(self, texts: Sequence[str]) -> str:
-        return "".join(texts[p] if isinstance(p, int) else p for p in self.parts)
+def template_tools(tools: Any) -> list[Any] | None:
+    """The tools as the template sees them (JSON schemas; transformers' callables do not come from JSON)."""
+    if tools is None:
+        return None
+    for tool in tools:
+        if not isinstance(tool, dict):
+            raise ValueError(
+                "Tools should either be a JSON schema, or a callable function with type hints "
+                "and a docstring suitable for auto-conversion to a schema."
+            )
+    return list(plain(list(tools)))
 
 
 class ChatTemplate:
-    """Renders conversations as transformers would; shapes it has seen are rendered from a skeleton."""
+    """A chat template that renders requests as transformers would; see the module docstring."""
 
-    def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
+    def __init__(
+        self, source: str, special_tokens: dict[str, str], *, server: str = "sglang", fallback: Fallback | None = None
+    ) -> None:
+        from .conversation import content_format
+
         self.source = source
         self.template = compile_template(source)
-        self.kwargs = dict(special_tokens)
-        self.cacheable = "strftime_now" not in source
-        self.shapes: dict[tuple[str, ...], Shape | None] = {}
-        self.stats = {"fast": 0, "full": 0, "mismatch": 0}
+        self.special_tokens = dict(special_tokens)
+        self.server = server
+        self.content_format = content_format(self.template.environment, source)
+        self.fallback = fallback
 
-    def render_full(self, messages: Sequence[Any]) -> str:
+    def render(self, messages: ChatInput, tools: Any = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The prompt text the server renders for this request (add_generation_prompt=True)."""
+        view = server_view(messages, tools, template_kwargs, self.content_format, self.server)
+        try:
+            return self.render_view(view)
+        except Exception:
+            if self.fallback is None:
+                raise
+            return self.fallback(view)
+
+    def render_view(self, view: ServerView) -> str:
+        """Our own render of a request the server has already shaped."""
+        if APPLY_PARAMETERS.intersection(view.template_kwargs):
+            raise NotRendered("a template kwarg is one of apply_chat_template's own parameters")
+        kwargs = plain({**self.special_tokens, **view.template_kwargs})
         out: str = self.template.render(
-            messages=normalize(messages), tools=None, documents=None, add_generation_prompt=True, **self.kwargs
+            messages=template_messages(view.messages),
+            tools=template_tools(view.tools),
+            documents=None,
+            add_generation_prompt=True,
+            **kwargs,
         )
         return out
-
-    def render(self, messages: Sequence[Any]) -> str:
-        key = self._key(messages)
-        if key is None:
-            return self._full(messages)
-        if key not in self.shapes:
-            if len(self.shapes) >= MAX_SHAPES:
-                return self._full(messages)
-            self.shapes[key] = self._learn(key)
-            verify = True
-        else:
-            verify = False
-        shape = self.shapes[key]
-        texts = [m["content"] for m in messages]
-        if shape is None or not shape.matches(texts):
-            return self._full(messages)
-        shape.fast += 1
-        if verify or shape.fast >= VERIFY_EVERY:
-            shape.fast = 0
-            return self._checked(key, shape, messages, texts)
-        self.stats["fast"] += 1
-        return shape.fill(texts)
-
-    def _full(self, messages: Sequence[Any]) -> str:
-        self.stats["full"] += 1
-        return self.render_full(messages)
-
-    def _checked(self, key: tuple[str, ...], shape: Shape, messages: Sequence[Any], texts: list[str]) -> str:
-        full = self._full(messages)
-        if shape.fill(texts) != full:
-            self.stats["mismatch"] += 1
-            self.shapes[key] = None
-            log.warning("chat template shape %s rendered differently from its skeleton; rendering it in full", key)
-        return full
-
-    def _key(self, messages: Sequence[Any]) -> tuple[str, ...] | None:
-        """The role sequence, when every message is exactly {"role": str, "content": str}."""
-        if not self.cacheable:
-            return None
-        roles = []
-        for m in messages:
-            if not isinstance(m, dict) or len(m) != 2:
-                return None
-            role, content = m.get("role"), m.get("content")
-            if type(role) is not str or type(content) is not str:
-                return None
-            roles.append(role)
-        return tuple(roles)
-
-    def _learn(self, roles: tuple[str, ...]) -> Shape | None:
-        nonce = secrets.token_hex(8)
-        marks = [f"\x00<&{nonce}:{i}&>\x00" for i in range(len(roles))]
-        trace: list[tuple[int, str, tuple[Any, ...], Any]] = []
-        probes = [
-            {"role": r, "content": Probe(mark, i, trace)} for i, (r, mark) in enumerate(zip(roles, marks, strict=True))
-        ]
-        try:
-            out = self.template.render(
-                messages=probes, tools=None, documents=None, add_generation_prompt=True, **self.kwargs
-            )
-        except Exception:  # Uncacheable, or the template refused this shape: render such rows in full
-            return None
-        parts: list[str | int] = []
-        pattern = re.compile("|".join(re.escape(m) for m in marks))
-        pos = 0
-        for match in pattern.finditer(out):
-            parts.append(out[pos : match.start()])
-            parts.append(marks.index(match.group()))
-            pos = match.end()
-        parts.append(out[pos:])
-        if any(isinstance(p, str) and nonce in p for p in parts):
-            return None  # a text came out escaped or cut: not a verbatim paste
-        return Shape(trace, [p for p in parts if p != ""])
