@@ -219,3 +219,18 @@ def test_kwargs_that_apply_chat_template_consumes_are_rendered_by_transformers(t
     request = Conversation([{"role": "user", "content": "x"}], template_kwargs={"documents": [{"title": "t"}]})
     assert fast.template.render(request) == hf.render(request) == '[{"title": "t"}]x'
     assert fast.count([request]) == hf.count([request])
+
+
+def test_a_template_that_refuses_wrapped_tools_is_rendered_with_flat_ones_as_sglang_does(tmp_path):
+    """SGLang renders again with the bare function objects when the OpenAI-wrapped tools make the template raise."""
+    source = "{% for t in tools %}{{ t.name + ':' + t.description }}{% endfor %}|{{ messages[0].content }}"
+    folder = tmp_path / "tok"
+    shutil.copytree(TINY_TOKENIZER, folder)
+    (folder / "chat_template.jinja").write_text(source)
+    request = Conversation([{"role": "user", "content": "x"}], tools=TOOLS)
+    expected = "get_weather:" + TOOLS[0]["function"]["description"] + "|x"
+    hf = load_counter(str(folder), "transformers")
+    assert isinstance(hf, HFTokenCounter)
+    assert ChatTemplate(source, {}).render(request) == hf.render(request) == expected
+    with pytest.raises(Exception, match="has no attribute"):
+        ChatTemplate(source, {}, server="vllm").render(request)

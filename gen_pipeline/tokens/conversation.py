@@ -13,7 +13,9 @@ and the renderer take either. `server_view` applies what the server does to the 
 - SGLang joins a tool turn's text parts into one string for every template;
 - an assistant turn's `tool_calls[].function.arguments` given as a JSON string is parsed into the object
   the templates expect (SGLang and vLLM); arguments that are not a JSON object are an InputError;
-- SGLang turns a final assistant turn with text content into a user turn (no continue_final_message here).
+- SGLang turns a final assistant turn with text content into a user turn (no continue_final_message here);
+- when the template raises with OpenAI-wrapped tools, SGLang renders again with the bare function objects
+  (`flat_tools`; Mistral-style templates want those).
 Other fields (`name`, `tool_call_id`, `reasoning_content`, ...) pass through as they are.
 """
 
@@ -70,6 +72,14 @@ def server_view(
     if server == "sglang" and messages and _is_text_assistant(messages[-1]):
         messages[-1] = {"role": "user", "content": messages[-1]["content"]}
     return ServerView(messages, None if tools is None else list(tools), dict(template_kwargs or {}))
+
+
+def flat_tools(view: ServerView, server: str) -> ServerView | None:
+    """The view SGLang renders when the first render raised: tools without their OpenAI wrapper."""
+    if server != "sglang" or not view.tools:
+        return None
+    tools = [t["function"] if isinstance(t, dict) and "function" in t else t for t in view.tools]
+    return ServerView(view.messages, tools, view.template_kwargs)
 
 
 def _message(m: Any, content_format: str, server: str) -> Any:

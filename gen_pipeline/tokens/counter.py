@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ConfigError, InputError
-from .conversation import ChatInput, ServerView, server_view
+from .conversation import ChatInput, ServerView, flat_tools, server_view
 from .render import ChatTemplate, compile_template
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,14 @@ class HFTokenCounter:
         return out
 
     def render(self, chat: ChatInput) -> str:
-        """The prompt text of one conversation."""
-        return hf_render(self.tokenizer, server_view(chat, content_format=self.content_format, server=self.server))
+        """The prompt text of one conversation (again with flat tools where SGLang would retry so)."""
+        view = server_view(chat, content_format=self.content_format, server=self.server)
+        try:
+            return hf_render(self.tokenizer, view)
+        except Exception:
+            if (flat := flat_tools(view, self.server)) is None:
+                raise
+            return hf_render(self.tokenizer, flat)
 
     def _lengths(self, texts: list[str]) -> list[int]:
         """Token counts of rendered prompts, without adding special tokens again."""

@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
-from .conversation import ChatInput, ServerView, server_view
+from .conversation import ChatInput, ServerView, flat_tools, server_view
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # apply_chat_template's own parameters: template kwargs of these names never reach the template there
@@ -79,7 +79,7 @@ def _generation_tag() -> type:
     from jinja2.ext import Extension
 
     class GenerationTag(Extension):
-        tags: ClassVar[set[str]] = {"generation"}
+        tags = {"generation"}  # noqa: RUF012 (jinja reads the class attribute)
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno
@@ -217,6 +217,14 @@ class ChatTemplate:
     def render(self, messages: ChatInput, tools: Any = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
         """The prompt text the server renders for this request (add_generation_prompt=True)."""
         view = server_view(messages, tools, template_kwargs, self.content_format, self.server)
+        try:
+            return self._render_or_fallback(view)
+        except Exception:
+            if (flat := flat_tools(view, self.server)) is None:
+                raise
+            return self._render_or_fallback(flat)
+
+    def _render_or_fallback(self, view: ServerView) -> str:
         try:
             return self.render_view(view)
         except Exception:
