@@ -20,7 +20,7 @@ from gen_pipeline.tokens.conversation import Conversation, ServerView, server_vi
 from gen_pipeline.tokens.render import ChatTemplate
 
 CACHE = Path(os.environ.get("GEN_PIPELINE_CACHE") or Path.home() / ".cache" / "gen-pipeline")
-TEMPLATES = CACHE / "llama" / "models" / "templates"
+TEMPLATES = Path(os.environ.get("LLAMA_CACHE") or CACHE / "llama") / "models" / "templates"  # as build.sh
 # special tokens for templates that paste them: the tiny tokenizer has eos and pad; stand-ins for the rest
 STAND_INS = {"bos_token": "<|bos|>", "unk_token": "<|unk|>", "sep_token": "<|sep|>", "cls_token": "<|cls|>"}
 TOOLS = [
