@@ -49,6 +49,7 @@ from .requests import request_body
 from .source import BadRow, PromptSource, Skipped
 from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
 from .tokens import TokenCounter, load_counter
+from .tokens.budget import prompt_budget
 
 log = logging.getLogger("gen_pipeline")
 
@@ -220,7 +221,7 @@ def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = P
     picked: list[Prompt] = []
     for batch in iter(lambda: list(itertools.islice(rows, 4 * n)), []):
         for p, count in zip(batch, counter.count([p.messages for p in batch]), strict=True):
-            if isinstance(count, int) and config.budget(ctx, count, p.max_tokens) is not None:
+            if isinstance(count, int) and prompt_budget(config, ctx, count, p.max_tokens) is not None:
                 p.input_tokens = count
                 picked.append(p)
         if len(picked) >= n:
@@ -308,7 +309,7 @@ def _plan_item(plan: Plan, item: Prompt | BadRow | Skipped, config: RunConfig, c
             plan.bad_examples.append(f"line {item.line}: {item.detail}")
     else:
         requested = item.max_tokens or config.max_tokens
-        plan.add(item, requested, config.budget(ctx, item.input_tokens, item.max_tokens))
+        plan.add(item, requested, prompt_budget(config, ctx, item.input_tokens, item.max_tokens))
 
 
 def plan_findings(plan: Plan, found: Findings) -> None:
@@ -357,7 +358,11 @@ async def _fleet_and_probes(
         fleet = fleet_info(checks)
         try:
             model, ctx, tokenizer = resolve(config, fleet)
-            loaded = counter if counter is not None else await asyncio.to_thread(load_counter, tokenizer)
+            loaded = (
+                counter
+                if counter is not None
+                else await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader)
+            )
         except ConfigError as exc:
             found.problems.append(f"no budget plan: {exc}")
             return None

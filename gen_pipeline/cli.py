@@ -34,6 +34,7 @@ from .config import (
     DEFAULT_SAFETY_MARGIN,
     DEFAULT_SERVERS,
     DEFAULT_STARTUP_TIMEOUT,
+    LOADER_ENV,
     RetryPolicy,
     RunConfig,
     parse_reasons,
@@ -181,12 +182,13 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Build the frozen RunConfig from parsed flags (and the API key variable)."""
+    """Build the frozen RunConfig from parsed flags (and the API key and tokenizer loader variables)."""
     return RunConfig(
         input=args.input,
         out=args.out,
         servers=parse_servers(args.servers),
         tokenizer=args.tokenizer,
+        tokenizer_loader=os.environ.get(LOADER_ENV) or "auto",
         context_length=args.context_length,
         model=args.model,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,

@@ -10,8 +10,9 @@ from typing import Any
 
 from .errors import ConfigError
 from .records import ALL_REASONS
-from .tokens import clamp_max_tokens
 
+# The tokenizer loader switch, read by the CLI only.
+LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
 DEFAULT_SERVERS = "127.0.0.1:30000-30007"
 DEFAULT_CONCURRENCY = 64
 DEFAULT_MAX_TOKENS = 2048
@@ -130,7 +131,9 @@ class RunConfig:
     Attributes:
         input: the prompts JSONL. out: the run directory (output, ledger, manifest, summary).
         servers: base URLs of the fleet. tokenizer: local folder or hub name; None means the
-            tokenizer_path the servers report. context_length: None means discovered from the servers.
+            tokenizer_path the servers report. tokenizer_loader: "auto" (the light loader where the
+            folder allows it) or "transformers" (always AutoTokenizer). context_length: None means
+            discovered from the servers.
         max_tokens: the default output budget; a row's own max_tokens caps it further.
         min_tokens: below this many tokens of room a prompt is not sent (ledger: over_length).
         safety_margin: tokens kept free beyond the exact count.
@@ -151,6 +154,7 @@ class RunConfig:
     # fleet and model
     servers: tuple[str, ...] = field(default_factory=lambda: parse_servers(DEFAULT_SERVERS))
     tokenizer: str | None = None
+    tokenizer_loader: str = "auto"
     context_length: int | None = None
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -189,6 +193,7 @@ class RunConfig:
             (self.request_timeout is None or self.request_timeout > 0, "bad --request-timeout"),
             (self.http_client in ("httptools", "aiohttp"), "--http-client must be httptools or aiohttp"),
             (self.tokenize_batch >= 1, "bad tokenize batch size"),
+            (self.tokenizer_loader in ("auto", "transformers"), f"{LOADER_ENV} must be auto or transformers"),
             (self.progress in ("auto", "bar", "log", "off"), "--progress: auto, bar, log or off"),
             (self.workers >= 1, "--workers must be at least 1"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
@@ -199,16 +204,6 @@ class RunConfig:
         reserved = {"model", "messages", "max_tokens", "max_completion_tokens", "stream"}
         if reserved & self.sampling.keys():
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
-
-    def budget(self, context_length: int, input_tokens: int, row_max_tokens: int | None) -> int | None:
-        """The max_tokens generate sends for a prompt, or None when it is over length."""
-        return clamp_max_tokens(
-            row_max_tokens or self.max_tokens,
-            context_length=context_length,
-            input_tokens=input_tokens,
-            margin=self.safety_margin,
-            min_tokens=self.min_tokens,
-        )
 
     def capacity_for(self, reported: int | None) -> int:
         """Requests this process keeps in flight on a server that reports `reported` running slots.

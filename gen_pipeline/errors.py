@@ -5,6 +5,7 @@
     │   └── ManifestMismatchError    resuming into a run made with other settings (use --force)
     ├── FleetError                   no usable server, or the servers disagree in a way we cannot fix
     ├── OutputError                  the output directory cannot be written (disk full, I/O error)
+    ├── InputError                   a row the server would refuse before rendering it     -> "bad_input"
     └── RequestError                 one request to one server failed; carries .server and .status
         ├── RetryableError           transport trouble: back off and try another server
         │   ├── ConnectError         nothing listening (refused, DNS, unreachable)      -> "connection"
@@ -44,6 +45,10 @@ class FleetError(PipelineError):
 
 class OutputError(PipelineError):
     """Writing the output or the ledger failed; what is on disk stays valid."""
+
+
+class InputError(PipelineError):
+    """A row's request is not one the server renders (multimodal content, bad tool-call arguments)."""
 
 
 class RequestError(PipelineError):

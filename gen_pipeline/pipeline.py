@@ -27,7 +27,6 @@ from .fleet import FleetInfo, discover
 from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
-from .retry import OffsetLearner
 from .source import BadRow, PromptSource, Skipped, skipped
 from .status import STATUS, write_status
 from .store import (
@@ -42,6 +41,7 @@ from .store import (
     write_json_atomic,
 )
 from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
+from .tokens.budget import OffsetLearner, dispatch_budget
 
 log = logging.getLogger("gen_pipeline")
 # File descriptors kept for everything but request sockets: output, ledger, input, index, tokenizer files,
@@ -244,17 +244,12 @@ class Runner:
             self._record_failure(Failure(item.id, item.line, "bad_input", item.detail))
 
     def _budget(self, p: Prompt) -> int | None:
-        ctx = self.path.context_length
-        counted = p.input_tokens + self.path.learner.offset
-        budget = self.config.budget(ctx, counted, p.max_tokens)
-        if budget is None:
-            room = ctx - counted - self.config.safety_margin
-            detail = (
-                f"prompt has {p.input_tokens} tokens (+{self.path.learner.offset} learned offset); "
-                f"context {ctx} - margin {self.config.safety_margin} leaves {room}, "
-                f"below --min-tokens {self.config.min_tokens}"
-            )
-            self._record_failure(Failure(p.id, p.line, "over_length", detail, input_tokens=p.input_tokens))
+        budget = dispatch_budget(
+            self.config, self.path.context_length, p.input_tokens, p.max_tokens, self.path.learner.offset
+        )
+        if isinstance(budget, str):
+            self._record_failure(Failure(p.id, p.line, "over_length", budget, input_tokens=p.input_tokens))
+            return None
         return budget
 
     async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
@@ -516,7 +511,7 @@ async def settle_manifest(
     background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
     try:
         if counter is None:
-            counter = await asyncio.to_thread(load_counter, tokenizer)
+            counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader)
         manifest = manifest_for(config, model, ctx, counter)
         check_manifest(config.out, manifest, config.force, write=config.shard is None)
         extra = await background if background is not None else None
@@ -531,7 +526,7 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     """settle_manifest for the parent of `--workers K`: the tokenizer's vocabulary is left to the workers."""
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
-    identity = await asyncio.to_thread(template_identity, tokenizer)
+    identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
     check_manifest(config.out, manifest_for(config, model, ctx, identity), config.force, write=True)
 
 

@@ -18,7 +18,8 @@ from .config import RunConfig
 from .errors import AuthError, ContextOverflowError, FleetError, RequestError
 from .progress import RunStats
 from .records import Completion, Failure, Prompt
-from .retry import OffsetLearner, rebudget, with_transport_retries
+from .retry import with_transport_retries
+from .tokens.budget import OffsetLearner, rebudget
 
 
 def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_tokens: int) -> dict[str, Any]:

@@ -59,12 +59,12 @@ def test_target_rows_judge_each_issue_7_target_at_its_threshold():
     args = SimpleNamespace(rows=1000, big_rows=654676)
     # CPU exactly 0.35 ms/req; one worker 0.7x and --workers 2 1.0x the bare script's req/s
     r = {"bare": _measured(0.5, 7.0), "ours": _measured(0.35, 10.0), "ours2": _measured(0.4, 7.0)}
-    rows = {target.strip(): (figure, judged) for target, figure, judged in perf.target_rows(args, r, 20_000.0)}
+    rows = {target.strip(): (figure, judged) for target, figure, judged in perf.target_rows(args, r, 5_000.0)}
     assert rows["client CPU per request, 1,000 rows: <= 0.35 ms"] == ("0.350 ms (bare script 0.500)", "met")
     assert rows["stretch: <= 0.30 ms"][1] == "NOT met"
     assert rows["req/s, one worker: >= 0.7x the bare script's"][1] == "met"
     assert rows["req/s, --workers 2: >= 1.0x the bare script's"][1] == "met"
-    assert rows["tokenize + budget: >= 20,000 prompts/s"][1] == "met"
+    assert rows["tokenize + budget: >= 5,000 prompts/s"][1] == "met"
     assert rows["peak RSS at 654,676 rows: <= 300 MB, <= +100 MB"][1] == "not measured (--big-full)"
     assert rows["resume-ready at 654,676 rows: <= 5 s"][1] == "not measured (--skip-big)"
 
@@ -78,7 +78,7 @@ def test_target_rows_judge_each_issue_7_target_at_its_threshold():
         resume_w2={"ready_s": 5.01},
         resume_after_full={"ready_s": 5.0},
     )
-    rows = {target.strip(): (figure, judged) for target, figure, judged in perf.target_rows(args, r, 19_999.0)}
+    rows = {target.strip(): (figure, judged) for target, figure, judged in perf.target_rows(args, r, 4_999.0)}
     assert rows["client CPU per request, 1,000 rows: <= 0.35 ms"][1] == "NOT met"
     assert rows["req/s, one worker: >= 0.7x the bare script's"][1] == "NOT met"
     assert rows["req/s, --workers 2: >= 1.0x the bare script's"][1] == "NOT met"
@@ -88,7 +88,7 @@ def test_target_rows_judge_each_issue_7_target_at_its_threshold():
     assert rows["resume-ready at 654,676 rows: <= 5 s"] == ("5.00 s", "met")
     assert rows["resumed by --workers 2 (no worker cursor yet)"] == ("5.01 s", "NOT met")
     assert rows["output not written by gen-pipeline (no index, no cursor)"] == ("12.00 s", "NOT met")
-    assert rows["tokenize + budget: >= 20,000 prompts/s"][1] == "NOT met"
+    assert rows["tokenize + budget: >= 5,000 prompts/s"][1] == "NOT met"
 
 
 def test_perf_bench_runs_end_to_end_and_prints_the_targets_table(tmp_path):

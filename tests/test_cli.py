@@ -235,3 +235,20 @@ def test_a_fleet_larger_than_the_open_file_limit_runs_without_connection_failure
     assert summary["completed"] == 1500 and summary["failed"] == {}
     assert all(not v["failures"] for v in summary["servers"].values()), summary["servers"]
     assert any("open-file limit (ulimit -n) is 512" in w for w in summary["warnings"])
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, "auto"), ("", "auto"), ("transformers", "transformers")])
+def test_the_tokenizer_loader_variable_is_read_by_the_cli_only(value, expected, monkeypatch, tmp_path):
+    """GEN_PIPELINE_TOKENIZER_LOADER reaches the run as RunConfig.tokenizer_loader; a bad value is refused."""
+    from gen_pipeline.cli import config_from_args
+    from gen_pipeline.errors import ConfigError
+
+    if value is None:
+        monkeypatch.delenv("GEN_PIPELINE_TOKENIZER_LOADER", raising=False)
+    else:
+        monkeypatch.setenv("GEN_PIPELINE_TOKENIZER_LOADER", value)
+    args = build_parser("generate").parse_args(["generate", "-i", str(tmp_path / "in"), "-o", str(tmp_path / "o")])
+    assert config_from_args(args).tokenizer_loader == expected
+    monkeypatch.setenv("GEN_PIPELINE_TOKENIZER_LOADER", "fast")
+    with pytest.raises(ConfigError, match="GEN_PIPELINE_TOKENIZER_LOADER"):
+        config_from_args(args)

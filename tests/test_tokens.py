@@ -1,40 +1,6 @@
-"""Token counting and the budget arithmetic."""
+"""Token counting with the Hugging Face tokenizers."""
 
 from __future__ import annotations
-
-import pytest
-
-from gen_pipeline.tokens import clamp_max_tokens
-
-CTX = 8192
-
-
-@pytest.mark.parametrize(
-    ("requested", "input_tokens", "margin", "min_tokens", "expected"),
-    [
-        (256, 100, 16, 16, 256),  # fits: the request stands
-        (8192, 100, 16, 16, CTX - 100 - 16),  # max_tokens = context: clamped
-        (8192, 0, 0, 1, CTX),  # no margin, no input: the whole context
-        (8192, 8191, 0, 1, 1),  # input + max_tokens = context exactly
-        (8192, 8190, 1, 1, 1),  # input + max_tokens = context - 1, the safe client rule
-        (8192, 8192, 0, 1, None),  # nothing left
-        (256, 30000 - 22000 + 100, 16, 16, 76),  # clamped below the request
-        (256, 8100, 16, 100, None),  # 76 of room is below min_tokens
-        (256, 8100, 16, 76, 76),  # exactly min_tokens fits
-    ],
-)
-def test_clamp_table(requested, input_tokens, margin, min_tokens, expected):
-    """The budget is min(requested, context - input - margin), or None under min_tokens."""
-    got = clamp_max_tokens(
-        requested,
-        context_length=CTX,
-        input_tokens=input_tokens,
-        margin=margin,
-        min_tokens=min_tokens,
-    )
-    assert got == expected
-    if got is not None:
-        assert input_tokens + got + margin <= CTX
 
 
 def test_chat_template_counts_are_what_the_server_counts(qwen3_counter):

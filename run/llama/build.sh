@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` once, for integration tests, from the llama.cpp copy vendored in the
 # llama-cpp-python sdist on PyPI (the only source reachable from CI), and keep the Qwen2/Qwen3 vocab GGUF
-# (+ its .inp/.out test vectors) and the real Qwen3 chat template next to it.
+# (+ its .inp/.out test vectors), the real Qwen3 chat template and all of llama.cpp's chat templates next to it.
 #
 # Usage: run/llama/build.sh            -> prints the path of llama-server on stdout (progress goes to stderr)
 #
@@ -9,8 +9,12 @@
 #   bin/llama-server
 #   models/ggml-vocab-qwen2.gguf{,.inp,.out}
 #   models/Qwen-Qwen3-0.6B.jinja
+#   models/templates/*.jinja            (every chat template of the sdist, for tests/test_template_parity.py)
+#   llama_cpp_python-<ver>.tar.gz       (the sdist, kept so missing assets never need a rebuild or a download)
 #   BUILD_INFO                          (version, cmake flags, build time)
-# Nothing is done when all of these already exist. A failed build leaves no binary behind.
+# Nothing is done when all of these already exist. A cache with the binary but without some asset (one built
+# by an older version of this script) gets the assets from the sdist, without rebuilding. A failed build
+# leaves no binary behind.
 #
 # Environment:
 #   GEN_PIPELINE_CACHE / LLAMA_CACHE    cache folder (see above)
@@ -36,8 +40,11 @@ NATIVE="${LLAMA_NATIVE:-OFF}"
 log() { printf '[llama/build] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+TEMPLATES_DONE="$MODELS/templates/.complete"  # written after the last template is in place
+
 complete() {
     [[ -x "$BIN" ]] || return 1
+    [[ -f "$TEMPLATES_DONE" ]] || return 1
     local a
     for a in "${ASSETS[@]}"; do
         [[ -s "$MODELS/$(basename "$a")" ]] || return 1
@@ -94,6 +101,10 @@ fi
 if command -v sha256sum >/dev/null 2>&1; then
     echo "$SDIST_SHA256  $SDIST" | sha256sum --check --status || die "sha256 mismatch for $SDIST"
 fi
+if [[ "$SDIST" != "$CACHE/$SDIST_NAME" ]]; then
+    cp "$SDIST" "$CACHE/.$SDIST_NAME.tmp"
+    mv -f "$CACHE/.$SDIST_NAME.tmp" "$CACHE/$SDIST_NAME"
+fi
 
 # 2. extract only the vendored llama.cpp
 log "extracting vendor/llama.cpp from $SDIST"
@@ -109,6 +120,15 @@ for a in "${ASSETS[@]}"; do
     cp "$SRC/models/$a" "$MODELS/.$(basename "$a").tmp"
     mv -f "$MODELS/.$(basename "$a").tmp" "$MODELS/$(basename "$a")"
 done
+# every chat template, replaced as a whole
+compgen -G "$SRC/models/templates/*.jinja" >/dev/null || die "sdist lacks models/templates/*.jinja"
+rm -rf "$MODELS/.templates.tmp"
+mkdir -p "$MODELS/.templates.tmp"
+cp "$SRC"/models/templates/*.jinja "$MODELS/.templates.tmp/"
+touch "$MODELS/.templates.tmp/.complete"
+rm -rf "$MODELS/templates"
+mv "$MODELS/.templates.tmp" "$MODELS/templates"
+log "kept $(find "$MODELS/templates" -name '*.jinja' | wc -l) chat templates in $MODELS/templates"
 
 # 4. build llama-server only (the UI flags stop it from downloading a web UI; no OpenSSL, no curl)
 if [[ -x "$BIN" ]]; then

@@ -1,0 +1,105 @@
+"""All token arithmetic: the max_tokens a prompt is sent with, the smaller one after a context 400, and
+the learned gap between the server's count and ours. Pure functions (and one small learner), tested as
+tables in tests/test_budget.py.
+
+The margin absorbs the servers' off-by-ones: SGLang <= 0.5.9 rejects input + max_tokens >= context, and
+its scheduler rejects inputs of context - 6 or more (../shared/reference/server-api.md §1.2 C).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..config import MAX_LEARNED_OFFSET, OFFSET_EVIDENCE, RunConfig
+from ..errors import OverflowCounts
+
+# SGLang's scheduler refuses inputs of context - 6 tokens or more (server-api.md §1.2 C).
+SGLANG_INPUT_HEADROOM = 7
+
+
+def clamp_max_tokens(
+    requested: int,
+    *,
+    context_length: int,
+    input_tokens: int,
+    margin: int,
+    min_tokens: int,
+) -> int | None:
+    """The max_tokens to send, or None when fewer than `min_tokens` fit."""
+    room = context_length - input_tokens - margin
+    budget = min(requested, room)
+    return budget if budget >= min_tokens else None
+
+
+def prompt_budget(config: RunConfig, context_length: int, input_tokens: int, row_max_tokens: int | None) -> int | None:
+    """The max_tokens generate sends for a prompt of `input_tokens`, or None when it is over length."""
+    return clamp_max_tokens(
+        row_max_tokens or config.max_tokens,
+        context_length=context_length,
+        input_tokens=input_tokens,
+        margin=config.safety_margin,
+        min_tokens=config.min_tokens,
+    )
+
+
+def dispatch_budget(
+    config: RunConfig, context_length: int, input_tokens: int, row_max_tokens: int | None, offset: int
+) -> int | str:
+    """The budget at dispatch (our count plus the learned offset), or why the prompt is over length."""
+    counted = input_tokens + offset
+    budget = prompt_budget(config, context_length, counted, row_max_tokens)
+    if budget is not None:
+        return budget
+    room = context_length - counted - config.safety_margin
+    return (
+        f"prompt has {input_tokens} tokens (+{offset} learned offset); "
+        f"context {context_length} - margin {config.safety_margin} leaves {room}, "
+        f"below --min-tokens {config.min_tokens}"
+    )
+
+
+def rebudget(
+    counts: OverflowCounts,
+    *,
+    sent_max_tokens: int,
+    context_length: int,
+    margin: int,
+    min_tokens: int,
+) -> int | None:
+    """A smaller max_tokens that the server's own numbers say will fit, or None when none will.
+
+    None means the prompt itself is too long for the server (or the error gave no usable counts),
+    so resending cannot help.
+    """
+    if counts.input_tokens is None or counts.lower_bound or counts.max_input is not None:
+        return None
+    ctx = min(context_length, counts.context_length or context_length)
+    if counts.input_tokens > ctx - SGLANG_INPUT_HEADROOM:
+        return None
+    # -1: SGLang <= 0.5.9 refuses input + max_tokens == context; the margin covers the rest.
+    room = ctx - counts.input_tokens - max(margin, 1)
+    budget = min(room, sent_max_tokens - 1)
+    return budget if budget >= min_tokens else None
+
+
+class OffsetLearner:
+    """Learns a constant gap between the server's input count and ours.
+
+    SGLang with speculative decoding adds its reserved draft tokens to the count in its 400 messages,
+    so every near-limit row would 400 once. When the same positive gap is seen OFFSET_EVIDENCE times,
+    budgets include it from then on.
+    """
+
+    def __init__(self) -> None:
+        self.seen: Counter[int] = Counter()
+        self.offset = 0
+
+    def observe(self, ours: int, counts: OverflowCounts) -> None:
+        """Note one overflow where both counts are known exactly."""
+        if counts.input_tokens is None or counts.lower_bound:
+            return
+        gap = counts.input_tokens - ours
+        if 0 < gap <= MAX_LEARNED_OFFSET:
+            self.seen[gap] += 1
+            if self.seen[gap] >= OFFSET_EVIDENCE and gap > self.offset:
+                self.offset = gap

@@ -1,0 +1,180 @@
+"""What a chat template is given: a request's messages, tools and template kwargs, shaped as the server
+shapes them before it calls `apply_chat_template(messages, tools=..., add_generation_prompt=True,
+**chat_template_kwargs)` (../shared/reference/server-api.md §1.6).
+
+A conversation is a plain message list or a `Conversation` (messages, tools, template kwargs); counters
+and the renderer take either. `server_view` applies what the server does to the messages first:
+- content None or absent becomes "" (SGLang);
+- content given as a list of parts: the text parts (`text`, `input_text`) are joined into one string for a
+  "string"-format template, with one space on SGLang and a newline on vLLM and llama.cpp; an
+  "openai"-format template (it loops over `message['content']`, or names image/audio/video/vision) gets
+  the list back as `{"type": "text", "text": ...}` parts. Any other part is an InputError
+  ("multimodal content is not supported"): this client counts text only;
+- SGLang joins a tool turn's text parts into one string for every template;
+- an assistant turn's `tool_calls[].function.arguments` given as a JSON string is parsed into the object
+  the templates expect (SGLang and vLLM); arguments that are not a JSON object are an InputError;
+- SGLang turns a final assistant turn with text content into a user turn (no continue_final_message here);
+- when the template raises with OpenAI-wrapped tools, SGLang renders again with the bare function objects
+  (`flat_tools`; Mistral-style templates want those).
+Other fields (`name`, `tool_call_id`, `reasoning_content`, ...) pass through as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError
+
+SERVER_KINDS = ("sglang", "vllm", "llamacpp")
+TEXT_PARTS = ("text", "input_text")
+PART_JOINER = {"sglang": " ", "vllm": "\n", "llamacpp": "\n"}
+MEDIA_WORDS = ("image", "audio", "video", "vision")  # SGLang: such a template gets content as parts
+CONTENT_LOOP_NAMES = ("message", "msg", "m")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One request as the template sees it: messages, plus the request's tools and chat_template_kwargs."""
+
+    messages: Sequence[Any]
+    tools: Sequence[Any] | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+ChatInput = Sequence[Any] | Conversation
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """A request after the server's own normalisation: what reaches apply_chat_template."""
+
+    messages: list[Any]
+    tools: list[Any] | None
+    template_kwargs: dict[str, Any]
+
+
+def server_view(
+    chat: ChatInput,
+    tools: Any = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    content_format: str = "string",
+    server: str = "sglang",
+) -> ServerView:
+    """The request `server` would render for `chat` (a Conversation's own tools and kwargs win)."""
+    if isinstance(chat, Conversation):
+        tools = chat.tools if chat.tools is not None else tools
+        template_kwargs = {**(template_kwargs or {}), **chat.template_kwargs}
+        chat = chat.messages
+    messages = [_message(m, content_format, server) for m in chat]
+    if server == "sglang" and messages and _is_text_assistant(messages[-1]):
+        messages[-1] = {"role": "user", "content": messages[-1]["content"]}
+    return ServerView(messages, None if tools is None else list(tools), dict(template_kwargs or {}))
+
+
+def flat_tools(view: ServerView, server: str) -> ServerView | None:
+    """The view SGLang renders when the first render raised: tools without their OpenAI wrapper."""
+    if server != "sglang" or not view.tools:
+        return None
+    tools = [t["function"] if isinstance(t, dict) and "function" in t else t for t in view.tools]
+    return ServerView(view.messages, tools, view.template_kwargs)
+
+
+def _message(m: Any, content_format: str, server: str) -> Any:
+    """One message as the server hands it to the template."""
+    if not isinstance(m, dict):
+        return m  # the template input check refuses it, as transformers does
+    m = dict(m)
+    content = m.get("content")
+    if content is None and server == "sglang":
+        m["content"] = ""
+    elif isinstance(content, list):
+        texts = _texts(content)
+        if content_format == "openai" and not (server == "sglang" and m.get("role") == "tool"):
+            m["content"] = [{"type": "text", "text": t} for t in texts]
+        else:
+            m["content"] = _join(texts, server)
+    if isinstance(m.get("tool_calls"), list) and server in ("sglang", "vllm"):
+        m["tool_calls"] = [_tool_call(c) for c in m["tool_calls"]]
+    return {k: v for k, v in m.items() if v is not None}
+
+
+def _texts(parts: list[Any]) -> list[str]:
+    """The text of each part; an image, audio or other part is refused."""
+    texts: list[str] = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in TEXT_PARTS:
+            raise InputError(f"a {kind} content part needs a string 'text'")
+        else:
+            raise InputError(f"multimodal content is not supported (a content part of type {kind!r})")
+    return texts
+
+
+def _join(texts: list[str], server: str) -> str:
+    """Text parts as one string, the way `server` joins them."""
+    if server != "llamacpp":
+        return PART_JOINER[server].join(texts)
+    out = ""
+    for text in texts:  # llama.cpp adds the newline only after text it already has
+        out += ("\n" if out else "") + text
+    return out
+
+
+def _tool_call(call: Any) -> Any:
+    """A tool call with its JSON-string arguments parsed, as SGLang and vLLM hand templates."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        raise InputError("an assistant tool call's function.arguments is not valid JSON") from None
+    if not isinstance(arguments, dict):
+        raise InputError("an assistant tool call's function.arguments must be a JSON object")
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def _is_text_assistant(m: Any) -> bool:
+    return isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("content"), str)
+
+
+def content_format(env: Any, source: str) -> str:
+    """ "openai" when the template wants content as a list of parts, else "string" (SGLang's detection)."""
+    if any(word in source for word in MEDIA_WORDS):
+        return "openai"
+    import jinja2.nodes
+
+    try:
+        tree = env.parse(source)
+    except Exception:
+        return "string"
+    for loop in tree.find_all(jinja2.nodes.For):
+        if any(_reads_content(loop.iter, name) for name in CONTENT_LOOP_NAMES):
+            return "openai"
+    return "string"
+
+
+def _reads_content(node: Any, name: str) -> bool:
+    """`name['content']` or `name.content`, possibly filtered, tested or sliced."""
+    import jinja2.nodes as n
+
+    if isinstance(node, (n.Filter, n.Test)):
+        return node.node is not None and _reads_content(node.node, name)
+    if isinstance(node, n.Getitem) and isinstance(node.arg, n.Slice):
+        return _reads_content(node.node, name)
+    if isinstance(node, n.Getitem):
+        return _is_name(node.node, name) and isinstance(node.arg, n.Const) and node.arg.value == "content"
+    if isinstance(node, n.Getattr):
+        return _is_name(node.node, name) and node.attr == "content"
+    return False
+
+
+def _is_name(node: Any, name: str) -> bool:
+    import jinja2.nodes as n
+
+    return isinstance(node, n.Name) and node.ctx == "load" and node.name == name

@@ -1,0 +1,107 @@
+"""The server's view of a request: message shapes normalised as SGLang, vLLM and llama.cpp do it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gen_pipeline.errors import InputError
+from gen_pipeline.tokens.conversation import Conversation, content_format, server_view
+from gen_pipeline.tokens.render import compile_template
+
+PARTS = [{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+
+
+def user(content):
+    return {"role": "user", "content": content}
+
+
+@pytest.mark.parametrize(
+    ("server", "fmt", "message", "expected"),
+    [
+        ("sglang", "string", user(PARTS), user("a b")),  # SGLang joins text parts with one space
+        ("vllm", "string", user(PARTS), user("a\nb")),  # vLLM with a newline
+        ("llamacpp", "string", user(PARTS), user("a\nb")),
+        ("llamacpp", "string", user([{"type": "text", "text": ""}, *PARTS]), user("a\nb")),  # no newline after ""
+        ("sglang", "openai", user(PARTS), user([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])),
+        ("sglang", "openai", {"role": "tool", "content": PARTS}, {"role": "tool", "content": "a b"}),
+        ("vllm", "openai", {"role": "tool", "content": PARTS[:1]}, {"role": "tool", "content": PARTS[:1]}),
+        ("sglang", "string", {"role": "user", "content": None, "name": None}, user("")),  # None content is ""
+        ("sglang", "string", {"role": "user"}, user("")),
+        ("vllm", "string", {"role": "user", "content": None}, {"role": "user"}),
+        (
+            "sglang",
+            "string",
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {"x": 1}}}],
+            },
+        ),
+        (
+            "sglang",
+            "string",
+            {"role": "tool", "tool_call_id": "c1", "content": "42", "name": "f"},
+            {"role": "tool", "tool_call_id": "c1", "content": "42", "name": "f"},
+        ),
+    ],
+)
+def test_message_shapes_table(server, fmt, message, expected):
+    """Each shape a server accepts comes out the way that server hands it to the template."""
+    view = server_view([message, user("next")], content_format=fmt, server=server)
+    assert view.messages[0] == expected
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (user([{"type": "image_url", "image_url": {"url": "x"}}]), "multimodal content is not supported"),
+        (user([{"type": "input_audio", "input_audio": {}}]), "multimodal content is not supported"),
+        (user(["bare string"]), "multimodal content is not supported"),
+        (user([{"type": "text"}]), "needs a string 'text'"),
+        (
+            {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{"}}]},
+            "not valid JSON",
+        ),
+        ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1]"}}]}, "JSON object"),
+    ],
+)
+def test_shapes_the_server_refuses_are_input_errors(message, error):
+    """Non-text parts and unusable tool-call arguments are refused with a reason, never sent uncounted."""
+    with pytest.raises(InputError, match=error):
+        server_view([message, user("next")])
+
+
+def test_a_final_assistant_turn_becomes_a_user_turn_on_sglang():
+    """SGLang renders a trailing assistant text turn as a user turn (no continue_final_message)."""
+    chat = [user("q"), {"role": "assistant", "content": "partial", "reasoning_content": "r"}]
+    assert server_view(chat, server="sglang").messages[-1] == user("partial")
+    assert server_view(chat, server="vllm").messages[-1] == chat[-1]
+
+
+def test_a_conversation_carries_its_own_tools_and_kwargs():
+    """A Conversation's tools and kwargs win over the ones given beside it; kwargs merge."""
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    conv = Conversation([user("q")], tools=tools, template_kwargs={"enable_thinking": False})
+    view = server_view(conv, tools=[{"other": 1}], template_kwargs={"enable_thinking": True, "x": 1})
+    assert view.tools == tools and view.template_kwargs == {"enable_thinking": False, "x": 1}
+    plain = server_view([user("q")], tools=tools, template_kwargs={"x": 1})
+    assert plain.tools == tools and plain.template_kwargs == {"x": 1}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", "string"),
+        (
+            "{% for message in messages %}{% for c in message['content'] %}{{ c.text }}{% endfor %}{% endfor %}",
+            "openai",
+        ),
+        ("{% for message in messages %}{% for c in message.content | list %}{{ c }}{% endfor %}{% endfor %}", "openai"),
+        ("{{ 'image' }}{{ messages[0].content }}", "openai"),  # SGLang's shortcut for multimodal templates
+    ],
+)
+def test_content_format_detection(source, expected):
+    """A template that loops over message content (or names media) gets parts; the rest get strings."""
+    assert content_format(compile_template(source).environment, source) == expected
