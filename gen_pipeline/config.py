@@ -10,6 +10,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .records import ALL_REASONS
+from .samples import MAX_SAMPLES
 from .tokens import clamp_max_tokens
 
 DEFAULT_SERVERS = "127.0.0.1:30000-30007"
@@ -33,6 +34,7 @@ DEFAULT_GRACE_PERIOD = 10.0
 DEFAULT_FSYNC_INTERVAL = 1.0
 DEFAULT_OUTAGE_TIMEOUT = 1800.0
 DEFAULT_TOKENIZE_BATCH = 256
+SAMPLES_VIA = ("n", "requests")
 # A learned count offset (speculative-decoding reserve, an uncounted template prefix) is capped here.
 MAX_LEARNED_OFFSET = 256
 OFFSET_EVIDENCE = 3
@@ -143,6 +145,10 @@ class RunConfig:
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
         progress: "auto" (a bar on a terminal, log lines otherwise), "bar", "log" or "off".
+        samples: completions per prompt (a row's own `samples` overrides it), each keyed (id, sample).
+        samples_via: "n" (one request with n = the samples missing, where the server honours it) or
+            "requests" (one request per sample, all on one server so its prefix cache serves the prompt).
+        thinking_budget: the server's thinking-token budget to send (None: none sent).
     """
 
     # input and output
@@ -160,6 +166,10 @@ class RunConfig:
     min_tokens: int = DEFAULT_MIN_TOKENS
     safety_margin: int = DEFAULT_SAFETY_MARGIN
     sampling: dict[str, Any] = field(default_factory=dict)
+    # samples and reasoning
+    samples: int = 1
+    samples_via: str = "n"
+    thinking_budget: int | None = None
     # parallelism and retries
     concurrency: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -192,6 +202,10 @@ class RunConfig:
             (self.progress in ("auto", "bar", "log", "off"), "--progress: auto, bar, log or off"),
             (self.workers >= 1, "--workers must be at least 1"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
+            (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
+            (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
+            (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
+            ("n" not in self.sampling, '"n" in --sampling: use --samples (the run keeps every sample)'),
         ]
         for ok, message in checks:
             if not ok:
@@ -207,8 +221,13 @@ class RunConfig:
             context_length=context_length,
             input_tokens=input_tokens,
             margin=self.safety_margin,
-            min_tokens=self.min_tokens,
+            min_tokens=self.room_needed(row_max_tokens),
         )
+
+    def room_needed(self, row_max_tokens: int | None) -> int:
+        """The least room a prompt is sent with: --min-tokens, or what a row asks for when that is less
+        (a 5-token label row is sent, never over_length)."""
+        return min(self.min_tokens, row_max_tokens or self.min_tokens)
 
     def capacity_for(self, reported: int | None) -> int:
         """Requests this process keeps in flight on a server that reports `reported` running slots.
