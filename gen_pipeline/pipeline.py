@@ -289,6 +289,8 @@ class Runner:
                     self._write(self.writer.write_completion, outcome)
                     self._count(outcome)
             self._count_usage(sent)
+            if any(isinstance(o, Completion) for o in sent.outcomes):
+                self.stats.input_tokens += prompt.input_tokens  # once: one request with n, or a cached prefix
             if transient:
                 self.reader.source.logging = False  # the input cursor stops short of this row
             self.tracker.settled(prompt.line, ok=not transient)
@@ -303,7 +305,6 @@ class Runner:
     def _count(self, outcome: Completion) -> None:
         """Add one written completion to the run's figures."""
         self.stats.completed += 1
-        self.stats.input_tokens += outcome.input_tokens
         self.stats.finish_reasons[str(outcome.finish_reason)] += 1
         if outcome.extra.get("truncated_in") == "reasoning":
             self.stats.truncated_in_reasoning += 1

@@ -302,3 +302,81 @@ def test_a_short_answer_to_n_is_topped_up_one_request_a_sample(write_jsonl, tmp_
     lines = read_jsonl(tmp_path / "out" / "completions.jsonl")
     assert Counter((r["id"], r["sample"]) for r in lines) == {(i, s): 1 for i in range(3) for s in range(4)}
     assert all(r["logprobs"] == {"content": [{"token": "c", "logprob": -0.5}]} for r in lines)
+
+
+def _export(runs: list[Path], out: Path, **kw: Any) -> Any:
+    import datasets
+
+    from gen_pipeline.export import ExportConfig, export
+
+    stats = export(ExportConfig(runs=tuple(runs), out=out, **kw))
+    files = sorted(str(p) for p in (out / "data").glob("*.parquet"))
+    return stats, datasets.load_dataset("parquet", data_files=files, split="train")
+
+
+def test_export_one_row_per_sample_or_grouped(write_jsonl, tmp_path):
+    """export: a row per (id, sample) with its sample column; --group-samples: a row per prompt."""
+    run_sim(write_jsonl(prompts(5)), tmp_path / "run", samples=3)
+    _, flat = _export([tmp_path / "run"], tmp_path / "flat")
+    assert len(flat) == 15 and sorted(Counter(flat["sample"]).items()) == [(0, 5), (1, 5), (2, 5)]
+    _, grouped = _export([tmp_path / "run"], tmp_path / "grouped", group_samples=True)
+    assert len(grouped) == 5
+    by_id = _by_id(tmp_path / "run")
+    for row in grouped:
+        lines = sorted(by_id[int(row["id"])], key=lambda r: r["sample"])
+        assert row["completions"] == [r["completion"] for r in lines] and row["sample"] == [0, 1, 2]
+        assert row["messages"][-1]["role"] == "user"  # the prompt turns; the answers are the list
+
+
+def test_export_counts_and_drops_reasoning_truncations(write_jsonl, tmp_path):
+    """Cuts while reasoning are exported with truncated_in (counted in the card) or dropped on request."""
+    sim = {"reasoning_words": 40, "completion_words": 10}
+    run_sim(write_jsonl(prompts(10)), tmp_path / "run", sim=sim, max_tokens=8, min_tokens=4)
+    cut = sum(r.get("truncated_in") == "reasoning" for r in read_jsonl(tmp_path / "run" / "completions.jsonl"))
+    assert 0 < cut < 10
+    columns = ("id", "sample", "truncated_in")
+    stats, kept = _export([tmp_path / "run"], tmp_path / "all", columns=columns)
+    assert len(kept) == 10 and kept["truncated_in"].count("reasoning") == cut and stats.truncated_in_reasoning == cut
+    assert "| of them cut while reasoning (truncated_in reasoning) | " + str(cut) in (
+        tmp_path / "all" / "README.md"
+    ).read_text()
+    stats, dropped = _export([tmp_path / "run"], tmp_path / "drop", columns=columns, drop_truncated_reasoning=True)
+    assert len(dropped) == 10 - cut and stats.truncated == cut and "reasoning" not in dropped["truncated_in"]
+    _, none_cut = _export([tmp_path / "run"], tmp_path / "drop-all", columns=columns, drop_truncated=True)
+    assert "reasoning" not in none_cut["truncated_in"]
+
+
+def test_logprobs_asked_for_are_an_export_column(write_jsonl, tmp_path):
+    """The logprobs a server returned stay in each output line and export as a JSON column."""
+    server = FakeServer(choices=2)
+
+    async def scenario() -> Any:
+        async with server as url:
+            cfg = _fake_config(write_jsonl, tmp_path, url, samples=2, sampling={"logprobs": True, "top_logprobs": 1})
+            return await run_async(cfg, FakeCounter())
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert all(b["n"] == 2 and b["top_logprobs"] == 1 for b in server.fake.bodies) and len(server.fake.bodies) == 3
+    _, ds = _export([tmp_path / "out"], tmp_path / "ds", columns=("id", "sample", "logprobs"))
+    assert len(ds) == 6 and all(orjson.loads(v)["content"][0]["logprob"] == -0.5 for v in ds["logprobs"])
+
+
+def test_check_plans_every_sample(write_jsonl, tmp_path):
+    """check's plan counts the samples to make and budgets output for each; a resume's are left out."""
+    from gen_pipeline.check import run_check
+    from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+
+    rows = [*prompts(6), {"id": "own", "prompt": "just two", "samples": 2}]
+    path, out = write_jsonl(rows), tmp_path / "out"
+
+    async def plan(samples: int) -> dict[str, Any]:
+        async with await start_fleet(SimConfig(ports=tuple(free_ports(1)), health_delay=0.0)) as fleet:
+            cfg = RunConfig(input=path, out=out, servers=tuple(fleet.urls), samples=samples, max_tokens=64,
+                            retry=RetryPolicy.testing(), progress="off")  # fmt: skip
+            return (await run_check(cfg, resume=True))["plan"]
+
+    first = asyncio.run(asyncio.wait_for(plan(3), 30))
+    assert first["samples"] == 6 * 3 + 2 and first["output_budget"] == 64 * first["samples"]
+    run_sim(path, out, samples=1)
+    again = asyncio.run(asyncio.wait_for(plan(3), 30))
+    assert again["samples"] == 6 * 2 and again["output_budget"] == 64 * again["samples"]
