@@ -5,10 +5,10 @@
 
 One row per completion (per sample of a prompt, with its `sample` column): `messages` (the prompt turns
 plus the new assistant turn) and the chosen columns; `--group-samples` makes one row per prompt with the
-list of its completions (see grouped.py). Written as Parquet shards under OUT/data/ (the hub's layout) or, with --save-to-disk, as a
-`datasets` folder; OUT/README.md is a dataset card with the counts and the generation settings.
-Nothing in the run directory is changed; a torn last line is skipped, and an id seen twice is
-exported once, per (id, sample).
+list of its completions (see grouped.py). Written as Parquet shards under OUT/data/ (the hub's layout)
+or, with --save-to-disk, as a `datasets` folder; OUT/README.md is a dataset card with the counts and the
+generation settings. Nothing in the run directory is changed; a torn last line is skipped, and an
+(id, sample) seen twice is exported once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .store import FAILURES, MANIFEST, shard_files
 DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model")
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
-_STRINGS = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
+_STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
 _STRINGS += ("truncated_in", "logprobs")  # logprobs: the server's JSON, as a string
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")

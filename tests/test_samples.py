@@ -218,6 +218,12 @@ def test_reasoning_truncations_are_marked_and_counted(write_jsonl, tmp_path):
     split = outcome.summary["reasoning_tokens"]
     assert split["reasoning"] + split["answer"] == outcome.summary["output_tokens"] and split["reasoning"] > 0
     assert all(r["reasoning_tokens"] <= r["completion_tokens"] for r in lines)
+    from gen_pipeline.report import read_completions, read_json, render_table
+
+    run = tmp_path / "out"
+    table = render_table(run, read_completions(run), read_json(run / "summary.json"), None)
+    truncated = next(line for line in table.splitlines() if line.startswith("truncated "))
+    assert f"reasoning {len(cut)}" in truncated and f"reasoning   {split['reasoning']:,} tokens" in table
 
 
 def test_thinking_budget_is_sent_by_server_kind(write_jsonl, tmp_path):
@@ -337,9 +343,10 @@ def test_export_counts_and_drops_reasoning_truncations(write_jsonl, tmp_path):
     columns = ("id", "sample", "truncated_in")
     stats, kept = _export([tmp_path / "run"], tmp_path / "all", columns=columns)
     assert len(kept) == 10 and kept["truncated_in"].count("reasoning") == cut and stats.truncated_in_reasoning == cut
-    assert "| of them cut while reasoning (truncated_in reasoning) | " + str(cut) in (
-        tmp_path / "all" / "README.md"
-    ).read_text()
+    assert (
+        "| of them cut while reasoning (truncated_in reasoning) | " + str(cut)
+        in (tmp_path / "all" / "README.md").read_text()
+    )
     stats, dropped = _export([tmp_path / "run"], tmp_path / "drop", columns=columns, drop_truncated_reasoning=True)
     assert len(dropped) == 10 - cut and stats.truncated == cut and "reasoning" not in dropped["truncated_in"]
     _, none_cut = _export([tmp_path / "run"], tmp_path / "drop-all", columns=columns, drop_truncated=True)
