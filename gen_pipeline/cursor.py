@@ -131,6 +131,8 @@ def load(
             pairs.fromfile(f, 2 * (n_owners + n_bad))
     except (OSError, ValueError, KeyError, TypeError, EOFError):
         return None
+    if state.later_samples_ledgered and retry & set(state.last_reason.values()):
+        return None  # a retried sample > 0 may hide behind its row's done sample 0: read from the top
     checked = _check(pairs, n_owners, input_path.name, retry, state)
     del pairs
     if checked is None:

@@ -129,6 +129,7 @@ class ResumeState:
     torn_bytes: int = 0
     files: dict[str, FileKeys] = field(default_factory=dict)  # output file name -> what it holds
     samples: int = 1  # the run's --samples: a row is settled when all of them are
+    later_samples_ledgered: bool = False  # a ledger entry names a sample > 0 (the input cursor checks sample 0 only)
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None:
         """Why this (id, sample) key needs no request now ("done", or its permanent reason), or None."""
@@ -193,6 +194,7 @@ def scan(
             elif obj.get("id") is not None and (sample := record_sample(obj)) is not None:
                 row, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
                 key = sample_key(row, sample)
+                state.later_samples_ledgered |= sample > 0
                 if (mine is None or mine(row)) and when >= newest.get(key, float("-inf")):
                     newest[key], state.last_reason[key] = when, obj["reason"]
     return state

@@ -387,3 +387,33 @@ def test_check_plans_every_sample(write_jsonl, tmp_path):
     run_sim(path, out, samples=1)
     again = asyncio.run(asyncio.wait_for(plan(3), 30))
     assert again["samples"] == 6 * 2 and again["output_budget"] == 64 * again["samples"]
+
+
+def test_the_ledger_and_retry_failed_work_per_sample(write_jsonl, tmp_path):
+    """A permanent ledger entry for one sample settles only that sample; --retry-failed resends it."""
+    path, out = write_jsonl(prompts(3)), tmp_path / "out"
+    run_sim(write_jsonl([], "empty.jsonl"), out, samples=2)  # the manifest of this fleet
+    with (out / "failures.jsonl").open("ab") as f:
+        f.write(orjson.dumps({"id": 1, "sample": 1, "line": 2, "reason": "bad_request", "time": 1.0}) + b"\n")
+    outcome, _ = run_sim(path, out, samples=2)
+    done = Counter((r["id"], r["sample"]) for r in read_jsonl(out / "completions.jsonl"))
+    assert set(done) == {(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)} and outcome.summary["completed"] == 5
+    again, _ = run_sim(path, out, samples=2, retry_failed=frozenset({"bad_request"}))
+    assert again.summary["completed"] == 1 and (1, 1) in {
+        (r["id"], r["sample"]) for r in read_jsonl(out / "completions.jsonl")
+    }
+
+
+def test_workers_split_samples_and_resume(write_jsonl, tmp_path):
+    """--workers 2 --samples 3, then a resume with --samples 4 and one worker: each (id, sample) once."""
+    from procs import run_generate, sim_fleet
+
+    path, out = write_jsonl(prompts(40)), tmp_path / "out"
+    with sim_fleet(2) as servers:
+        first = run_generate(path, out, servers, "--workers", "2", "--samples", "3")
+        second = run_generate(path, out, servers, "--samples", "4")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    from gen_pipeline.store import COMPLETIONS, shard_files
+
+    keys = [(r["id"], r["sample"]) for p in shard_files(out, COMPLETIONS) for r in read_jsonl(p)]
+    assert len(keys) == len(set(keys)) == 160
