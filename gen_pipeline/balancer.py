@@ -78,9 +78,10 @@ class ServerPool:
         self._waiters = 0  # leases waiting for a slot: a release wakes them only when there are any
         self.waiting_since: float | None = None
 
-    def pick(self, exclude: frozenset[str] = frozenset()) -> ServerState | None:
+    def pick(self, exclude: frozenset[str] = frozenset(), prefer: str | None = None) -> ServerState | None:
         """The least loaded available server (ties: fewest requests, then list order), avoiding
-        `exclude` while any other server is healthy."""
+        `exclude` while any other server is healthy; `prefer` when it is available (the server that
+        already holds this prompt in its prefix cache)."""
         now = self.clock()
         # Wait for a busy healthy server rather than go back to one that just failed.
         avoid = exclude if exclude and any(s.url not in exclude and now >= s.down_until for s in self.servers) else ()
@@ -89,6 +90,8 @@ class ServerPool:
         for s in self.servers:
             if s.url in avoid or not s.available(now):
                 continue
+            if s.url == prefer:
+                return s
             key = (s.load, s.requests)
             if best is None or key < best_key:
                 best, best_key = s, key
@@ -105,9 +108,9 @@ class ServerPool:
             return 0.0
         return self.clock() - self.waiting_since
 
-    async def _wait_for_server(self, exclude: frozenset[str]) -> ServerState:
+    async def _wait_for_server(self, exclude: frozenset[str], prefer: str | None = None) -> ServerState:
         # No await between the pick and taking the slot: no other task can take it in between.
-        server = self.pick(exclude) or await self._wait(exclude)
+        server = self.pick(exclude, prefer) or await self._wait(exclude)
         self.waiting_since = None
         server.in_flight += 1
         server.requests += 1
@@ -127,9 +130,9 @@ class ServerPool:
         finally:
             self._waiters -= 1
 
-    def lease(self, exclude: frozenset[str] = frozenset()) -> Lease:
+    def lease(self, exclude: frozenset[str] = frozenset(), prefer: str | None = None) -> Lease:
         """Hold one slot on the best server for the duration of one request: `async with pool.lease()`."""
-        return Lease(self, exclude)
+        return Lease(self, exclude, prefer)
 
     async def _release(self, server: ServerState) -> None:
         server.in_flight -= 1
@@ -196,15 +199,16 @@ class ServerPool:
 class Lease:
     """One slot on one server, from `async with` to its end; cancellation cannot leak it."""
 
-    __slots__ = ("exclude", "pool", "server")
+    __slots__ = ("exclude", "pool", "prefer", "server")
 
-    def __init__(self, pool: ServerPool, exclude: frozenset[str]) -> None:
+    def __init__(self, pool: ServerPool, exclude: frozenset[str], prefer: str | None = None) -> None:
         self.pool = pool
         self.exclude = exclude
+        self.prefer = prefer
         self.server: ServerState | None = None
 
     async def __aenter__(self) -> ServerState:
-        self.server = await self.pool._wait_for_server(self.exclude)
+        self.server = await self.pool._wait_for_server(self.exclude, self.prefer)
         return self.server
 
     async def __aexit__(self, *exc: object) -> None:

@@ -107,6 +107,7 @@ class Plan:
     starved: int = 0
     over_length: int = 0
     own_budget: int = 0
+    samples: int = 0  # completions to make: each prompt's samples still owed (--samples, a row's own)
     input_tokens: int = 0
     output_budget: int = 0
     lengths: array[int] = field(default_factory=lambda: array("q"))
@@ -124,8 +125,10 @@ class Plan:
         if budget is None:
             self.over_length += 1
             return
-        self.input_tokens += p.input_tokens
-        self.output_budget += budget
+        k = len(p.pending) or 1
+        self.samples += k
+        self.input_tokens += p.input_tokens  # once: one request with n, or the server's prefix cache
+        self.output_budget += budget * k
         if budget >= requested:
             self.full += 1
             return
@@ -147,6 +150,7 @@ class Plan:
             "repeats_dropped": self.repeats,
             "already_settled": dict(self.settled),
             "rows_with_own_max_tokens": self.own_budget,
+            "samples": self.samples,
             "input_length": distribution(self.lengths),
             "input_tokens": self.input_tokens,
             "output_budget": self.output_budget,
@@ -285,6 +289,7 @@ def resume_state(out: Path | None) -> ResumeState:
 def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: ResumeState) -> Plan:
     """Read and count every row as generate does (BatchReader), and budget it as generate does."""
     plan, stats = Plan(), RunStats()
+    resume.samples = config.samples
     reader = BatchReader(config, counter, resume, stats)
     last_log = time.monotonic()
     while batch := reader.next_batch()[0]:
@@ -434,6 +439,7 @@ def _plan_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"  clamped to    {_dist(clamped)}; {plan['starved']} below a quarter of their budget")
     if plan["already_settled"]:
         lines.append(f"  already settled in --out (skipped): {plan['already_settled']}")
+    lines.append(f"  samples to make: {plan['samples']:,}")
     lines.append(
         f"  tokens: input {plan['input_tokens']:,} + output at most {plan['output_budget']:,} "
         f"= {plan['expected_total_tokens']:,}"

@@ -41,6 +41,7 @@ from .config import (
     parse_servers,
 )
 from .errors import ConfigError, OutputError, PipelineError
+from .samples import run_samples
 
 API_KEY_ENV = "GEN_PIPELINE_API_KEY"
 # Subcommands that live in their own modules: name -> (module, help).
@@ -108,7 +109,23 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--temperature", type=float, help="sampling temperature")
     p.add_argument("--top-p", type=float, help="nucleus sampling")
-    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--seed", type=int, help="sampling seed (each sample's seed derives from it, the id and the sample)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        help='completions per prompt, each a line with its "sample" (default 1; a row\'s "samples" overrides it)',
+    )
+    p.add_argument(
+        "--samples-via",
+        choices=["n", "requests"],
+        default="n",
+        help="n: one request with n per prompt (default); requests: one per sample, on the same server",
+    )
+    p.add_argument(
+        "--thinking-budget",
+        type=int,
+        help="the servers' thinking-token budget (SGLang thinking_budget, vLLM thinking_token_budget)",
+    )
     p.add_argument("--sampling", help="JSON object of other request fields, e.g. '{\"top_k\": 20}'")
     p.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
     p.add_argument(
@@ -183,6 +200,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Build the frozen RunConfig from parsed flags (and the API key and tokenizer loader variables)."""
+    sampling, samples = run_samples(_sampling(args), args.samples)  # "n" in --sampling becomes samples
     return RunConfig(
         input=args.input,
         out=args.out,
@@ -196,7 +214,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         max_tokens=args.max_tokens,
         min_tokens=args.min_tokens,
         safety_margin=args.safety_margin,
-        sampling=_sampling(args),
+        sampling=sampling,
+        samples=samples,
+        samples_via=args.samples_via,
+        thinking_budget=args.thinking_budget,
         concurrency=args.concurrency,
         retry=RetryPolicy(max_attempts=args.max_attempts),
         request_timeout=args.request_timeout,

@@ -40,6 +40,11 @@ class ChatResult:
     prompt_tokens: int | None
     completion_tokens: int | None
     reasoning_content: str | None = None  # a server's reasoning parser puts the thinking here, not in content
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, where reported
+    logprobs: Any = None  # the choice's logprobs, when the request asked for them
+    # every choice (this one first) when the body had more than one (a request with n): their own
+    # content, finish_reason and logprobs; usage is the request's, on this result only
+    choices: tuple[ChatResult, ...] = ()
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -70,31 +75,50 @@ def status_error(status: int, body: Any, server: str, headers: Any = None) -> Re
 
 
 def parse_chat(body: Any, server: str) -> ChatResult:
-    """The completion in a 200 body, or ServerError when the body is not one (a field of the wrong type
-    included: it would otherwise reach the output, or the run's token totals)."""
+    """The completion in a 200 body (every choice of it), or ServerError when the body is not one (a field
+    of the wrong type included: it would otherwise reach the output, or the run's token totals)."""
     try:
-        choice = body["choices"][0]
         usage = body.get("usage") or {}
-        message = choice["message"]
+        choices = sorted(body["choices"], key=lambda c: c.get("index") or 0)
+        results = [_choice(c) for c in choices]
+        first = results[0]
+        details = usage.get("completion_tokens_details") or {}
         result = ChatResult(
-            content=message.get("content") or "",
-            finish_reason=choice.get("finish_reason"),
+            content=first.content,
+            finish_reason=first.finish_reason,
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
-            reasoning_content=message.get("reasoning_content"),
+            reasoning_content=first.reasoning_content,
+            reasoning_tokens=details.get("reasoning_tokens"),
+            logprobs=first.logprobs,
+            choices=tuple(results) if len(results) > 1 else (),
         )
-        if not isinstance(result.content, str):
-            raise TypeError(f"content {result.content!r:.80}")
-        for text in (result.finish_reason, result.reasoning_content):
-            if text is not None and not isinstance(text, str):
-                raise TypeError(f"finish_reason or reasoning_content {text!r:.80}")
-        for count in (result.prompt_tokens, result.completion_tokens):
+        for count in (result.prompt_tokens, result.completion_tokens, result.reasoning_tokens):
             if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
                 raise TypeError(f"usage count {count!r:.80}")
         return result
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         detail = error_message(body) if isinstance(body, dict) and "error" in body else repr(exc)
         raise ServerError(f"malformed completion: {detail}", server=server, status=200) from exc
+
+
+def _choice(choice: dict[str, Any]) -> ChatResult:
+    """One choice of a chat body (no usage), or TypeError/KeyError when it is not one."""
+    message = choice["message"]
+    result = ChatResult(
+        content=message.get("content") or "",
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=None,
+        completion_tokens=None,
+        reasoning_content=message.get("reasoning_content"),
+        logprobs=choice.get("logprobs"),
+    )
+    if not isinstance(result.content, str):
+        raise TypeError(f"content {result.content!r:.80}")
+    for text in (result.finish_reason, result.reasoning_content):
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"finish_reason or reasoning_content {text!r:.80}")
+    return result
 
 
 def _decode(raw: bytes) -> Any:

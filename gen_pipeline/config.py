@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .records import ALL_REASONS
+from .records import ALL_REASONS, MAX_SAMPLES
 
 # The tokenizer loader switch, read by the CLI only.
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
@@ -34,6 +34,7 @@ DEFAULT_GRACE_PERIOD = 10.0
 DEFAULT_FSYNC_INTERVAL = 1.0
 DEFAULT_OUTAGE_TIMEOUT = 1800.0
 DEFAULT_TOKENIZE_BATCH = 256
+SAMPLES_VIA = ("n", "requests")
 # A learned count offset (speculative-decoding reserve, an uncounted template prefix) is capped here.
 MAX_LEARNED_OFFSET = 256
 OFFSET_EVIDENCE = 3
@@ -146,6 +147,10 @@ class RunConfig:
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
         progress: "auto" (a bar on a terminal, log lines otherwise), "bar", "log" or "off".
+        samples: completions per prompt (a row's own `samples` overrides it), each keyed (id, sample).
+        samples_via: "n" (one request with n = the samples missing, where the server honours it) or
+            "requests" (one request per sample, all on one server so its prefix cache serves the prompt).
+        thinking_budget: the server's thinking-token budget to send (None: none sent).
     """
 
     # input and output
@@ -164,6 +169,10 @@ class RunConfig:
     min_tokens: int = DEFAULT_MIN_TOKENS
     safety_margin: int = DEFAULT_SAFETY_MARGIN
     sampling: dict[str, Any] = field(default_factory=dict)
+    # samples and reasoning
+    samples: int = 1
+    samples_via: str = "n"
+    thinking_budget: int | None = None
     # parallelism and retries
     concurrency: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -197,6 +206,10 @@ class RunConfig:
             (self.progress in ("auto", "bar", "log", "off"), "--progress: auto, bar, log or off"),
             (self.workers >= 1, "--workers must be at least 1"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
+            (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
+            (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
+            (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
+            ("n" not in self.sampling, '"n" in --sampling: use --samples (the run keeps every sample)'),
         ]
         for ok, message in checks:
             if not ok:

@@ -115,6 +115,7 @@ def load(
             and head.get("shard") == (list(shard) if shard else None)
             and (head.get("dev"), head.get("inode")) == (st.st_dev, st.st_ino)
             and 0 < int(head["offset"]) <= st.st_size
+            and head.get("samples", 1) == state.samples  # more samples now: the rows before the mark owe some
         )
         if not same:
             return None
@@ -130,6 +131,8 @@ def load(
             pairs.fromfile(f, 2 * (n_owners + n_bad))
     except (OSError, ValueError, KeyError, TypeError, EOFError):
         return None
+    if state.later_samples_ledgered and retry & set(state.last_reason.values()):
+        return None  # a retried sample > 0 may hide behind its row's done sample 0: read from the top
     checked = _check(pairs, n_owners, input_path.name, retry, state)
     del pairs
     if checked is None:
@@ -218,8 +221,11 @@ class CursorKeeper:
     """Writes the cursor as the mark moves: on an interval and at the end of the run. Best effort: a
     cursor that cannot be written costs the next resume time, never this run."""
 
-    def __init__(self, out: Path, input_path: Path, shard: tuple[int, int] | None, resumed: Resumed | None) -> None:
+    def __init__(
+        self, out: Path, input_path: Path, shard: tuple[int, int] | None, resumed: Resumed | None, samples: int = 1
+    ) -> None:
         self.path = cursor_path(out, input_path, shard)
+        self.samples = samples
         self.input = input_path
         self.shard = shard
         # the file holds kept + drained pairs: those of the cursor this run started from, then this pass's
@@ -250,6 +256,7 @@ class CursorKeeper:
                 "offset": mark.offset,
                 "line": mark.line,
                 "repeats": mark.repeats,
+                "samples": self.samples,
                 "sha256": mark.sha.hexdigest(),
                 "owners": self.kept[0] + mark.owners,
                 "bad": self.kept[1] + mark.bad,

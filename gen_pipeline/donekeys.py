@@ -23,6 +23,7 @@ from pathlib import Path
 import orjson
 
 from .records import RowId, id_key, parsed_id, peek_id
+from .samples import line_sample, sample_key
 
 INDEX_DIR = ".index"
 INDEX_VERSION = 1
@@ -94,6 +95,13 @@ def line_id(raw: bytes) -> RowId | None:
     return rid if rid is not None else parsed_id(raw)
 
 
+def line_key(raw: bytes) -> int | None:
+    """The key of one output line, `(id, sample)` (samples.sample_key), or None when it is not a completion."""
+    rid = line_id(raw)
+    sample = line_sample(raw) if rid is not None else None
+    return sample_key(id_key(rid), sample) if rid is not None and sample is not None else None
+
+
 @dataclass
 class FileKeys:
     """The completions found in one output file."""
@@ -125,23 +133,23 @@ def completion_keys(path: Path, save: bool = True) -> FileKeys:
                 break
             lines += 1
             end += len(raw)
-            rid = line_id(raw)
-            if rid is None:
+            key = line_key(raw)
+            if key is None:
                 corrupt.append(lines)
             else:
-                appended.append(id_key(rid))
+                appended.append(key)
     if appended:
         keys = merge_sorted(keys, appended)
     if save and end > start:
         _save(path, keys, corrupt, end, lines)
     found = FileKeys(path, keys, corrupt, end, lines, complete=tail is None)
     if tail is not None:
-        rid = line_id(tail)
-        if rid is None:
+        tail_key = line_key(tail)
+        if tail_key is None:
             found.corrupt = [*corrupt, lines + 1]
         else:
             found.keys = array("Q", keys)
-            key = id_key(rid)
+            key = tail_key
             found.keys.insert(bisect_left(found.keys, key), key)
     return found
 

@@ -3,11 +3,12 @@
     gen-pipeline export runs/nightly --out datasets/nightly --drop-truncated \\
         --columns id,finish_reason,prompt_tokens,completion_tokens,model,meta.source_id
 
-One row per completion: `messages` (the prompt turns plus the new assistant turn) and the chosen
-columns. Written as Parquet shards under OUT/data/ (the hub's layout) or, with --save-to-disk, as a
-`datasets` folder; OUT/README.md is a dataset card with the counts and the generation settings.
-Nothing in the run directory is changed; a torn last line is skipped, and an id seen twice is
-exported once.
+One row per completion (per sample of a prompt, with its `sample` column): `messages` (the prompt turns
+plus the new assistant turn) and the chosen columns; `--group-samples` makes one row per prompt with the
+list of its completions (see grouped.py). Written as Parquet shards under OUT/data/ (the hub's layout)
+or, with --save-to-disk, as a `datasets` folder; OUT/README.md is a dataset card with the counts and the
+generation settings. Nothing in the run directory is changed; a torn last line is skipped, and an
+(id, sample) seen twice is exported once.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ import orjson
 from .errors import ConfigError
 from .formats import jsonl_rows
 from .records import id_key
+from .samples import record_sample, sample_key
 from .store import FAILURES, MANIFEST, shard_files
 
-DEFAULT_COLUMNS = ("id", "finish_reason", "prompt_tokens", "completion_tokens", "model")
+DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model")
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
-_STRINGS = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
-_INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts")
+_STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
+_STRINGS += ("truncated_in", "logprobs")  # logprobs: the server's JSON, as a string
+_INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = "float64"
 # Manifest fields shown in the card's settings table (the whole manifest follows it).
@@ -49,6 +52,8 @@ class ExportConfig:
         out: the dataset folder to create. overwrite: replace it if it exists.
         columns: columns besides `messages`: completion fields or "meta.KEY".
         drop_truncated: leave out completions that stopped at max_tokens (finish_reason "length").
+        drop_truncated_reasoning: leave out only those cut while still reasoning (truncated_in "reasoning").
+        group_samples: one row per prompt with the list of its samples' completions.
         save_to_disk: a `datasets` folder instead of Parquet shards. shard_rows: rows per shard.
         push_to_hub: also push to this hub dataset repo (private if `private`).
     """
@@ -57,6 +62,8 @@ class ExportConfig:
     out: Path
     columns: tuple[str, ...] = DEFAULT_COLUMNS
     drop_truncated: bool = False
+    drop_truncated_reasoning: bool = False
+    group_samples: bool = False
     save_to_disk: bool = False
     shard_rows: int = DEFAULT_SHARD_ROWS
     overwrite: bool = False
@@ -83,6 +90,7 @@ class ExportStats:
 
     rows: int = 0
     truncated: int = 0
+    truncated_in_reasoning: int = 0  # of the rows kept
     duplicates: int = 0
     unreadable: int = 0
     finish_reasons: Counter[str] = field(default_factory=Counter)
@@ -92,6 +100,7 @@ class ExportStats:
 
     def add(self, obj: dict[str, Any]) -> None:
         self.rows += 1
+        self.truncated_in_reasoning += obj.get("truncated_in") == "reasoning"
         self.finish_reasons[str(obj.get("finish_reason"))] += 1
         self.prompt_tokens += obj.get("prompt_tokens") or 0
         self.completion_tokens += obj.get("completion_tokens") or 0
@@ -115,7 +124,7 @@ def _value(obj: dict[str, Any], column: str) -> Any:
     """One column of a training row; ids and meta values become strings for a stable schema."""
     if column.startswith("meta."):
         value = (obj.get("meta") or {}).get(column[5:])
-    elif column in ("id", "meta"):
+    elif column in ("id", "meta", "logprobs"):
         value = obj.get(column)
     else:
         return obj.get(column)
@@ -130,34 +139,58 @@ def training_row(obj: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any
     return row
 
 
-def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
-    """Every exportable completion of every run, once per id, counted into `stats`."""
+def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
+    """Every exportable completion line of every run, once per (id, sample), counted into `stats`."""
     for f in (f for run in config.runs for f in completion_files(run)):
         for obj in jsonl_rows(f):
-            if not _is_completion(obj):
+            sample = record_sample(obj) if _is_completion(obj) else None
+            if sample is None:
                 stats.unreadable += 1
                 continue
-            key = id_key(obj["id"])
+            key = sample_key(id_key(obj["id"]), sample)
             if key in stats.done:
                 stats.duplicates += 1
-            elif config.drop_truncated and obj.get("finish_reason") == "length":
+            elif _dropped(config, obj):
                 stats.truncated += 1
             else:
                 stats.done.add(key)
                 stats.add(obj)
-                yield training_row(obj, config.columns)
+                yield obj
+
+
+def _dropped(config: ExportConfig, obj: dict[str, Any]) -> bool:
+    """Whether --drop-truncated (any cut) or --drop-truncated-reasoning (a cut while thinking) leaves it out."""
+    if config.drop_truncated and obj.get("finish_reason") == "length":
+        return True
+    return config.drop_truncated_reasoning and obj.get("truncated_in") == "reasoning"
+
+
+def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
+    """Every exportable completion as a training row (or, with group_samples, every prompt's group)."""
+    if config.group_samples:
+        from .grouped import grouped_rows
+
+        yield from grouped_rows(kept_completions(config, stats), config.columns)
+        return
+    for obj in kept_completions(config, stats):
+        yield training_row(obj, config.columns)
 
 
 def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> Any:
     """The dataset, streamed to Arrow files under `cache_dir` (never the whole run in memory)."""
     import datasets
 
-    features = datasets.Features(
-        {
-            "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
-            **{c: datasets.Value(COLUMN_TYPES.get(c, "string")) for c in config.columns},
-        }
-    )
+    if config.group_samples:
+        from .grouped import grouped_features
+
+        features = grouped_features(config.columns, COLUMN_TYPES)
+    else:
+        features = datasets.Features(
+            {
+                "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+                **{c: datasets.Value(COLUMN_TYPES.get(c, "string")) for c in config.columns},
+            }
+        )
     kwargs = {"config": config, "stats": stats}
     try:
         return datasets.Dataset.from_generator(
@@ -187,8 +220,9 @@ def ledger_counts(runs: tuple[Path, ...], done: set[int]) -> Counter[str]:
     last: dict[int, tuple[float, str]] = {}
     for run in runs:
         for obj in (o for path in shard_files(run, FAILURES) for o in jsonl_rows(path)):
-            if isinstance(obj, dict) and obj.get("id") is not None and "reason" in obj:
-                key, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
+            sample = record_sample(obj) if isinstance(obj, dict) else None
+            if isinstance(obj, dict) and obj.get("id") is not None and "reason" in obj and sample is not None:
+                key, when = sample_key(id_key(obj["id"]), sample), float(obj.get("time") or 0.0)
                 if when >= last.get(key, (float("-inf"), ""))[0]:
                     last[key] = (when, str(obj["reason"]))
     return Counter(reason for key, (_, reason) in last.items() if key not in done)
@@ -216,8 +250,9 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
         ("finish reasons", reasons),
         ("prompt tokens", stats.prompt_tokens),
         ("completion tokens", stats.completion_tokens),
+        ("of them cut while reasoning (truncated_in reasoning)", stats.truncated_in_reasoning),
         ("left out: truncated (finish_reason length)", stats.truncated),
-        ("left out: duplicate ids", stats.duplicates),
+        ("left out: duplicate (id, sample)", stats.duplicates),
         ("left out: unreadable lines", stats.unreadable),
     ]
     ledger = ledger_counts(config.runs, stats.done)
@@ -293,6 +328,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {','.join(DEFAULT_COLUMNS)})",
     )
     add("--drop-truncated", action="store_true", help='leave out finish_reason "length" rows')
+    add(
+        "--drop-truncated-reasoning",
+        action="store_true",
+        help='leave out only the rows cut while still reasoning (truncated_in "reasoning")',
+    )
+    add("--group-samples", action="store_true", help="one row per prompt with the list of its completions")
     add("--save-to-disk", action="store_true", help="write a datasets folder instead of Parquet")
     add("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, help="rows per Parquet shard")
     add("--overwrite", action="store_true", help="replace --out if it exists")
@@ -307,6 +348,8 @@ def main(args: argparse.Namespace) -> int:
         out=args.out,
         columns=tuple(c.strip() for c in args.columns.split(",") if c.strip()),
         drop_truncated=args.drop_truncated,
+        drop_truncated_reasoning=args.drop_truncated_reasoning,
+        group_samples=args.group_samples,
         save_to_disk=args.save_to_disk,
         shard_rows=args.shard_rows,
         overwrite=args.overwrite,
@@ -316,7 +359,7 @@ def main(args: argparse.Namespace) -> int:
     stats = export(config)
     print(
         f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
-        f"{stats.duplicates} duplicate ids, {stats.unreadable} unreadable lines)"
+        f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
     )
     return 0
 

@@ -30,6 +30,7 @@ class ServerInfo:
     context_length: int | None
     tokenizer_path: str | None = None
     max_running_requests: int | None = None
+    kind: str | None = None  # the model card's owned_by: "sglang", "vllm", ... (None: not said)
 
 
 @dataclass
@@ -80,6 +81,7 @@ async def probe(client: Client, url: str) -> ServerInfo:
         context_length=_card_context(card),
         tokenizer_path=info.get("tokenizer_path") or server.get("tokenizer_path"),
         max_running_requests=running if isinstance(running, int) and running > 0 else None,
+        kind=card.get("owned_by") if isinstance(card.get("owned_by"), str) else None,
     )
 
 

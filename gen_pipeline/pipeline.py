@@ -22,11 +22,13 @@ from .balancer import ServerPool, ServerState
 from .client import Client, open_transport
 from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
+from .dispatch import SampleDispatch, Sent, thinking_fields
 from .errors import ConfigError, OutputError, PipelineError
 from .fleet import FleetInfo, discover
 from .progress import Progress, RunStats, format_summary, snapshot
-from .records import TRANSIENT_REASONS, Failure, Prompt
+from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from .requests import RequestPath
+from .samples import pending, row_reason
 from .source import BadRow, PromptSource, Skipped, skipped
 from .status import STATUS, write_status
 from .store import (
@@ -91,6 +93,7 @@ class BatchReader:
         self.counter = counter
         self.resume = resume
         self.retry = config.retry_failed
+        self.samples = config.samples
         self.batch = config.tokenize_batch
         self.name = config.input.name
         self.size = config.input.stat().st_size
@@ -134,10 +137,16 @@ class BatchReader:
         return [*(Skipped(reason, n) for reason, n in tally.items()), *counted], mark_of(self.source)
 
     def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
-        """A bad row an earlier run already ledgered is skipped (the source skips settled ids itself)."""
+        """A bad row an earlier run already ledgered is skipped (the source skips settled ids itself);
+        a prompt gets the samples it still owes, and is skipped when it owes none."""
         if isinstance(item, BadRow):
             seen = (self.name, item.line) in self.resume.bad_lines
             return skipped("bad_input") if seen and "bad_input" not in self.retry else item
+        if isinstance(item, Prompt):
+            k = item.samples or self.samples
+            item.pending = pending(self.resume, item.key, k, self.retry)
+            if not item.pending:
+                return skipped(row_reason(self.resume, item.key, k, self.retry) or "done")
         return item
 
     def _count(self, prompts: list[Prompt]) -> dict[int, str]:
@@ -166,6 +175,7 @@ class Runner:
     reader: BatchReader
     keeper: CursorKeeper | None = None  # None: no input cursor is written
     client: Client | None = None
+    dispatch: SampleDispatch | None = None  # None: a plain SampleDispatch over `path`
     tracker: MarkTracker = field(default_factory=MarkTracker)
     warnings: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -248,11 +258,14 @@ class Runner:
             self.config, self.path.context_length, p.input_tokens, p.max_tokens, self.path.learner.offset
         )
         if isinstance(budget, str):
-            self._record_failure(Failure(p.id, p.line, "over_length", budget, input_tokens=p.input_tokens))
+            for s in p.pending or (0,):
+                failure = Failure(p.id, p.line, "over_length", budget, input_tokens=p.input_tokens, sample=s)
+                self._record_failure(failure)
             return None
         return budget
 
     async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
+        dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
         while (prompt := await queue.get()) is not None:
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
@@ -261,22 +274,37 @@ class Runner:
             if budget is None:
                 self.tracker.settled(prompt.line)
                 continue
-            outcome = await self.path.generate_one(prompt, budget)
-            if isinstance(outcome, Failure):
-                self._record_failure(outcome)
-                transient = outcome.reason in TRANSIENT_REASONS
-                if transient:
-                    self.reader.source.logging = False  # the input cursor stops short of this row
-                self.tracker.settled(prompt.line, ok=not transient)
-                continue
-            self._write(self.writer.write_completion, outcome)
-            self.tracker.settled(prompt.line)
-            self.stats.completed += 1
-            self.stats.input_tokens += outcome.input_tokens
-            self.stats.output_tokens += outcome.completion_tokens or 0
-            self.stats.finish_reasons[str(outcome.finish_reason)] += 1
-            if outcome.prompt_tokens is not None:
-                self.stats.drift[outcome.prompt_tokens - outcome.input_tokens] += 1
+            sent = await dispatch.generate(prompt, budget, prompt.pending or (0,))
+            transient = False
+            for outcome in sent.outcomes:
+                if isinstance(outcome, Failure):
+                    self._record_failure(outcome)
+                    transient = transient or outcome.reason in TRANSIENT_REASONS
+                else:
+                    self._write(self.writer.write_completion, outcome)
+                    self._count(outcome)
+            self._count_usage(sent)
+            if any(isinstance(o, Completion) for o in sent.outcomes):
+                self.stats.input_tokens += prompt.input_tokens  # once: one request with n, or a cached prefix
+            if transient:
+                self.reader.source.logging = False  # the input cursor stops short of this row
+            self.tracker.settled(prompt.line, ok=not transient)
+
+    def _count_usage(self, sent: Sent) -> None:
+        """Add the tokens the servers reported for one prompt's requests."""
+        self.stats.output_tokens += sent.output_tokens
+        if sent.reasoning_tokens is not None:
+            self.stats.reasoning_tokens += sent.reasoning_tokens
+            self.stats.reasoned_output_tokens += sent.output_tokens
+
+    def _count(self, outcome: Completion) -> None:
+        """Add one written completion to the run's figures."""
+        self.stats.completed += 1
+        self.stats.finish_reasons[str(outcome.finish_reason)] += 1
+        if outcome.extra.get("truncated_in") == "reasoning":
+            self.stats.truncated_in_reasoning += 1
+        if outcome.prompt_tokens is not None:
+            self.stats.drift[outcome.prompt_tokens - outcome.input_tokens] += 1
 
     def _record_failure(self, failure: Failure) -> None:
         failure.source = self.config.input.name
@@ -347,6 +375,8 @@ def manifest_for(config: RunConfig, model: str, ctx: int, counter: TemplateIdent
         "max_tokens": config.max_tokens,
         "min_tokens": config.min_tokens,
         "safety_margin": config.safety_margin,
+        "samples": config.samples,
+        "thinking_budget": config.thinking_budget,
         "servers": list(config.servers),
         "input": str(config.input),
         "gen_pipeline_version": __version__,
@@ -436,6 +466,9 @@ def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]
         "requests_per_s": round(s.completed / t, 2),
         "output_tokens_per_s": round(s.output_tokens / t, 1),
         "finish_reasons": dict(s.finish_reasons),
+        "samples": runner.config.samples,
+        "truncated_in_reasoning": s.truncated_in_reasoning,
+        "reasoning_tokens": s.reasoning_view(),
         "token_drift": s.drift_view(),
         "learned_offset": runner.path.learner.offset,
         "servers": {srv.url: srv.view() for srv in runner.pool.servers},
@@ -533,7 +566,9 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
 def resume_state(config: RunConfig) -> ResumeState:
     """What earlier runs settled; a worker reads only its own ids and leaves repairs to its parent."""
     worker = config.shard is not None
-    return scan(config.out, repair=False, mine=config.mine if worker else None)
+    state = scan(config.out, repair=False, mine=config.mine if worker else None)
+    state.samples = config.samples
+    return state
 
 
 def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
@@ -546,6 +581,7 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     fleet, model, ctx, counter, point = await settle_manifest(config, client, counter, lambda: resume_point(config))
     assert point is not None
     resume, resumed = point
+    extra = thinking_fields(config, fleet)  # refused here, before anything is opened or sent
     if config.shard is None and (torn := repair_all(config.out)):
         resume, resumed = resume_point(config)  # the scan read the torn tail as a corrupt line: again without it
         resume.torn_bytes = torn
@@ -555,8 +591,9 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
     writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
     reader = BatchReader(config, counter, resume, stats, resumed)
-    keeper = cursor.CursorKeeper(config.out, config.input, config.shard, resumed)
+    keeper = cursor.CursorKeeper(config.out, config.input, config.shard, resumed, config.samples)
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
+    runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
     if resume.torn_bytes:

@@ -33,6 +33,9 @@ class RunStats:
     repeats: int = 0
     input_fraction: float = 0.0  # how much of the input file the reader has consumed
     last_error: dict[str, str] = field(default_factory=dict)  # newest detail per ledger reason
+    truncated_in_reasoning: int = 0  # cut at max_tokens while still thinking (no answer)
+    reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
+    reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
 
     def eta(self) -> float | None:
         """Seconds left, from the share of the input read and the rate rows settle at."""
@@ -45,6 +48,13 @@ class RunStats:
 
     def elapsed(self) -> float:
         return max(time.monotonic() - self.started, 1e-9)
+
+    def reasoning_view(self) -> dict[str, int] | None:
+        """Reasoning and answer tokens of the answers whose usage split them (None: none did)."""
+        if not self.reasoned_output_tokens and not self.reasoning_tokens:
+            return None
+        answer = self.reasoned_output_tokens - self.reasoning_tokens
+        return {"reasoning": self.reasoning_tokens, "answer": answer, "of_output": self.reasoned_output_tokens}
 
     def drift_view(self) -> dict[str, Any]:
         """How often the server's prompt count differed from ours, and by how much."""
@@ -126,6 +136,18 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dic
     }
 
 
+def _samples_lines(summary: dict[str, Any]) -> list[str]:
+    """The samples and reasoning lines of the summary (none for a plain run)."""
+    lines = [f"samples per prompt {summary['samples']}"] if summary.get("samples", 1) > 1 else []
+    if summary.get("truncated_in_reasoning"):
+        lines.append(
+            f"truncated while reasoning (finish_reason length, no answer): {summary['truncated_in_reasoning']}"
+        )
+    if reasoning := summary.get("reasoning_tokens"):
+        lines.append(f"output tokens: reasoning {reasoning['reasoning']}, answer {reasoning['answer']}")
+    return lines
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The end-of-run summary as a few readable lines."""
     lines = [f"stopped: {summary['stop_reason']}"] if summary.get("stop_reason") else []
@@ -138,6 +160,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"over {summary['elapsed_s']} s",
         f"finish_reason {summary['finish_reasons']}",
     ]
+    lines += _samples_lines(summary)
     if cursor := summary.get("input_cursor"):
         lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")
     drift = summary["token_drift"]

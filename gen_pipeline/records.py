@@ -113,6 +113,8 @@ class Prompt:
     meta: dict[str, Any] = field(default_factory=dict)
     input_tokens: int = 0
     derived_id: bool = False  # the row had no id: it is content_id(messages)
+    samples: int | None = None  # the row's own samples count (None: the run's --samples)
+    pending: tuple[int, ...] = ()  # the samples still owed, set by the reader (see samples.pending)
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:
@@ -138,6 +140,8 @@ class Completion:
     meta: dict[str, Any]
     key: int = -1  # id_key(id): carried from the Prompt (hashed once), else hashed here
     reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
+    sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
+    extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
 
     def __post_init__(self) -> None:
         if self.key < 0:
@@ -150,6 +154,7 @@ class Completion:
             orjson.dumps(
                 {
                     "id": self.id,
+                    "sample": self.sample,  # right after the id: samples.line_sample reads it without parsing
                     "messages": self.messages,
                     "completion": self.completion,
                     **thinking,
@@ -163,6 +168,7 @@ class Completion:
                     "latency_s": round(self.latency_s, 4),
                     "model": self.model,
                     "meta": self.meta,
+                    **self.extra,
                 }
             )
             + b"\n"
@@ -183,6 +189,7 @@ class Failure:
     source: str | None = None
     server: str | None = None
     max_tokens: int | None = None
+    sample: int = 0  # which sample of the row failed
     # when it was written (epoch s): with several ledger shards, "newest entry per id" compares this
     time: float = field(default_factory=time.time)
 
@@ -191,6 +198,7 @@ class Failure:
             orjson.dumps(
                 {
                     "id": self.id,
+                    "sample": self.sample,
                     "line": self.line,
                     "reason": self.reason,
                     "status": self.status,
@@ -212,3 +220,5 @@ PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "
 # Ledger reasons from transport trouble; a plain rerun retries them.
 TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection"})
 ALL_REASONS = PERMANENT_REASONS | TRANSIENT_REASONS
+# The most samples one prompt may ask for (--samples, a row's "samples", n in sampling).
+MAX_SAMPLES = 4096

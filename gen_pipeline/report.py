@@ -59,6 +59,7 @@ class Completions:
     latency: array[float] = field(default_factory=lambda: array("d"))
     servers: Counter[str] = field(default_factory=Counter)
     finish: Counter[str] = field(default_factory=Counter)
+    truncated_in: Counter[str] = field(default_factory=Counter)  # "reasoning" / "answer", of finish "length"
 
     def __len__(self) -> int:
         return len(self.latency)
@@ -69,6 +70,8 @@ class Completions:
         self.latency.append(float(obj.get("latency_s") or 0.0))
         self.servers[str(obj.get("server"))] += 1
         self.finish[str(obj.get("finish_reason"))] += 1
+        if obj.get("truncated_in"):
+            self.truncated_in[str(obj["truncated_in"])] += 1
 
 
 def completion_files(run: Path) -> list[Path]:
@@ -96,16 +99,18 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def ledger_reasons(run: Path) -> Counter[str]:
-    """Ledger reasons, the newest entry per id deciding (bad rows without an id count once each)."""
-    newest: dict[str, tuple[float, str]] = {}
+    """Ledger reasons, the newest entry per (id, sample) deciding (bad rows without an id count once each)."""
+    newest: dict[tuple[str, Any], tuple[float, str]] = {}
     anonymous: Counter[str] = Counter()
     for _, obj in (x for path in shard_files(run, FAILURES) for x in iter_json_lines(path)):
         if obj is None or "reason" not in obj:
             continue
         if obj.get("id") is None:
             anonymous[obj["reason"]] += 1
-        elif (when := float(obj.get("time") or 0.0)) >= newest.get(str(obj["id"]), (float("-inf"), ""))[0]:
-            newest[str(obj["id"])] = (when, obj["reason"])
+        elif (when := float(obj.get("time") or 0.0)) >= newest.get(
+            key := (str(obj["id"]), obj.get("sample", 0)), (float("-inf"), "")
+        )[0]:
+            newest[key] = (when, obj["reason"])
     return anonymous + Counter(reason for _, reason in newest.values())
 
 
@@ -152,6 +157,14 @@ def render_table(run: Path, rows: Completions, summary: dict[str, Any] | None, m
     lines.append(f"output tok  sum {sum(rows.completion_tokens):,}  {_dist_text(distribution(rows.completion_tokens))}")
     finish = "  ".join(f"{k} {v} ({_pct(v, len(rows))})" for k, v in rows.finish.most_common())
     lines.append(f"finish      {finish or 'none'}")
+    if rows.truncated_in:
+        cut = "  ".join(f"{k} {v}" for k, v in rows.truncated_in.most_common())
+        lines.append(f"truncated   {cut} (finish_reason length: still reasoning, or in the answer)")
+    if (summary or {}).get("reasoning_tokens"):
+        split = summary["reasoning_tokens"]  # type: ignore[index]
+        lines.append(
+            f"reasoning   {split['reasoning']:,} tokens, answer {split['answer']:,} (where the servers split them)"
+        )
     lines += _server_lines(rows, summary)
     lines += [f"WARNING: {w}" for w in (summary or {}).get("warnings", [])]
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from .errors import AuthError, ContextOverflowError, FleetError, RequestError
 from .progress import RunStats
 from .records import Completion, Failure, Prompt
 from .retry import with_transport_retries
-from .tokens.budget import OffsetLearner, rebudget
+from .tokens.budget import OffsetLearner, rebudget, room_needed
 
 
 def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_tokens: int) -> dict[str, Any]:
@@ -37,6 +37,7 @@ class Track:
     exclude: frozenset[str] = frozenset()
     server: str = ""
     latency: float = 0.0
+    prefer: str | None = None  # the server to use when it has a free slot (its prefix cache holds the prompt)
 
 
 class RequestPath:
@@ -67,14 +68,24 @@ class RequestPath:
     async def generate_one(self, prompt: Prompt, max_tokens: int) -> Completion | Failure:
         """Send the prompt; on a context 400, shrink the budget to what the server says fits."""
         track = Track()
+        sent = await self.send(prompt, max_tokens, {}, track)
+        if isinstance(sent, Failure):
+            return sent
+        return self._completion(prompt, sent[0], sent[1], track)
+
+    async def send(
+        self, prompt: Prompt, max_tokens: int, extra: dict[str, Any], track: Track
+    ) -> tuple[ChatResult, int] | Failure:
+        """generate_one with `extra` request fields (n, a sample's seed), returning what the server
+        answered and the max_tokens that got it."""
         error: RequestError | None = None
         for _ in range(self.config.retry.budget_attempts):
             try:
-                result = await self._with_retries(self.payload(prompt, max_tokens), track)
+                result = await self._with_retries({**self.payload(prompt, max_tokens), **extra}, track)
             except ContextOverflowError as exc:
                 error = exc
                 self.learner.observe(prompt.input_tokens, exc.counts)
-                budget = self._rebudget(exc, max_tokens)
+                budget = self._rebudget(exc, max_tokens, prompt)
                 if budget is None:
                     break
                 max_tokens = budget
@@ -84,17 +95,17 @@ class RequestPath:
             except RequestError as exc:
                 error = exc
                 break
-            return self._completion(prompt, result, max_tokens, track)
+            return result, max_tokens
         assert error is not None
         return self._failure(prompt, error, max_tokens, track)
 
-    def _rebudget(self, exc: ContextOverflowError, sent: int) -> int | None:
+    def _rebudget(self, exc: ContextOverflowError, sent: int, prompt: Prompt) -> int | None:
         return rebudget(
             exc.counts,
             sent_max_tokens=sent,
             context_length=self.context_length,
             margin=self.config.safety_margin,
-            min_tokens=self.config.min_tokens,
+            min_tokens=room_needed(self.config, prompt.max_tokens),
         )
 
     async def _with_retries(self, payload: dict[str, Any], track: Track) -> ChatResult:
@@ -102,7 +113,7 @@ class RequestPath:
 
     async def _on_server(self, payload: dict[str, Any], track: Track) -> ChatResult:
         timeout = self.config.timeout_for(payload["max_tokens"])
-        async with self.pool.lease(track.exclude) as server:
+        async with self.pool.lease(track.exclude, track.prefer) as server:
             track.attempts += 1
             track.server = server.url
             self.stats.requests += 1

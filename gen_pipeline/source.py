@@ -18,9 +18,10 @@ import orjson
 
 from .donekeys import KeyMap
 from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, parsed_id, peek_key
+from .samples import row_samples
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
-_KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling"})
+_KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling", "samples"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +103,20 @@ def parse_row(raw: bytes, line: int) -> Prompt:
         raise RowError(f"row is a JSON {type(row).__name__}, not an object")
     messages = _messages(row)
     max_tokens, sampling = _options(row)
+    try:
+        sampling, samples = row_samples(row, sampling)
+    except ValueError as exc:
+        raise RowError(str(exc)) from None
     meta = {k: v for k, v in row.items() if k not in _KNOWN}
     derived = row.get("id") is None
-    return Prompt(_row_id(row, messages), line, messages, max_tokens, sampling, meta, derived_id=derived)
+    prompt = Prompt(_row_id(row, messages), line, messages, max_tokens, sampling, meta, derived_id=derived)
+    prompt.samples = samples
+    return prompt
+
+
+def own_samples(raw: bytes) -> bool:
+    """Whether a row may set its own samples count (a "samples" key, or "n" in its sampling)."""
+    return b'"samples"' in raw or b'"n"' in raw
 
 
 def same_content(a: bytes, b: bytes) -> bool:
@@ -253,7 +265,7 @@ class PromptSource:
             owner, reason = self._owner(key, offset)
             if owner is not None:
                 return self._again(raw, owner, rid, line)
-            if reason is not None:
+            if reason is not None and not own_samples(raw):
                 return skipped(reason)  # settled by an earlier run: not even parsed when the id leads
         if prompt is None and error is None:
             try:

@@ -29,6 +29,7 @@ import orjson
 from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, merge_sorted
 from .errors import ConfigError, ManifestMismatchError, OutputError
 from .records import PERMANENT_REASONS, Completion, Failure, id_key
+from .samples import record_sample, row_reason, sample_key
 
 COMPLETIONS = "completions.jsonl"
 FAILURES = "failures.jsonl"
@@ -107,8 +108,8 @@ class SettledRows:
             if before:
                 return "done", before - 1
             self.offsets[i] = offset + 1
-            return "done", None
-        reason = self.state.settled(key, self.retry)
+            return self.state.row_settled(key, self.retry), None
+        reason = self.state.row_settled(key, self.retry)
         if reason is None:
             return None, None
         before_other = self.other.get(key)
@@ -127,15 +128,21 @@ class ResumeState:
     corrupt_lines: list[str] = field(default_factory=list)
     torn_bytes: int = 0
     files: dict[str, FileKeys] = field(default_factory=dict)  # output file name -> what it holds
+    samples: int = 1  # the run's --samples: a row is settled when all of them are
+    later_samples_ledgered: bool = False  # a ledger entry names a sample > 0 (the input cursor checks sample 0 only)
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None:
-        """Why this id needs no request now ("done", or its permanent reason), or None."""
+        """Why this (id, sample) key needs no request now ("done", or its permanent reason), or None."""
         if key in self.done:
             return "done"
         reason = self.last_reason.get(key)
         if reason in PERMANENT_REASONS and reason not in retry:
             return reason
         return None
+
+    def row_settled(self, key: int, retry: frozenset[str]) -> str | None:
+        """Why the row with id key `key` needs no request now (each of its --samples settled), or None."""
+        return self.settled(key, retry) if self.samples == 1 else row_reason(self, key, self.samples, retry)
 
     def rows(self, retry: frozenset[str]) -> SettledRows:
         """A pass over the input (`--retry-failed` reasons count as not settled)."""
@@ -159,8 +166,10 @@ def scan(
     """Read every output and ledger file into compact key sets.
 
     `repair=False` only reads (check, and worker processes whose parent repaired). `mine(key)` keeps only
-    one worker's ids. With several ledger files the newest entry per id (by its `time`) decides. Output
-    files are read from where `donekeys`' index says the last read ended (`save_index`: move that mark).
+    one worker's ids of the ledger; the output's keys are all kept (a sample's key does not tell its
+    row's shard, and another worker's keys are never asked about). With several ledger files the newest
+    entry per (id, sample) (by its `time`) decides. Output files are read from where `donekeys`' index
+    says the last read ended (`save_index`: move that mark).
     """
     state = ResumeState()
     if repair:
@@ -170,7 +179,7 @@ def scan(
         found = completion_keys(path, save_index)
         state.files[path.name] = found
         state.corrupt_lines += [f"{path.name}:{n}" for n in found.corrupt]
-        keys = found.keys if mine is None else array("Q", (k for k in found.keys if mine(k)))  # still sorted
+        keys = found.keys
         big, small = (done, keys) if len(done) >= len(keys) else (keys, done)
         done = merge_sorted(big, small, new_sorted=True)
     state.done = KeySet(done, presorted=True)
@@ -182,9 +191,11 @@ def scan(
                 state.corrupt_lines.append(f"{path.name}:{n}")
             elif obj["reason"] == "bad_input" and obj.get("line") is not None:
                 state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
-            elif obj.get("id") is not None:
-                key, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
-                if (mine is None or mine(key)) and when >= newest.get(key, float("-inf")):
+            elif obj.get("id") is not None and (sample := record_sample(obj)) is not None:
+                row, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
+                key = sample_key(row, sample)
+                state.later_samples_ledgered |= sample > 0
+                if (mine is None or mine(row)) and when >= newest.get(key, float("-inf")):
                     newest[key], state.last_reason[key] = when, obj["reason"]
     return state
 

@@ -29,7 +29,8 @@ from .store import SUMMARY, DirLock, repair_all, write_json_atomic
 
 # The exit code of the whole run is the most serious of the workers'.
 SEVERITY = [EXIT_ERROR, EXIT_OUTPUT, EXIT_OUTAGE, EXIT_INTERRUPTED, EXIT_INCOMPLETE, EXIT_OK]
-COUNTERS = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens")
+COUNTERS: tuple[str, ...] = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens")
+COUNTERS += ("truncated_in_reasoning",)
 TALLIES = ("skipped", "failed", "finish_reasons")
 
 
@@ -56,6 +57,9 @@ def merge_summaries(parts: list[dict[str, Any]], elapsed: float, exit_code: int)
         "by_offset": dict(drift),
     }
     merged["servers"] = _merge_servers([p.get("servers", {}) for p in parts])
+    split = [p["reasoning_tokens"] for p in parts if p.get("reasoning_tokens")]
+    merged["reasoning_tokens"] = {k: sum(v[k] for v in split) for k in split[0]} if split else None
+    merged["samples"] = max((p.get("samples", 1) for p in parts), default=1)
     merged.update(
         exit_code=exit_code,
         workers=len(parts),

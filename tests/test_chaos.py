@@ -140,3 +140,46 @@ def test_retry_failed_picks_exactly_the_named_reasons(write_jsonl, tmp_path):
     sent = {r["id"] for r in read_jsonl(out / "completions.jsonl")}
     assert sent == {0, 1, 3, 4, 6, 7, 8, 9}
     assert sum(s.requests for s in fleet.stats.values()) == 8
+
+
+def test_kill_9_campaign_with_samples_and_faults(write_jsonl, tmp_path):
+    """--samples 4 under SIGKILLs at random moments on a faulty fleet: after resuming, exactly 4 lines per
+    prompt with samples 0-3, nothing twice, each answer one the server gave for that prompt."""
+    import hashlib
+
+    rows = prompts(300)
+    path, out, log = write_jsonl(rows), tmp_path / "out", tmp_path / "requests.jsonl"
+    rng = random.Random(23)
+    faults = ("--token-latency", "0.003", "--p500", "0.05", "--p-drop", "0.05", "--seed", "6")
+    run = ("--samples", "4", "--concurrency", "8", "--grace-period", "1")
+    kills = 0
+    with sim_fleet(4, *faults, "--request-log", str(log)) as servers:
+        while kills < 8 and len(read_jsonl(out / "completions.jsonl")) < 1100:
+            before = len(read_jsonl(out / "completions.jsonl"))
+            proc = generate(path, out, servers, *run)
+            wait_for_lines(out / "completions.jsonl", before + 20, 60)
+            time.sleep(rng.random() * 0.4)
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=60)
+            kills += 1
+            _all_lines_valid(out)
+        for _ in range(4):  # transient failures (faults) are retried by a plain rerun
+            final = run_generate(path, out, servers, *run)
+            if final.returncode == 0:
+                break
+    assert final.returncode == 0, final.stderr
+    lines = read_jsonl(out / "completions.jsonl")
+    keys = [(r["id"], r["sample"]) for r in lines]
+    assert len(keys) == len(set(keys)) == 1200, "a (id, sample) was written twice or lost"
+    by_id: dict[int, list[int]] = {}
+    for rid, sample in keys:
+        by_id.setdefault(rid, []).append(sample)
+    assert all(sorted(s) == [0, 1, 2, 3] for s in by_id.values()) and len(by_id) == 300
+    given: dict[str, set[str]] = {}
+    for r in read_jsonl(log):
+        given.setdefault(r["prompt"], set()).update(r["texts"])
+    digest = {r["id"]: hashlib.blake2b(orjson.dumps(r["messages"]), digest_size=8).hexdigest() for r in rows}
+    assert all(r["completion"] in given[digest[r["id"]]] for r in lines)
+    assert kills >= 3
+    requests = len(read_jsonl(log))
+    print(f"\nsamples kill -9 campaign: kills={kills} prompts=300 lines=1200 duplicates=0 server requests={requests}")

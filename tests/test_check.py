@@ -119,7 +119,9 @@ def test_plan_counts_equal_what_generate_does(write_jsonl, tmp_path):
     clamped = sorted(r["max_tokens"] for r in done if r["max_tokens"] < requested.get(r["id"], MAX_TOKENS))
     assert plan["full"] > 0 and plan["clamped"] > 0 and plan["over_length"] > 0  # the input exercises all three
     assert (plan["full"], plan["clamped"]) == (len(full), len(clamped))
-    assert (plan["over_length"], plan["bad_input"]) == (ledger["over_length"], ledger["bad_input"]) == (5, 3)
+    # "own" asks for 10 tokens, below --min-tokens: it is sent (with 10), not over_length
+    assert (plan["over_length"], plan["bad_input"]) == (ledger["over_length"], ledger["bad_input"]) == (4, 3)
+    assert [r["max_tokens"] for r in done if r["id"] == "own"] == [10]
     assert (plan["clamped_to"]["min"], plan["clamped_to"]["max"]) == (clamped[0], clamped[-1])
     assert plan["input_tokens"] == outcome.summary["input_tokens"]
     assert plan["output_budget"] == sum(r["max_tokens"] for r in done)

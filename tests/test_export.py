@@ -83,7 +83,7 @@ def test_drop_truncated_and_the_dataset_card(run_dir, tmp_path):
     for line in [
         "| rows | 2 |",
         "| left out: truncated (finish_reason length) | 1 |",
-        "| left out: duplicate ids | 1 |",
+        "| left out: duplicate (id, sample) | 1 |",
         "| left out: unreadable lines | 1 |",
         "| not generated: timeout (ledger) | 1 |",
         "| not generated: over_length (ledger) | 1 |",

@@ -246,7 +246,7 @@ def test_reasoning_content_is_kept_and_exported(write_jsonl, tmp_path):
     assert outcome.summary["completed"] == 6
     lines = read_jsonl(tmp_path / "think" / "completions.jsonl")
     assert all(isinstance(r["reasoning_content"], str) and r["reasoning_content"] for r in lines)
-    assert list(lines[0])[:4] == ["id", "messages", "completion", "reasoning_content"]
+    assert list(lines[0])[:5] == ["id", "sample", "messages", "completion", "reasoning_content"]
     parser = argparse.ArgumentParser()
     export.add_arguments(parser)
     argv = [str(tmp_path / "think"), "--out", str(tmp_path / "ds"), "--save-to-disk"]

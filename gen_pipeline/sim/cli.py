@@ -113,6 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 0: null)",
     )
     add("--seed", type=int, default=0, help="seed of completions and fault draws")
+    add("--prefix-cache", type=int, default=0, help="prompts per port whose prefill is cached (default 0: none)")
+    add("--request-log", help="append one JSON line per answered chat request to this file")
     _add_fault_arguments(parser)
 
 
@@ -187,6 +189,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         completion_words=args.completion_words,
         reasoning_words=args.reasoning_words,
         seed=args.seed,
+        prefix_cache=args.prefix_cache,
+        request_log=args.request_log,
         dead=args.dead,
         flaky=_by_port(args.flaky, live[0], "--flaky"),
         slow=_by_port(args.slow, live[0], "--slow"),
@@ -223,6 +227,7 @@ def _summary(fleet: SimFleet) -> list[str]:
         "dropped",
         "hung",
         "max_in_flight",
+        "prefills",
     )
     return [f"port {port}: " + " ".join(f"{k}={asdict(stats)[k]}" for k in keys) for port, stats in fleet.stats.items()]
 

@@ -48,7 +48,11 @@ class SimConfig:
     (check (D), and a non-null context_length in /server_info).
     Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`; with
     `reasoning_words` > 0 a chat reply also carries up to that many words of `reasoning_content`, as SGLang does
-    with `--reasoning-parser` (the thinking split out of `content`).
+    with `--reasoning-parser` (the thinking split out of `content`); the thinking spends max_tokens first
+    (capped by a request's `thinking_budget`), so a small budget ends "length" with empty content.
+    Samples: a request's `n` and `seed` are honoured (each choice derived from the prompt, seed and its
+    index); the last `prefix_cache` prompts of a port skip `prefill_latency`; `request_log` is a file
+    that gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
     `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `slow`
     {port: factor} multiplies latencies; `p500`, `p503` (queue full), `p_drop` (connection
@@ -81,6 +85,9 @@ class SimConfig:
     completion_words: int = 48
     reasoning_words: int = 0
     seed: int = 0
+    # samples
+    prefix_cache: int = 0
+    request_log: str | None = None
     # faults
     dead: tuple[int, ...] = ()
     flaky: Mapping[int, float] = field(default_factory=dict)

@@ -27,6 +27,7 @@ class PortStats:
     max_running: int = 0
     queued: int = 0  # requests waiting for a slot
     max_prompt_tokens: int = 0  # the largest prompt count (the server's) among accepted requests
+    prefills: int = 0  # chat prompts computed, not served from the prefix cache
     crashes: int = 0
     restarts: int = 0
 
@@ -69,8 +70,8 @@ class Scheduler:
             stats.running -= 1
             self.slots.release()
 
-    async def decode(self, tokens: int) -> None:
-        """Spend the simulated prefill and decode time (call it holding a slot)."""
-        per_request = self.cfg.prefill_latency + tokens * self.cfg.token_latency
+    async def decode(self, tokens: int, prefill: bool = True) -> None:
+        """Spend the simulated prefill (unless the prefix cache held it) and decode time (call it holding a slot)."""
+        per_request = self.cfg.prefill_latency * prefill + tokens * self.cfg.token_latency
         if per_request > 0:
             await asyncio.sleep(per_request * self.slowness)

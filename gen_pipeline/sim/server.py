@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from . import info, sglang
+from . import choices, info, sglang
 from .config import SimConfig
 from .counting import ServerCounter
 from .faults import Fault, FaultPlan
@@ -39,6 +39,8 @@ class PortServer:
         self.stats = PortStats()
         self.faults = FaultPlan.for_port(cfg, port)
         self.scheduler = Scheduler(cfg, self.stats, cfg.slow.get(port, 1.0))
+        self.cache = choices.PrefixCache(cfg.prefix_cache)
+        self.log = choices.RequestLog(cfg.request_log)
         self.state = "down"  # down: refuses connections; warming: /health 503; up
         self.started = time.time()
         self.has_crashed = False
@@ -80,6 +82,7 @@ class PortServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._kill()
+        self.log.close()
 
     async def _finish_warmup(self, seconds: float) -> None:
         """Leave the warming state after `seconds`."""
@@ -225,16 +228,23 @@ class PortServer:
         self.stats.max_prompt_tokens = max(self.stats.max_prompt_tokens, prompt_tokens)
         max_new = sglang.effective_max_new(self.cfg, prompt_tokens, req.max_new)
         key = _prompt_key(req)
-        gen = sglang.generate(key, self.cfg, max_new, req.stop, self.eos)
-        async with self.scheduler.slot():
-            await self.scheduler.decode(gen.tokens)
+        n, seed = choices.choices_wanted(payload), payload.get("seed")
         if not chat:
+            gen = sglang.generate(key, self.cfg, max_new, req.stop, self.eos)
+            async with self.scheduler.slot():
+                await self.scheduler.decode(gen.tokens)
             return sglang.text_body(req, gen, prompt_tokens)
-        body = sglang.chat_body(req, gen, prompt_tokens)
-        if self.cfg.reasoning_words > 0:  # a reasoning parser's split: the thinking beside the answer
-            thought = sglang.generate(b"think" + key, self.cfg, self.cfg.reasoning_words, (), self.eos)
-            body["choices"][0]["message"]["reasoning_content"] = thought.text
-        return body
+        budget = payload.get("thinking_budget")
+        made = [
+            choices.generate_choice(choices.choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
+            for i in range(n)
+        ]
+        cached = self.cache.hit(key)
+        self.stats.prefills += not cached
+        async with self.scheduler.slot():  # the n choices decode side by side, after one prefill
+            await self.scheduler.decode(max(c.tokens for c in made), prefill=not cached)
+        self.log.write(self.port, key, payload, cached, made)
+        return choices.chat_choices(req, made, prompt_tokens)
 
     def _should_crash(self) -> bool:
         """True for the first request past crash_after (a port crashes at most once)."""

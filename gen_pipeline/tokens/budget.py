@@ -38,8 +38,14 @@ def prompt_budget(config: RunConfig, context_length: int, input_tokens: int, row
         context_length=context_length,
         input_tokens=input_tokens,
         margin=config.safety_margin,
-        min_tokens=config.min_tokens,
+        min_tokens=room_needed(config, row_max_tokens),
     )
+
+
+def room_needed(config: RunConfig, row_max_tokens: int | None) -> int:
+    """The least room a prompt is sent with: --min-tokens, or what a row asks for when that is less
+    (a 5-token label row is sent, never over_length)."""
+    return min(config.min_tokens, row_max_tokens or config.min_tokens)
 
 
 def dispatch_budget(
@@ -54,7 +60,7 @@ def dispatch_budget(
     return (
         f"prompt has {input_tokens} tokens (+{offset} learned offset); "
         f"context {context_length} - margin {config.safety_margin} leaves {room}, "
-        f"below --min-tokens {config.min_tokens}"
+        f"below --min-tokens {room_needed(config, row_max_tokens)}"
     )
 
 

@@ -1,0 +1,147 @@
+"""K completions per prompt: the identity of each sample, its seed, and what a resume still owes.
+
+Each completion is keyed `(id, sample)`, `sample` in 0..K-1. Its 64-bit key is `id_key(id)` for
+sample 0 and a hash of (that key, sample) otherwise, so a line written before samples existed (no
+`sample` field: sample 0) keeps the key it always had, and the done-key index, the input cursor and
+the ledger keep one int per line. A row is settled when each of its K sample keys is done (or under a
+permanent ledger reason); a resume sends only the samples that are not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Collection
+from typing import Any, Protocol
+
+import orjson
+
+from .errors import ConfigError
+from .records import MAX_SAMPLES, RowId
+
+SEED_MODULUS = 2**31  # servers take 32-bit signed seeds
+
+# `{"id": X, "sample": N,` at the start of a line: how our own output writes a completion.
+_LEADING_SAMPLE = re.compile(rb'\{"id":\s*(?:"[^"\\]*"|-?[1-9]\d*|0)\s*,\s*"sample":\s*(0|[1-9]\d{0,8})\s*[,}]')
+
+
+def sample_key(key: int, sample: int) -> int:
+    """The key of one sample of the row whose id key is `key` (sample 0: the id key itself)."""
+    if sample == 0:
+        return key
+    data = key.to_bytes(8, "little") + sample.to_bytes(4, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"gp-sample").digest(), "little")
+
+
+def sample_keys(key: int, samples: Collection[int] | int) -> list[int]:
+    """The keys of these samples (or of samples 0..K-1 for an int K) of one row."""
+    return [sample_key(key, s) for s in (range(samples) if isinstance(samples, int) else samples)]
+
+
+def valid_sample(value: Any) -> bool:
+    """Whether a line's `sample` value is one we could have written."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_SAMPLES
+
+
+def line_sample(raw: bytes) -> int | None:
+    """The `sample` of one output line (0 when it has none, an older line); None when it is not valid.
+
+    Our own lines carry it right after the id and are read without parsing; any other line that
+    mentions "sample" is parsed in full."""
+    m = _LEADING_SAMPLE.match(raw)
+    if m is not None:
+        value = int(m[1])
+        return value if value < MAX_SAMPLES else None
+    if b'"sample"' not in raw:
+        return 0
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    found = obj.get("sample", 0) if isinstance(obj, dict) else None
+    return found if valid_sample(found) else None
+
+
+def record_sample(obj: dict[str, Any]) -> int | None:
+    """The `sample` of a parsed output or ledger line (0 when absent); None when it is not valid."""
+    value = obj.get("sample", 0)
+    return value if valid_sample(value) else None
+
+
+def sample_seed(seed: int, row_id: RowId, sample: int) -> int:
+    """The seed one sample is sent with: a hash of (the run's or row's seed, id, sample), so a sample
+    resent after a crash asks the server for the same thing."""
+    data = orjson.dumps([seed, str(row_id), sample])
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") % SEED_MODULUS
+
+
+def check_samples(value: Any, what: str) -> int:
+    """A samples count from a flag or a row, or ValueError saying why not."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAMPLES:
+        raise ValueError(f"{what} must be an integer from 1 to {MAX_SAMPLES}, not {value!r}")
+    return value
+
+
+def samples_from_n(sampling: dict[str, Any], samples: int | None, where: str) -> tuple[dict[str, Any], int | None]:
+    """`sampling` without `n`, and the samples count it asks for: `n` becomes samples, never silently
+    dropped. ValueError when it contradicts an explicit samples count."""
+    if "n" not in sampling:
+        return sampling, samples
+    n = check_samples(sampling["n"], f'"n" in {where}')
+    if samples is not None and samples != n:
+        raise ValueError(f'"n": {n} in {where} contradicts samples {samples}; keep one (use samples)')
+    return {k: v for k, v in sampling.items() if k != "n"}, n
+
+
+def run_samples(sampling: dict[str, Any], samples: int | None) -> tuple[dict[str, Any], int]:
+    """--sampling and --samples as the run uses them (ConfigError on a contradiction)."""
+    try:
+        rest, k = samples_from_n(sampling, samples, "--sampling")
+        return rest, check_samples(1 if k is None else k, "--samples")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def row_samples(row: dict[str, Any], sampling: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int | None]:
+    """A row's own `samples` and `sampling` (`n` there becomes its samples); ValueError when invalid."""
+    own = check_samples(row["samples"], "samples") if row.get("samples") is not None else None
+    if sampling is None:
+        return None, own
+    rest, k = samples_from_n(sampling, own, "the row's sampling")
+    return rest, k
+
+
+class Settles(Protocol):
+    """What the resume state answers about one key (store.ResumeState)."""
+
+    def settled(self, key: int, retry: frozenset[str]) -> str | None: ...
+
+
+def pending(state: Settles, key: int, k: int, retry: frozenset[str]) -> tuple[int, ...]:
+    """The samples of the row with id key `key` that still need a request."""
+    return tuple(s for s in range(k) if state.settled(sample_key(key, s), retry) is None)
+
+
+def row_reason(state: Settles, key: int, k: int, retry: frozenset[str]) -> str | None:
+    """Why a row needs no request ("done" when every sample is; else the first sample's permanent
+    ledger reason), or None when one of its samples still does."""
+    reason = "done"
+    for s in range(k):
+        why = state.settled(sample_key(key, s), retry)
+        if why is None:
+            return None
+        if why != "done" and reason == "done":
+            reason = why
+    return reason
+
+
+def truncated_in(finish_reason: str | None, content: str, reasoning: str | None) -> str | None:
+    """Where a completion cut at max_tokens stopped: "reasoning" (still thinking, no answer yet) or
+    "answer"; None when it was not cut."""
+    if finish_reason != "length":
+        return None
+    if not content.strip() and reasoning:
+        return "reasoning"
+    if content.lstrip().startswith("<think>") and "</think>" not in content:
+        return "reasoning"  # no reasoning parser on the server: the thinking is still open in content
+    return "answer"
