@@ -41,6 +41,7 @@ from .client import Client, open_transport
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
+from .inputfile import check_input
 from .pipeline import BatchReader, fit_open_files, manifest_for, open_file_limit, resolve
 from .progress import RunStats
 from .records import Prompt
@@ -284,7 +285,7 @@ def resume_state(out: Path | None) -> ResumeState:
 def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: ResumeState) -> Plan:
     """Read and count every row as generate does (BatchReader), and budget it as generate does."""
     plan, stats = Plan(), RunStats()
-    reader = BatchReader(config, counter, resume, stats)
+    reader = BatchReader(config, counter, resume, stats, context_length=ctx)
     last_log = time.monotonic()
     while batch := reader.next_batch()[0]:
         for item in batch:
@@ -375,6 +376,7 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
     """The whole preflight as one JSON-able report; `resume` reads config.out as a run to resume."""
     if not config.input.is_file():
         raise ConfigError(f"input file not found: {config.input}")
+    check_input(config.input)
     found = Findings()
     report: dict[str, Any] = {"input": str(config.input), "servers": list(config.servers)}
     resolved = await _fleet_and_probes(config, counter, report, found)

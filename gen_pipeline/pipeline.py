@@ -24,6 +24,8 @@ from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
 from .errors import ConfigError, OutputError, PipelineError
 from .fleet import FleetInfo, discover
+from .inputfile import check_input
+from .oversize import SizeFloor
 from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
@@ -81,6 +83,7 @@ class BatchReader:
         resume: ResumeState,
         stats: RunStats,
         resumed: Resumed | None = None,
+        context_length: int | None = None,
     ) -> None:
         mine = config.mine if config.shard else None
         start = resumed.start if resumed else None
@@ -93,8 +96,10 @@ class BatchReader:
         self.retry = config.retry_failed
         self.batch = config.tokenize_batch
         self.name = config.input.name
-        self.size = config.input.stat().st_size
         self.stats = stats
+        # rows whose size alone puts them over this many input tokens are over_length without a count
+        self.fit = context_length - config.safety_margin - config.min_tokens if context_length else None
+        self.floor = SizeFloor(counter)
 
     def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
         """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
@@ -118,7 +123,7 @@ class BatchReader:
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats
-        self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
+        self.stats.input_fraction = self.source.fraction()
         failed = self._count(prompts)
         counted: list[Prompt | BadRow | Skipped] = []
         for x in out:
@@ -140,9 +145,18 @@ class BatchReader:
             return skipped("bad_input") if seen and "bad_input" not in self.retry else item
         return item
 
+    def _too_long(self, p: Prompt) -> bool:
+        """Whether the row's size alone proves it over_length; then its input_tokens is that floor."""
+        floor = self.floor.tokens_over(p.messages, self.fit) if self.fit is not None else None
+        if floor is None:
+            return False
+        p.input_tokens, p.at_least = floor, True
+        return True
+
     def _count(self, prompts: list[Prompt]) -> dict[int, str]:
         """Set each prompt's input_tokens; return why counting failed, by id() of the prompt."""
         failed: dict[int, str] = {}
+        prompts = [p for p in prompts if not self._too_long(p)]
         counts = self.counter.count([p.messages for p in prompts]) if prompts else []
         for p, n in zip(prompts, counts, strict=True):
             if isinstance(n, int):
@@ -249,8 +263,9 @@ class Runner:
         budget = self.config.budget(ctx, counted, p.max_tokens)
         if budget is None:
             room = ctx - counted - self.config.safety_margin
+            tokens = f"at least {p.input_tokens} (from its size, not counted)" if p.at_least else p.input_tokens
             detail = (
-                f"prompt has {p.input_tokens} tokens (+{self.path.learner.offset} learned offset); "
+                f"prompt has {tokens} tokens (+{self.path.learner.offset} learned offset); "
                 f"context {ctx} - margin {self.config.safety_margin} leaves {room}, "
                 f"below --min-tokens {self.config.min_tokens}"
             )
@@ -490,6 +505,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> O
     """Run `generate` with an optional injected token counter (tests use a fake one)."""
     if not config.input.is_file():
         raise ConfigError(f"input file not found: {config.input}")
+    check_input(config.input)
     config.out.mkdir(parents=True, exist_ok=True)
     lock = DirLock(config.out)
     if config.shard is None:  # a worker process runs under its parent's lock
@@ -559,7 +575,7 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
     found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
     writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
-    reader = BatchReader(config, counter, resume, stats, resumed)
+    reader = BatchReader(config, counter, resume, stats, resumed, ctx)
     keeper = cursor.CursorKeeper(config.out, config.input, config.shard, resumed)
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     if resume.corrupt_lines:

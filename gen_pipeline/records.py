@@ -113,6 +113,7 @@ class Prompt:
     meta: dict[str, Any] = field(default_factory=dict)
     input_tokens: int = 0
     derived_id: bool = False  # the row had no id: it is content_id(messages)
+    at_least: bool = False  # input_tokens is a lower bound from the row's size: too long to be worth counting
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:
@@ -208,7 +209,9 @@ class Failure:
 
 
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.
-PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "bad_request"})
-# Ledger reasons from transport trouble; a plain rerun retries them.
-TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection"})
+# empty_completion: every attempt got a 200 with no content and no reasoning (README's ledger table).
+PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion"})
+# Ledger reasons from transport or fleet trouble; a plain rerun retries them. wrong_model: every attempt was
+# answered by a server naming another model (fix the fleet, then rerun).
+TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection", "wrong_model"})
 ALL_REASONS = PERMANENT_REASONS | TRANSIENT_REASONS
