@@ -40,6 +40,7 @@ class ChatResult:
     prompt_tokens: int | None
     completion_tokens: int | None
     reasoning_content: str | None = None  # a server's reasoning parser puts the thinking here, not in content
+    model: str | None = None  # the model the body says answered (SGLang and vLLM echo the request's)
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -82,6 +83,7 @@ def parse_chat(body: Any, server: str) -> ChatResult:
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
             reasoning_content=message.get("reasoning_content"),
+            model=body.get("model") if isinstance(body.get("model"), str) else None,
         )
         if not isinstance(result.content, str):
             raise TypeError(f"content {result.content!r:.80}")
