@@ -56,8 +56,12 @@ class PreflightError(FleetError):
     """Problems `check` would report, found when generate starts; `problems` holds one line each."""
 
     def __init__(self, problems: list[str]) -> None:
-        lines = "".join(f"\nPROBLEM: {p}" for p in problems)
-        super().__init__(f"refusing to start ({len(problems)} problem(s); --force starts anyway):{lines}")
+        if len(problems) == 1:
+            text = f"{problems[0]} (`check` calls this a PROBLEM; --force starts anyway)"
+        else:
+            lines = "".join(f"\nPROBLEM: {p}" for p in problems)
+            text = f"refusing to start on {len(problems)} problems (--force starts anyway):{lines}"
+        super().__init__(text)
         self.problems = problems
 
 

@@ -22,7 +22,8 @@ from .balancer import ServerPool, ServerState
 from .client import Client, open_transport
 from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
-from .errors import ConfigError, OutputError, PipelineError
+from .errors import ConfigError, OutputError, PipelineError, PreflightError
+from .findings import DRIFT_EVIDENCE, early_drift_problem
 from .fleet import FleetInfo, discover
 from .inputfile import check_input
 from .oversize import SizeFloor
@@ -186,6 +187,7 @@ class Runner:
     stop_reason: str = ""
     stop_code: int = 0  # the exit code the stop asks for
     fatal: PipelineError | None = None
+    drift_judged: bool = False  # the first rows' token drift was judged (early_drift_problem)
 
     def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
@@ -297,6 +299,23 @@ class Runner:
             self.stats.finish_reasons[str(outcome.finish_reason)] += 1
             if outcome.prompt_tokens is not None:
                 self.stats.drift[outcome.prompt_tokens - outcome.input_tokens] += 1
+                if not self.drift_judged:
+                    self._judge_drift()
+
+    def _judge_drift(self) -> None:
+        """Stop, unless --force, when every one of the first rows compared drifted unlearnably."""
+        if sum(self.stats.drift.values()) < DRIFT_EVIDENCE:
+            return
+        self.drift_judged = True
+        problem = early_drift_problem(self.stats.drift, self.counter.name)
+        if problem is None:
+            return
+        if self.config.force:
+            self.warnings.append(f"PROBLEM ignored (--force): {problem}")
+            return
+        with contextlib.suppress(OSError):
+            print(f"PROBLEM: {problem}", file=sys.stderr)
+        self.request_stop(f"PROBLEM: {problem}", EXIT_ERROR)
 
     def _record_failure(self, failure: Failure) -> None:
         failure.source = self.config.input.name
@@ -482,6 +501,29 @@ def _drift_warning(stats: RunStats) -> str | None:
     return None
 
 
+def _over_length_advice(stats: RunStats) -> str | None:
+    """Rows skipped as over_length on a count the servers contradict must not stay skipped unnoticed."""
+    skipped = stats.failed.get("over_length", 0)
+    if skipped and stats.drift_view()["differed"]:
+        return (
+            f"{skipped} row(s) were skipped as over_length on our token count, which the servers' counts "
+            "contradict (see the drift warning): once --tokenizer matches the servers', run again with "
+            "--retry-failed over_length to send them"
+        )
+    return None
+
+
+def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
+    """Refuse, unless --force, a fleet `check` calls a PROBLEM; print the warnings now, not only at the end."""
+    problems = fleet.problems()
+    if problems and not config.force:
+        raise PreflightError(problems)
+    fleet.warnings.extend(f"PROBLEM ignored (--force): {p}" for p in problems)
+    if config.shard is None:  # a worker's parent has printed them
+        for warning in fleet.warnings:
+            log.warning("warning: %s", warning)
+
+
 def _install_signals(runner: Runner) -> None:
     loop = asyncio.get_running_loop()
 
@@ -529,6 +571,7 @@ async def settle_manifest(
     """
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
+    start_findings(config, fleet)
     background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
     try:
         if counter is None:
@@ -547,6 +590,7 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     """settle_manifest for the parent of `--workers K`: the tokenizer's vocabulary is left to the workers."""
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
+    start_findings(config, fleet)
     identity = await asyncio.to_thread(template_identity, tokenizer)
     check_manifest(config.out, manifest_for(config, model, ctx, identity), config.force, write=True)
 
@@ -590,8 +634,9 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     finally:
         writer.close()
         runner.save_cursor()
-    if (warning := _drift_warning(stats)) is not None:
-        runner.warnings.append(warning)
+    for warning in (_drift_warning(stats), _over_length_advice(stats)):
+        if warning is not None:
+            runner.warnings.append(warning)
     exit_code = _exit_code(runner)
     summary = _summary(runner, fleet, exit_code)
     runner.write_status("finished")
