@@ -10,6 +10,12 @@ OUT ?= runs/default
 SERVERS ?= 127.0.0.1:30000-30007
 TOKENIZER ?=
 ARGS ?=
+# `make generate` hands these to the shell as environment variables, never as text of its command: a path
+# with spaces stays one argument and nothing in a value is run ($(value) keeps make from expanding one).
+# ARGS is split at whitespace into flags (no quotes, no globbing).
+GENERATE_VARS := INPUT OUT SERVERS TOKENIZER ARGS
+$(foreach v,$(GENERATE_VARS),$(eval override $(v) := $$(value $(v))))
+export $(GENERATE_VARS)
 
 # make demo: a simulated 8-server fleet on localhost (ports chosen away from a real fleet's 30000-30007).
 DEMO_PORTS ?= 31000-31007
@@ -33,8 +39,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 generate: install
-	$(GP) generate --input $(INPUT) --out $(OUT) --servers $(SERVERS) \
-		$(if $(TOKENIZER),--tokenizer $(TOKENIZER)) $(ARGS)
+	set -f; "$(GP)" generate --input "$$INPUT" --out "$$OUT" --servers "$$SERVERS" \
+		$${TOKENIZER:+--tokenizer "$$TOKENIZER"} $$ARGS
 
 demo: install
 	bash run/demo.sh $(DEMO_PORTS) $(DEMO_OUT)

@@ -40,7 +40,10 @@ from .cli import add_run_flags, config_from_args
 from .client import Client, open_transport
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
+from .findings import drift_problem
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
+from .inputfile import check_input
+from .oversize import SizeFloor
 from .pipeline import BatchReader, fit_open_files, manifest_for, open_file_limit, resolve
 from .progress import RunStats
 from .records import Prompt
@@ -173,15 +176,6 @@ async def _check_server(client: Client, url: str) -> ServerCheck:
     return ServerCheck(url, info, healthy=True)
 
 
-def _spread(checks: list[ServerCheck], attr: str) -> dict[str, list[str]]:
-    """Servers grouped by one ServerInfo field (servers that are down left out)."""
-    groups: dict[str, list[str]] = {}
-    for c in checks:
-        if c.info is not None and getattr(c.info, attr) is not None:
-            groups.setdefault(str(getattr(c.info, attr)), []).append(c.url)
-    return groups
-
-
 def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings) -> None:
     """Servers down or unhealthy, and disagreement on model, context or capacity."""
     down = [f"{c.url} ({c.error})" for c in checks if c.info is None]
@@ -193,11 +187,8 @@ def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings
     sick = [f"{c.url} ({c.error})" for c in checks if c.info is not None and not c.healthy]
     if sick:
         found.problems.append(f"{len(sick)} server(s) answer but are not healthy: {'; '.join(sick)}")
-    for attr, what in (("model", "models"), ("context_length", "context lengths (max_model_len)")):
-        groups = _spread(checks, attr)
-        if len(groups) > 1:
-            found.problems.append(f"servers report different {what}: {groups}")
-    running = _spread(checks, "max_running_requests")
+    found.problems.extend(fleet_info(checks).problems())
+    running = fleet_info(checks).spread("max_running_requests")
     if len(running) > 1:
         found.warnings.append(f"servers report different max_running_requests: {running}")
     wanted = {c.url: config.capacity_for(c.info.max_running_requests) for c in checks if c.info is not None}
@@ -221,7 +212,10 @@ def fleet_info(checks: list[ServerCheck]) -> FleetInfo:
 
 def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = PROBE_ROWS) -> list[Prompt]:
     """The first `n` valid rows that fit the context, counted."""
-    rows = (x for x in PromptSource(config.input) if isinstance(x, Prompt))
+    floor, fit = SizeFloor(counter), ctx - config.safety_margin - config.min_tokens
+    rows = (
+        x for x in PromptSource(config.input) if isinstance(x, Prompt) and floor.tokens_over(x.messages, fit) is None
+    )
     picked: list[Prompt] = []
     for batch in iter(lambda: list(itertools.islice(rows, 4 * n)), []):
         for p, count in zip(batch, counter.count([p.messages for p in batch]), strict=True):
@@ -269,13 +263,8 @@ def tokenizer_findings(view: dict[str, Any], tokenizer: str, found: Findings) ->
         found.problems.append(f"no tokenizer probe succeeded: {errors[0]}")
     elif errors:
         found.warnings.append(f"{len(errors)} of {view['probes']} tokenizer probes failed: {errors[0]}")
-    differed = {k: v for k, v in view["drift"].items() if k != "0"}
-    if differed:
-        found.problems.append(
-            f"tokenizer drift: the servers' usage.prompt_tokens minus our count ({tokenizer}) was "
-            f"{differed} on {sum(differed.values())} of {compared} probes; use the servers' tokenizer "
-            f"and chat template (--tokenizer), or at least --safety-margin {view['suggested_safety_margin']}"
-        )
+    if (problem := drift_problem(view["drift"], compared, tokenizer)) is not None:
+        found.problems.append(problem)
 
 
 # budget plan
@@ -290,7 +279,7 @@ def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: Resu
     """Read and count every row as generate does (BatchReader), and budget it as generate does."""
     plan, stats = Plan(), RunStats()
     resume.samples = config.samples
-    reader = BatchReader(config, counter, resume, stats)
+    reader = BatchReader(config, counter, resume, stats, context_length=ctx)
     last_log = time.monotonic()
     while batch := reader.next_batch()[0]:
         for item in batch:
@@ -385,6 +374,7 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
     """The whole preflight as one JSON-able report; `resume` reads config.out as a run to resume."""
     if not config.input.is_file():
         raise ConfigError(f"input file not found: {config.input}")
+    check_input(config.input)
     found = Findings()
     report: dict[str, Any] = {"input": str(config.input), "servers": list(config.servers)}
     resolved = await _fleet_and_probes(config, counter, report, found)

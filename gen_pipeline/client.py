@@ -45,6 +45,7 @@ class ChatResult:
     # every choice (this one first) when the body had more than one (a request with n): their own
     # content, finish_reason and logprobs; usage is the request's, on this result only
     choices: tuple[ChatResult, ...] = ()
+    model: str | None = None  # the model the body says answered (SGLang and vLLM echo the request's)
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -92,6 +93,7 @@ def parse_chat(body: Any, server: str) -> ChatResult:
             reasoning_tokens=details.get("reasoning_tokens"),
             logprobs=first.logprobs,
             choices=tuple(results) if len(results) > 1 else (),
+            model=body.get("model") if isinstance(body.get("model"), str) else None,
         )
         for count in (result.prompt_tokens, result.completion_tokens, result.reasoning_tokens):
             if count is not None and (isinstance(count, bool) or not isinstance(count, int)):

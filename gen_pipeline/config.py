@@ -39,7 +39,7 @@ SAMPLES_VIA = ("n", "requests")
 MAX_LEARNED_OFFSET = 256
 OFFSET_EVIDENCE = 3
 
-_RANGE = re.compile(r"^(?P<host>.+?):(?P<lo>\d+)-(?P<hi>\d+)$")
+MAX_PORT = 65535
 _PORTS = re.compile(r"^(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
 
 
@@ -51,26 +51,25 @@ def parse_ports(spec: str) -> list[int]:
         if not m:
             raise ConfigError(f"bad port or port range {part!r}")
         lo, hi = int(m["lo"]), int(m["hi"] or m["lo"])
-        if hi < lo or not 0 < lo <= hi <= 65535:
-            raise ConfigError(f"bad port range {part!r}")
+        if hi < lo:
+            raise ConfigError(f"bad port range {part!r}: it runs backwards")
+        if not 0 < lo <= hi <= MAX_PORT:
+            raise ConfigError(f"bad port {part!r}: ports are 1-{MAX_PORT}")
         ports.extend(range(lo, hi + 1))
     return ports
 
 
 def parse_servers(spec: str) -> tuple[str, ...]:
-    """Base URLs from "host:30000-30007", "host:port", "http://host:port" or a comma list of them."""
+    """Base URLs from "host:30000-30007", "host:port", "http://host:port" (a range too), bare ports, or a
+    comma list of them; a bad host or port is a ConfigError."""
     urls: list[str] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        if part.startswith(("http://", "https://")):
-            urls.append(part.rstrip("/"))
-            continue
-        m = _RANGE.match(part)
-        if m:
-            urls.extend(f"http://{m['host']}:{p}" for p in parse_ports(f"{m['lo']}-{m['hi']}"))
-        elif re.match(r"^[^:/]+:\d+$", part):
-            urls.append(f"http://{part}")
-        elif _PORTS.match(part):
+        if _PORTS.match(part):
             urls.extend(f"http://127.0.0.1:{p}" for p in parse_ports(part))
+        elif part.startswith(("http://", "https://")):
+            urls.extend(_url_servers(part, part))
+        elif "/" not in part and ":" in part:
+            urls.extend(_url_servers(f"http://{part}", part))
         else:
             raise ConfigError(f"bad server {part!r}: use host:port, host:lo-hi or a URL")
     if not urls:
@@ -78,6 +77,24 @@ def parse_servers(spec: str) -> tuple[str, ...]:
     if len(set(urls)) != len(urls):
         raise ConfigError(f"a server is listed twice in {spec!r}")
     return tuple(urls)
+
+
+def _url_servers(url: str, given: str) -> list[str]:
+    """One URL, or one per port when its port is a range ("http://host:30000-30007/prefix")."""
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    host, colon, ports = netloc.rpartition(":") if not netloc.endswith("]") else ("", "", "")
+    host = host if colon else netloc  # "[::1]" or "host": no port
+    tail = (slash + path).rstrip("/")
+    if not host or (colon and not ports):
+        raise ConfigError(f"bad server {given!r}: use host:port, host:lo-hi or a URL")
+    if not colon:
+        return [f"{scheme}://{host}{tail}"]
+    try:
+        numbers = parse_ports(ports)
+    except ConfigError as exc:
+        raise ConfigError(f"bad server {given!r}: {exc}") from None
+    return [f"{scheme}://{host}:{p}{tail}" for p in numbers]
 
 
 def parse_reasons(spec: str | None) -> frozenset[str]:

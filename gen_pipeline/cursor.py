@@ -34,6 +34,8 @@ from typing import IO, Any
 import orjson
 
 from .donekeys import INDEX_DIR, INDEX_EVERY, KeyMap
+from .errors import InputError
+from .inputfile import compression, open_stream
 from .source import PromptSource, Start
 from .store import ResumeState
 
@@ -88,14 +90,14 @@ def _blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
     while size > 0:
         block = f.read(min(CHUNK, size))
         if not block:
-            raise ValueError(f"{f.name} is shorter than recorded")
+            raise ValueError(f"{getattr(f, 'name', 'the input')} is shorter than recorded")
         yield block
         size -= len(block)
 
 
 def _hash_prefix(path: Path, size: int) -> Any:
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_stream(path, compression(path)) as f:
         for block in _blocks(f, size):
             h.update(block)
     return h
@@ -114,7 +116,7 @@ def load(
             and head.get("input") == str(input_path.resolve())
             and head.get("shard") == (list(shard) if shard else None)
             and (head.get("dev"), head.get("inode")) == (st.st_dev, st.st_ino)
-            and 0 < int(head["offset"]) <= st.st_size
+            and int(head["offset"]) > 0  # a position in the decompressed stream: _hash_prefix finds a short file
             and head.get("samples", 1) == state.samples  # more samples now: the rows before the mark owe some
         )
         if not same:
@@ -129,7 +131,7 @@ def load(
         with path.open("rb") as f:
             f.seek(body_at)
             pairs.fromfile(f, 2 * (n_owners + n_bad))
-    except (OSError, ValueError, KeyError, TypeError, EOFError):
+    except (OSError, ValueError, KeyError, TypeError, EOFError, InputError):
         return None
     if state.later_samples_ledgered and retry & set(state.last_reason.values()):
         return None  # a retried sample > 0 may hide behind its row's done sample 0: read from the top

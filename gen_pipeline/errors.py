@@ -2,17 +2,21 @@
 
     PipelineError                    base of everything we raise
     ├── ConfigError                  bad flags, unreadable files, refused resume: shown as "error: ..."
-    │   └── ManifestMismatchError    resuming into a run made with other settings (use --force)
+    │   ├── ManifestMismatchError    resuming into a run made with other settings (use --force)
+    │   └── InputError               the input is not (compressed) JSONL: binary, or its first rows all bad
     ├── FleetError                   no usable server, or the servers disagree in a way we cannot fix
+    │   └── PreflightError           what `check` calls a PROBLEM, found at start (use --force)
     ├── OutputError                  the output directory cannot be written (disk full, I/O error)
-    ├── InputError                   a row the server would refuse before rendering it     -> "bad_input"
+    ├── RequestShapeError            a row the server would refuse before rendering it     -> "bad_input"
     └── RequestError                 one request to one server failed; carries .server and .status
         ├── RetryableError           transport trouble: back off and try another server
         │   ├── ConnectError         nothing listening (refused, DNS, unreachable)      -> "connection"
         │   ├── ConnectionLostError  reset, EOF or a dropped keep-alive socket          -> "connection"
         │   ├── RequestTimeout       no complete answer within the request timeout      -> "timeout"
         │   ├── OverloadedError      429, or 503 such as "The request queue is full."   -> "server_error"
-        │   └── ServerError          500, 502, 504 and any other 5xx; malformed 200     -> "server_error"
+        │   ├── ServerError          500, 502, 504 and any other 5xx; malformed 200     -> "server_error"
+        │   ├── EmptyCompletionError a 200 with no content and no reasoning             -> "empty_completion"
+        │   └── WrongModelError      a 200 whose `model` names another model            -> "wrong_model"
         ├── BudgetError              the request must change before it can succeed
         │   └── ContextOverflowError a 400 that states the context limit and counts     -> "context_overflow"
         └── FatalRequestError        resending cannot help
@@ -20,6 +24,8 @@
             └── AuthError            401/403: the API key is wrong; stops the whole run
 
 `reason` on each request error is the ledger reason a final failure of that kind is written under.
+EmptyCompletionError and WrongModelError count against the server and move the row elsewhere like a 5xx;
+their reasons are permanent only when every attempt of the row ended that way (requests.py).
 """
 
 from __future__ import annotations
@@ -39,15 +45,32 @@ class ManifestMismatchError(ConfigError):
     """The output directory belongs to a run with different settings."""
 
 
+class InputError(ConfigError):
+    """The input cannot be read as prompts: not JSONL text, or nothing but bad rows at its start."""
+
+
 class FleetError(PipelineError):
     """No server can be used, or the fleet is inconsistent."""
+
+
+class PreflightError(FleetError):
+    """Problems `check` would report, found when generate starts; `problems` holds one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        if len(problems) == 1:
+            text = f"{problems[0]} (`check` calls this a PROBLEM; --force starts anyway)"
+        else:
+            lines = "".join(f"\nPROBLEM: {p}" for p in problems)
+            text = f"refusing to start on {len(problems)} problems (--force starts anyway):{lines}"
+        super().__init__(text)
+        self.problems = problems
 
 
 class OutputError(PipelineError):
     """Writing the output or the ledger failed; what is on disk stays valid."""
 
 
-class InputError(PipelineError):
+class RequestShapeError(PipelineError):
     """A row's request is not one the server renders (multimodal content, bad tool-call arguments)."""
 
 
@@ -101,6 +124,18 @@ class OverloadedError(RetryableError):
 
 class ServerError(RetryableError):
     """The server failed (5xx) or answered with something that is not a completion."""
+
+
+class EmptyCompletionError(RetryableError):
+    """A 200 whose message has no content and no reasoning: not a completion."""
+
+    reason = "empty_completion"
+
+
+class WrongModelError(RetryableError):
+    """A 200 whose `model` field names a model other than the one asked for."""
+
+    reason = "wrong_model"
 
 
 class BudgetError(RequestError):

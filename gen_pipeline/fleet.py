@@ -47,6 +47,24 @@ class FleetInfo:
     def context_lengths(self) -> set[int]:
         return {s.context_length for s in self.servers if s.context_length}
 
+    def spread(self, attr: str) -> dict[str, list[str]]:
+        """The servers that answered, grouped by one ServerInfo field (servers that report none left out)."""
+        groups: dict[str, list[str]] = {}
+        for s in self.servers:
+            if getattr(s, attr) is not None:
+                groups.setdefault(str(getattr(s, attr)), []).append(s.url)
+        return groups
+
+    def problems(self) -> list[str]:
+        """Disagreements no run survives intact, one line each (`check` and `generate` both refuse them):
+        servers serving different models (outputs mixed and mislabelled), or different context lengths."""
+        found = []
+        for attr, what in (("model", "models"), ("context_length", "context lengths (max_model_len)")):
+            groups = self.spread(attr)
+            if len(groups) > 1:
+                found.append(f"servers report different {what}: {groups}")
+        return found
+
 
 def _card_context(card: dict[str, Any]) -> int | None:
     if isinstance(card.get("max_model_len"), int):
@@ -114,10 +132,4 @@ async def discover(client: Client, urls: tuple[str, ...], startup_timeout: float
     fleet = FleetInfo(servers=up, down=down)
     if down:
         fleet.warnings.append(f"{len(down)} server(s) not answering at start: {', '.join(down)}")
-    if len(fleet.models()) > 1:
-        fleet.warnings.append(f"servers serve different models: {sorted(fleet.models())}")
-    if len(fleet.context_lengths()) > 1:
-        fleet.warnings.append(
-            f"servers report different context lengths {sorted(fleet.context_lengths())}; budgeting with the smallest"
-        )
     return fleet

@@ -23,8 +23,11 @@ from .client import Client, open_transport
 from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
 from .dispatch import SampleDispatch, Sent, thinking_fields
-from .errors import ConfigError, OutputError, PipelineError
+from .errors import ConfigError, OutputError, PipelineError, PreflightError
+from .findings import DRIFT_EVIDENCE, early_drift_problem
 from .fleet import FleetInfo, discover
+from .inputfile import check_input
+from .oversize import SizeFloor
 from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from .requests import RequestPath
@@ -83,6 +86,7 @@ class BatchReader:
         resume: ResumeState,
         stats: RunStats,
         resumed: Resumed | None = None,
+        context_length: int | None = None,
     ) -> None:
         mine = config.mine if config.shard else None
         start = resumed.start if resumed else None
@@ -96,8 +100,10 @@ class BatchReader:
         self.samples = config.samples
         self.batch = config.tokenize_batch
         self.name = config.input.name
-        self.size = config.input.stat().st_size
         self.stats = stats
+        # rows whose size alone puts them over this many input tokens are over_length without a count
+        self.fit = context_length - config.safety_margin - config.min_tokens if context_length else None
+        self.floor = SizeFloor(counter)
 
     def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
         """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
@@ -121,7 +127,7 @@ class BatchReader:
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats
-        self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
+        self.stats.input_fraction = self.source.fraction()
         failed = self._count(prompts)
         counted: list[Prompt | BadRow | Skipped] = []
         for x in out:
@@ -149,9 +155,18 @@ class BatchReader:
                 return skipped(row_reason(self.resume, item.key, k, self.retry) or "done")
         return item
 
+    def _too_long(self, p: Prompt) -> bool:
+        """Whether the row's size alone proves it over_length; then its input_tokens is that floor."""
+        floor = self.floor.tokens_over(p.messages, self.fit) if self.fit is not None else None
+        if floor is None:
+            return False
+        p.input_tokens, p.at_least = floor, True
+        return True
+
     def _count(self, prompts: list[Prompt]) -> dict[int, str]:
         """Set each prompt's input_tokens; return why counting failed, by id() of the prompt."""
         failed: dict[int, str] = {}
+        prompts = [p for p in prompts if not self._too_long(p)]
         counts = self.counter.count([p.messages for p in prompts]) if prompts else []
         for p, n in zip(prompts, counts, strict=True):
             if isinstance(n, int):
@@ -182,6 +197,7 @@ class Runner:
     stop_reason: str = ""
     stop_code: int = 0  # the exit code the stop asks for
     fatal: PipelineError | None = None
+    drift_judged: bool = False  # the first rows' token drift was judged (early_drift_problem)
 
     def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
@@ -255,7 +271,7 @@ class Runner:
 
     def _budget(self, p: Prompt) -> int | None:
         budget = dispatch_budget(
-            self.config, self.path.context_length, p.input_tokens, p.max_tokens, self.path.learner.offset
+            self.config, self.path.context_length, p.input_tokens, p.max_tokens, self.path.learner.offset, p.at_least
         )
         if isinstance(budget, str):
             for s in p.pending or (0,):
@@ -305,6 +321,23 @@ class Runner:
             self.stats.truncated_in_reasoning += 1
         if outcome.prompt_tokens is not None:
             self.stats.drift[outcome.prompt_tokens - outcome.input_tokens] += 1
+            if not self.drift_judged:
+                self._judge_drift()
+
+    def _judge_drift(self) -> None:
+        """Stop, unless --force, when every one of the first rows compared drifted unlearnably."""
+        if sum(self.stats.drift.values()) < DRIFT_EVIDENCE:
+            return
+        self.drift_judged = True
+        problem = early_drift_problem(self.stats.drift, self.counter.name)
+        if problem is None:
+            return
+        if self.config.force:
+            self.warnings.append(f"PROBLEM ignored (--force): {problem}")
+            return
+        with contextlib.suppress(OSError):
+            print(f"PROBLEM: {problem}", file=sys.stderr)
+        self.request_stop(f"PROBLEM: {problem}", EXIT_ERROR)
 
     def _record_failure(self, failure: Failure) -> None:
         failure.source = self.config.input.name
@@ -495,6 +528,29 @@ def _drift_warning(stats: RunStats) -> str | None:
     return None
 
 
+def _over_length_advice(stats: RunStats) -> str | None:
+    """Rows skipped as over_length on a count the servers contradict must not stay skipped unnoticed."""
+    skipped = stats.failed.get("over_length", 0)
+    if skipped and stats.drift_view()["differed"]:
+        return (
+            f"{skipped} row(s) were skipped as over_length on our token count, which the servers' counts "
+            "contradict (see the drift warning): once --tokenizer matches the servers', run again with "
+            "--retry-failed over_length to send them"
+        )
+    return None
+
+
+def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
+    """Refuse, unless --force, a fleet `check` calls a PROBLEM; print the warnings now, not only at the end."""
+    problems = fleet.problems()
+    if problems and not config.force:
+        raise PreflightError(problems)
+    fleet.warnings.extend(f"PROBLEM ignored (--force): {p}" for p in problems)
+    if config.shard is None:  # a worker's parent has printed them
+        for warning in fleet.warnings:
+            log.warning("warning: %s", warning)
+
+
 def _install_signals(runner: Runner) -> None:
     loop = asyncio.get_running_loop()
 
@@ -518,6 +574,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> O
     """Run `generate` with an optional injected token counter (tests use a fake one)."""
     if not config.input.is_file():
         raise ConfigError(f"input file not found: {config.input}")
+    check_input(config.input)
     config.out.mkdir(parents=True, exist_ok=True)
     lock = DirLock(config.out)
     if config.shard is None:  # a worker process runs under its parent's lock
@@ -541,6 +598,7 @@ async def settle_manifest(
     """
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
+    start_findings(config, fleet)
     background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
     try:
         if counter is None:
@@ -559,6 +617,7 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     """settle_manifest for the parent of `--workers K`: the tokenizer's vocabulary is left to the workers."""
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
+    start_findings(config, fleet)
     identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
     check_manifest(config.out, manifest_for(config, model, ctx, identity), config.force, write=True)
 
@@ -590,7 +649,7 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
     found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
     writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
-    reader = BatchReader(config, counter, resume, stats, resumed)
+    reader = BatchReader(config, counter, resume, stats, resumed, ctx)
     keeper = cursor.CursorKeeper(config.out, config.input, config.shard, resumed, config.samples)
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)
@@ -606,8 +665,9 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     finally:
         writer.close()
         runner.save_cursor()
-    if (warning := _drift_warning(stats)) is not None:
-        runner.warnings.append(warning)
+    for warning in (_drift_warning(stats), _over_length_advice(stats)):
+        if warning is not None:
+            runner.warnings.append(warning)
     exit_code = _exit_code(runner)
     summary = _summary(runner, fleet, exit_code)
     runner.write_status("finished")

@@ -115,6 +115,7 @@ class Prompt:
     derived_id: bool = False  # the row had no id: it is content_id(messages)
     samples: int | None = None  # the row's own samples count (None: the run's --samples)
     pending: tuple[int, ...] = ()  # the samples still owed, set by the reader (see samples.pending)
+    at_least: bool = False  # input_tokens is a lower bound from the row's size: too long to be worth counting
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:
@@ -216,9 +217,11 @@ class Failure:
 
 
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.
-PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "bad_request"})
-# Ledger reasons from transport trouble; a plain rerun retries them.
-TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection"})
+# empty_completion: every attempt got a 200 with no content and no reasoning (README's ledger table).
+PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion"})
+# Ledger reasons from transport or fleet trouble; a plain rerun retries them. wrong_model: every attempt was
+# answered by a server naming another model (fix the fleet, then rerun).
+TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection", "wrong_model"})
 ALL_REASONS = PERMANENT_REASONS | TRANSIENT_REASONS
 # The most samples one prompt may ask for (--samples, a row's "samples", n in sampling).
 MAX_SAMPLES = 4096

@@ -3,7 +3,7 @@
 generate_one   -> budget retries: a context 400 re-computes max_tokens from the server's numbers
 _with_retries  -> transport retries (tenacity): back off, move to another server
 _on_server     -> lease a server slot, send once, record the outcome on the server
-client.chat    -> HTTP
+client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names another model is not a completion
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from typing import Any
 from .balancer import ServerPool
 from .client import ChatResult, Client
 from .config import RunConfig
-from .errors import AuthError, ContextOverflowError, FleetError, RequestError
+from .errors import (
+    AuthError,
+    ContextOverflowError,
+    EmptyCompletionError,
+    FleetError,
+    RequestError,
+    WrongModelError,
+)
 from .progress import RunStats
 from .records import Completion, Failure, Prompt
 from .retry import with_transport_retries
@@ -29,6 +36,24 @@ def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_token
     return body
 
 
+# Reasons of answers refused by check_answer: a row's failure keeps one only when every attempt got it.
+REFUSED_ANSWERS = frozenset({EmptyCompletionError.reason, WrongModelError.reason})
+
+
+def check_answer(result: ChatResult, model: str, server: str) -> ChatResult:
+    """The result when it is a completion of `model`; else the error that counts against the server."""
+    if result.model is not None and result.model != model:
+        raise WrongModelError(f"the answer names model {result.model!r}, not {model!r}", server=server, status=200)
+    if not result.content and not result.reasoning_content:
+        raise EmptyCompletionError(
+            f"200 with no content and no reasoning (finish_reason {result.finish_reason!r}, "
+            f"{result.completion_tokens} completion tokens)",
+            server=server,
+            status=200,
+        )
+    return result
+
+
 @dataclass
 class Track:
     """What happened to one prompt so far."""
@@ -38,6 +63,7 @@ class Track:
     server: str = ""
     latency: float = 0.0
     prefer: str | None = None  # the server to use when it has a free slot (its prefix cache holds the prompt)
+    refused: int = 0  # attempts whose 200 check_answer refused
 
 
 class RequestPath:
@@ -120,7 +146,7 @@ class RequestPath:
             self.stats.in_flight += 1
             started = time.monotonic()
             try:
-                result = await self.client.chat(server.url, payload, timeout)
+                result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track)
             except RequestError as exc:
                 self.pool.record_failure(server, exc)
                 track.exclude = frozenset({server.url})
@@ -130,6 +156,14 @@ class RequestPath:
                 track.latency = time.monotonic() - started
             self.pool.record_success(server, track.latency, result.completion_tokens or 0)
             return result
+
+    def _checked(self, result: ChatResult, payload: dict[str, Any], track: Track) -> ChatResult:
+        """check_answer, counting the attempts it refuses."""
+        try:
+            return check_answer(result, payload["model"], track.server)
+        except RequestError:
+            track.refused += 1
+            raise
 
     def _completion(self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track) -> Completion:
         return Completion(
@@ -151,10 +185,13 @@ class RequestPath:
         )
 
     def _failure(self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track) -> Failure:
+        reason = error.reason
+        if reason in REFUSED_ANSWERS and track.refused < track.attempts:
+            reason = "server_error"  # other attempts failed otherwise: not every answer was refused
         return Failure(
             id=prompt.id,
             line=prompt.line,
-            reason=error.reason,
+            reason=reason,
             detail=str(error)[:1000],
             status=error.status,
             attempts=track.attempts,

@@ -8,6 +8,7 @@ rows themselves.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,11 +18,17 @@ from typing import Any, BinaryIO, Protocol
 import orjson
 
 from .donekeys import KeyMap
+from .errors import InputError
+from .inputfile import InputFile, strip_bom
 from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, parsed_id, peek_key
 from .samples import row_samples
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling", "samples"})
+# A line longer than this is a bad_input row, read in blocks and never held whole (a 20 MB row is fine).
+MAX_LINE_BYTES = 64 << 20
+# A pass from the top whose first this many rows are all bad stops: the file is not prompts JSONL.
+ALL_BAD_LIMIT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,25 +234,68 @@ class PromptSource:
         self.bad_log = array("Q")  # (line, key when the row owns its id else 0) of each bad row
         self.owned = self.bad_count = 0  # pairs logged by this pass
         self.logging = True  # off once the cursor cannot move further in this run
-        self._reader: BinaryIO | None = None
+        self.input = InputFile(path)
+        self._stream: BinaryIO | None = None
+        self._bad_run = 0 if self.start == 0 else -1  # bad rows since the top, while no good one came; -1: off
 
     def __iter__(self) -> Iterator[Prompt | BadRow | Skipped]:
-        with self.path.open("rb") as f:
-            f.seek(self.start)
-            for raw in f:
-                offset = self.bytes_read
-                self.bytes_read += len(raw)
-                self.lines += 1
-                self.hasher.update(raw)
-                raw = raw.rstrip(b"\r\n")
-                if not raw or raw.isspace():
-                    continue  # blank lines are not rows
-                item = self._item(raw, self.lines, offset)
-                if item is not None:
-                    yield item
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        with self.input.open_at(self.start) as f:
+            self._stream = f
+            try:
+                yield from self._rows(f)
+            except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt compressed stream
+                raise InputError(f"cannot read {self.path} after line {self.lines}: {exc}") from exc
+        self.input.close()
+
+    def _rows(self, f: BinaryIO) -> Iterator[Prompt | BadRow | Skipped]:
+        readline = f.readline
+        while raw := readline(MAX_LINE_BYTES + 1):
+            offset = self.bytes_read
+            self.bytes_read += len(raw)
+            self.lines += 1
+            self.hasher.update(raw)
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                yield self._too_long(f, len(raw))
+                continue
+            raw = strip_bom(raw, offset).rstrip(b"\r\n")
+            if not raw or raw.isspace():
+                continue  # blank lines are not rows
+            item = self._item(raw, self.lines, offset)
+            if item is not None:
+                self._watch(item)
+                yield item
+
+    def fraction(self) -> float:
+        """How much of the input this pass has read (compressed bytes for a compressed file)."""
+        return self.input.fraction(self._stream, self.bytes_read) if self._stream is not None else 0.0
+
+    def _too_long(self, f: BinaryIO, size: int) -> BadRow:
+        """The rest of a line over MAX_LINE_BYTES, read in blocks and dropped: a bad row."""
+        line = self.lines
+        while not (block := f.readline(MAX_LINE_BYTES)).endswith(b"\n") and block:
+            self.bytes_read += len(block)
+            self.hasher.update(block)
+            size += len(block)
+        self.bytes_read += len(block)
+        self.hasher.update(block)
+        self.note_bad(line)
+        self._watch(None)
+        return BadRow(line, f"line is {size + len(block)} bytes, over the {MAX_LINE_BYTES >> 20} MiB line limit")
+
+    def _watch(self, item: Prompt | BadRow | Skipped | None) -> None:
+        """Stop a pass from the top whose first ALL_BAD_LIMIT rows are all bad (None: a bad row)."""
+        if self._bad_run < 0:
+            return
+        if item is not None and not isinstance(item, BadRow):
+            self._bad_run = -1  # a good row: the file is prompts, however many bad ones follow
+            return
+        self._bad_run += 1
+        if self._bad_run >= ALL_BAD_LIMIT:
+            example = f"line {item.line}: {item.detail}" if item is not None else "lines over the size limit"
+            raise InputError(
+                f"the first {ALL_BAD_LIMIT} rows of {self.path} are all invalid ({example}): "
+                "is it prompts JSONL? Nothing was sent or written"
+            )
 
     def _item(self, raw: bytes, line: int, offset: int) -> Prompt | BadRow | Skipped | None:
         prompt = error = None
@@ -307,10 +357,7 @@ class PromptSource:
 
     def _line_at(self, offset: int) -> bytes:
         """The line at `offset` again (only for the rare row whose id came before)."""
-        if self._reader is None:
-            self._reader = self.path.open("rb")
-        self._reader.seek(offset)
-        return self._reader.readline().rstrip(b"\r\n")
+        return self.input.line_at(offset)
 
     def _again(self, raw: bytes, owner: int, rid: RowId | None, line: int) -> BadRow | None:
         """A row whose id came before: a repeat (processed once) or a conflict (bad_input)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gen_pipeline.errors import InputError
+from gen_pipeline.errors import RequestShapeError
 from gen_pipeline.tokens.conversation import Conversation, content_format, server_view
 from gen_pipeline.tokens.render import compile_template
 
@@ -69,7 +69,7 @@ def test_message_shapes_table(server, fmt, message, expected):
 )
 def test_shapes_the_server_refuses_are_input_errors(message, error):
     """Non-text parts and unusable tool-call arguments are refused with a reason, never sent uncounted."""
-    with pytest.raises(InputError, match=error):
+    with pytest.raises(RequestShapeError, match=error):
         server_view([message, user("next")])
 
 

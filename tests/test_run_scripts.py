@@ -667,3 +667,53 @@ def test_tmux_generate_without_tmux_is_a_clear_error(tmp_path: Path) -> None:
     proc = run([bash, str(TMUX_GENERATE), "INPUT=x"], {"PATH": str(bin_dir), "HOME": str(tmp_path)})
     assert proc.returncode == 1
     assert "tmux is not installed" in proc.stderr
+
+
+# --- Makefile ----------------------------------------------------------------------------------
+
+
+def _make_generate(tmp_path: Path, *variables: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`make generate VAR=...` with the repository's Makefile in a scratch folder whose venv is a fake
+    gen-pipeline that records its argv; the argv it got."""
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").write_text("")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    fake = bin_dir / "gen-pipeline"
+    fake.write_text(f'#!{sys.executable}\nimport json, sys\nopen("argv.json", "w").write(json.dumps(sys.argv[1:]))\n')
+    fake.chmod(0o755)
+    os.utime(tmp_path / "pyproject.toml", (1, 1))  # older than .installed: `install` has nothing to do
+    (tmp_path / ".venv" / ".installed").touch()
+    proc = subprocess.run(["make", "-s", "generate", *variables], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env=clean_env(None))  # fmt: skip
+    argv_file = tmp_path / "argv.json"
+    import json
+
+    return proc, json.loads(argv_file.read_text()) if argv_file.exists() else []
+
+
+def test_make_generate_passes_paths_with_spaces_as_one_argument(tmp_path: Path) -> None:
+    """INPUT='my prompts.jsonl' reaches gen-pipeline as one argument, as do the other variables."""
+    proc, argv = _make_generate(tmp_path, "INPUT=my prompts.jsonl", "OUT=runs/my run", "TOKENIZER=tok dir",
+                                "ARGS=--max-tokens 64 --seed 1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert argv == ["generate", "--input", "my prompts.jsonl", "--out", "runs/my run", "--servers",
+                    "127.0.0.1:30000-30007", "--tokenizer", "tok dir", "--max-tokens", "64", "--seed", "1"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "variable",
+    ["OUT=x;touch pwned;true", "INPUT=$(shell touch pwned)", "SERVERS=`touch pwned`", "ARGS=--seed 1; touch pwned",
+     "TOKENIZER=$$(touch pwned)", "OUT=*"],
+)  # fmt: skip
+def test_make_generate_runs_nothing_from_a_variable(tmp_path: Path, variable: str) -> None:
+    """A value with shell or make syntax is passed as text: nothing in it runs, nothing is globbed."""
+    (tmp_path / "sub").mkdir()
+    proc, argv = _make_generate(tmp_path / "sub", variable)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.rglob("pwned"))
+    name, _, value = variable.partition("=")
+    if name != "ARGS":
+        assert value in argv
+    else:
+        assert argv[-4:] == ["--seed", "1;", "touch", "pwned"]  # split at whitespace, never run

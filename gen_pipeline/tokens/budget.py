@@ -49,16 +49,23 @@ def room_needed(config: RunConfig, row_max_tokens: int | None) -> int:
 
 
 def dispatch_budget(
-    config: RunConfig, context_length: int, input_tokens: int, row_max_tokens: int | None, offset: int
+    config: RunConfig,
+    context_length: int,
+    input_tokens: int,
+    row_max_tokens: int | None,
+    offset: int,
+    at_least: bool = False,
 ) -> int | str:
-    """The budget at dispatch (our count plus the learned offset), or why the prompt is over length."""
+    """The budget at dispatch (our count plus the learned offset), or why the prompt is over length
+    (`at_least`: the count is a lower bound from the row's size, not a count)."""
     counted = input_tokens + offset
     budget = prompt_budget(config, context_length, counted, row_max_tokens)
     if budget is not None:
         return budget
     room = context_length - counted - config.safety_margin
     return (
-        f"prompt has {input_tokens} tokens (+{offset} learned offset); "
+        f"prompt has {f'at least {input_tokens} (from its size, not counted)' if at_least else input_tokens} "
+        f"tokens (+{offset} learned offset); "
         f"context {context_length} - margin {config.safety_margin} leaves {room}, "
         f"below --min-tokens {room_needed(config, row_max_tokens)}"
     )

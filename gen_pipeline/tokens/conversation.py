@@ -8,11 +8,11 @@ and the renderer take either. `server_view` applies what the server does to the 
 - content given as a list of parts: the text parts (`text`, `input_text`) are joined into one string for a
   "string"-format template, with one space on SGLang and a newline on vLLM and llama.cpp; an
   "openai"-format template (it loops over `message['content']`, or names image/audio/video/vision) gets
-  the list back as `{"type": "text", "text": ...}` parts. Any other part is an InputError
+  the list back as `{"type": "text", "text": ...}` parts. Any other part is an RequestShapeError
   ("multimodal content is not supported"): this client counts text only;
 - SGLang joins a tool turn's text parts into one string for every template;
 - an assistant turn's `tool_calls[].function.arguments` given as a JSON string is parsed into the object
-  the templates expect (SGLang and vLLM); arguments that are not a JSON object are an InputError;
+  the templates expect (SGLang and vLLM); arguments that are not a JSON object are an RequestShapeError;
 - SGLang turns a final assistant turn with text content into a user turn (no continue_final_message here);
 - when the template raises with OpenAI-wrapped tools, SGLang renders again with the bare function objects
   (`flat_tools`; Mistral-style templates want those).
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..errors import RequestShapeError
 
 SERVER_KINDS = ("sglang", "vllm", "llamacpp")
 TEXT_PARTS = ("text", "input_text")
@@ -109,9 +109,9 @@ def _texts(parts: list[Any]) -> list[str]:
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind in TEXT_PARTS:
-            raise InputError(f"a {kind} content part needs a string 'text'")
+            raise RequestShapeError(f"a {kind} content part needs a string 'text'")
         else:
-            raise InputError(f"multimodal content is not supported (a content part of type {kind!r})")
+            raise RequestShapeError(f"multimodal content is not supported (a content part of type {kind!r})")
     return texts
 
 
@@ -133,9 +133,9 @@ def _tool_call(call: Any) -> Any:
     try:
         arguments = json.loads(function["arguments"])
     except ValueError:
-        raise InputError("an assistant tool call's function.arguments is not valid JSON") from None
+        raise RequestShapeError("an assistant tool call's function.arguments is not valid JSON") from None
     if not isinstance(arguments, dict):
-        raise InputError("an assistant tool call's function.arguments must be a JSON object")
+        raise RequestShapeError("an assistant tool call's function.arguments must be a JSON object")
     return {**call, "function": {**function, "arguments": arguments}}
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, RequestShapeError
 from .conversation import ChatInput, ServerView, flat_tools, server_view
 from .render import ChatTemplate, compile_template
 
@@ -46,7 +46,7 @@ class TokenCounter(Protocol):
 
 def failure_text(exc: Exception) -> str:
     """What a row that cannot be counted is ledgered with."""
-    if isinstance(exc, InputError):
+    if isinstance(exc, RequestShapeError):
         return str(exc)
     return f"chat template failed: {exc}"  # jinja raise_exception(), type errors in the template
 
