@@ -218,6 +218,14 @@ class PromptSource:
         self._reader: BinaryIO | None = None
 
     def __iter__(self) -> Iterator[Prompt | BadRow | Skipped]:
+        try:
+            yield from self._items()
+        finally:  # also when the pass is closed early (--limit, a stop): the repeat reader is ours to close
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+    def _items(self) -> Iterator[Prompt | BadRow | Skipped]:
         with self.path.open("rb") as f:
             f.seek(self.start)
             for raw in f:
@@ -231,9 +239,6 @@ class PromptSource:
                 item = self._item(raw, self.lines, offset)
                 if item is not None:
                     yield item
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
 
     def _item(self, raw: bytes, line: int, offset: int) -> Prompt | BadRow | Skipped | None:
         prompt = error = None
