@@ -119,7 +119,6 @@ class BatchReader:
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats
-        self.stats.input_fraction = self.source.bytes_read / max(self.size, 1)
         failed = self._count(prompts)
         counted: list[Prompt | BadRow | Skipped] = []
         for x in out:
@@ -132,7 +131,15 @@ class BatchReader:
                     continue
                 x = bad
             counted.append(x)
+        self._note_progress(sum(tally.values()) + len(counted))
         return [*(Skipped(reason, n) for reason, n in tally.items()), *counted], mark_of(self.source)
+
+    def _note_progress(self, rows: int) -> None:
+        """Tell the stats how many rows were handed over and how much of the input that was (for the ETA)."""
+        fraction = self.source.bytes_read / max(self.size, 1)
+        if self.limit is not None:
+            fraction = max(fraction, self.source.lines / self.limit)
+        self.stats.note_input(rows, 1.0 if rows == 0 else min(fraction, 1.0))
 
     def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
         """A bad row an earlier run already ledgered is skipped (the source skips settled ids itself)."""

@@ -51,9 +51,10 @@ def test_limit_counts_lines_whoever_reads_them(write_jsonl, tmp_path, limit):
     seen: list[int] = []
     for shard in [(0, 3), (1, 3), (2, 3)]:
         config = RunConfig(input=path, out=tmp_path, limit=limit, shard=shard)
-        reader = BatchReader(config, FakeCounter(), ResumeState(), RunStats())
+        reader = BatchReader(config, FakeCounter(), ResumeState(), stats := RunStats())
         while batch := reader.next_batch()[0]:
             seen += [p.line for p in batch if isinstance(p, Prompt)]
+        assert stats.input_fraction == 1.0
     assert sorted(seen) == list(range(1, limit + 1))
 
 
