@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from .api import agenerate, generate
 from .config import RetryPolicy, RunConfig
 from .errors import (
     ConfigError,
@@ -24,5 +25,7 @@ __all__ = [
     "RetryPolicy",
     "RunConfig",
     "__version__",
+    "agenerate",
+    "generate",
     "run",
 ]

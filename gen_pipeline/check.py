@@ -12,10 +12,11 @@ plan       every row read, validated and counted exactly as generate does, nothi
            what it already settled is left out, as a resume would.
 
 It does not wait for servers to come up: it reports who answers now. The flags that only shape a run
-(--startup-timeout, --outage-timeout, --grace-period, --fsync-interval, --progress) are accepted and
-ignored. Problems: a server down or unhealthy, different models or context lengths, tokenizer drift,
-a refused resume, no valid row, every prompt over_length, or more than half of the prompts over_length
-or clamped below a quarter of their budget.
+(--max-attempts, --startup-timeout, --outage-timeout, --grace-period, --fsync-interval, --progress) are
+accepted, so one command line serves both, but ignored and left out of --help. --limit and
+--system-prompt shape the rows as in generate. Problems: a server down or unhealthy, different models or
+context lengths, tokenizer drift, a refused resume, no valid row, every prompt over_length, or more than
+half of the prompts over_length or clamped below a quarter of their budget.
 
 Exit codes: 0 the run looks fine (warnings may be printed); 1 the run would fail or waste most of its
 budget, with one line per problem saying why (bad flags exit 1 too, as for generate).
@@ -44,7 +45,15 @@ from .findings import drift_problem
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
 from .inputfile import check_input
 from .oversize import SizeFloor
-from .pipeline import BatchReader, fit_open_files, manifest_for, open_file_limit, resolve
+from .pipeline import (
+    BatchReader,
+    first_lines,
+    fit_open_files,
+    manifest_for,
+    open_file_limit,
+    resolve,
+    with_system_prompt,
+)
 from .progress import RunStats
 from .records import Prompt
 from .report import distribution
@@ -211,10 +220,13 @@ def fleet_info(checks: list[ServerCheck]) -> FleetInfo:
 
 
 def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = PROBE_ROWS) -> list[Prompt]:
-    """The first `n` valid rows that fit the context, counted."""
+    """The first `n` valid rows that fit the context, counted (within --limit, with --system-prompt)."""
     floor, fit = SizeFloor(counter), ctx - config.safety_margin - config.min_tokens
+    items = first_lines(PromptSource(config.input), config.limit)
     rows = (
-        x for x in PromptSource(config.input) if isinstance(x, Prompt) and floor.tokens_over(x.messages, fit) is None
+        p
+        for p in (with_system_prompt(x, config.system_prompt) for x in items if isinstance(x, Prompt))
+        if floor.tokens_over(p.messages, fit) is None
     )
     picked: list[Prompt] = []
     for batch in iter(lambda: list(itertools.islice(rows, 4 * n)), []):
@@ -457,7 +469,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `check` flags: generate's own, with --out optional, plus --json."""
     parser.epilog = __doc__.rsplit("\n\n", 1)[1] if __doc__ else None
     parser.add_argument("--out", "-o", type=Path, help="a run directory to resume: what it settled is left out")
-    add_run_flags(parser)
+    add_run_flags(parser, argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
 
 

@@ -20,10 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from . import __version__
 from .config import (
+    API_KEY_ENV,
     DEFAULT_CONCURRENCY,
     DEFAULT_FSYNC_INTERVAL,
     DEFAULT_GRACE_PERIOD,
@@ -35,15 +34,12 @@ from .config import (
     DEFAULT_SERVERS,
     DEFAULT_STARTUP_TIMEOUT,
     LOADER_ENV,
-    RetryPolicy,
+    OPTIONS,
     RunConfig,
-    parse_reasons,
-    parse_servers,
+    build_config,
 )
-from .errors import ConfigError, OutputError, PipelineError
-from .samples import run_samples
+from .errors import OutputError, PipelineError
 
-API_KEY_ENV = "GEN_PIPELINE_API_KEY"
 # Subcommands that live in their own modules: name -> (module, help).
 PLUGGED = {
     "simulate": ("gen_pipeline.sim", "serve a simulated SGLang fleet on localhost"),
@@ -77,9 +73,19 @@ def _shard(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected INDEX/COUNT, got {text!r}") from None
 
 
-def add_run_flags(p: argparse.ArgumentParser) -> None:
-    """Every `generate` flag but --out: `check` takes the same ones, so a plan matches the run."""
+def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
+    """Every `generate` flag but --out: `check` takes the same ones, so a plan matches the run.
+
+    `run_only` replaces the help of the flags that only shape a run (timeouts, retries, shutdown,
+    progress): `check` passes argparse.SUPPRESS, so its --help lists only the flags it uses.
+    """
     p.add_argument("--input", "-i", type=Path, required=True, help="prompts JSONL")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N lines of the input (a smoke test)")
+    p.add_argument(
+        "--system-prompt",
+        metavar="TEXT",
+        help="a system turn for every row that has none (@FILE reads it from FILE); counted, and kept in the manifest",
+    )
     p.add_argument(
         "--servers",
         "-s",
@@ -140,27 +146,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         help=f"requests in flight per server (default: the server's max_running_requests, else {DEFAULT_CONCURRENCY})",
     )
     p.add_argument(
-        "--max-attempts",
-        type=int,
-        default=DEFAULT_MAX_ATTEMPTS,
-        help=f"transport attempts per prompt (default {DEFAULT_MAX_ATTEMPTS})",
-    )
-    p.add_argument(
         "--request-timeout",
         type=float,
         help="seconds per request (default: 120 + 0.1 per max_tokens)",
-    )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=DEFAULT_STARTUP_TIMEOUT,
-        help="wait this long for a first server to answer",
-    )
-    p.add_argument(
-        "--outage-timeout",
-        type=float,
-        default=DEFAULT_OUTAGE_TIMEOUT,
-        help="stop (exit 4) after this long with no usable server",
     )
     p.add_argument(
         "--retry-failed",
@@ -168,69 +156,50 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         help="resend rows whose ledger reason is one of these (comma list, or all)",
     )
     p.add_argument("--force", action="store_true", help="resume despite changed settings")
+    _add_shaping_flags(p, run_only)
+
+
+def _add_shaping_flags(p: argparse.ArgumentParser, run_only: Any) -> None:
+    """The flags that only shape a running generate (retries, waits, shutdown, disk, display)."""
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        help=run_only or f"transport attempts per prompt (default {DEFAULT_MAX_ATTEMPTS})",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=DEFAULT_STARTUP_TIMEOUT,
+        help=run_only or "wait this long for a first server to answer",
+    )
+    p.add_argument(
+        "--outage-timeout",
+        type=float,
+        default=DEFAULT_OUTAGE_TIMEOUT,
+        help=run_only or "stop (exit 4) after this long with no usable server",
+    )
     p.add_argument(
         "--grace-period",
         type=float,
         default=DEFAULT_GRACE_PERIOD,
-        help="seconds in-flight requests get after Ctrl-C",
+        help=run_only or "seconds in-flight requests get after Ctrl-C",
     )
     p.add_argument(
         "--fsync-interval",
         type=float,
         default=DEFAULT_FSYNC_INTERVAL,
-        help="seconds between fsyncs of the output (lines are flushed at once)",
+        help=run_only or "seconds between fsyncs of the output (lines are flushed at once)",
     )
-    p.add_argument("--progress", choices=["auto", "bar", "log", "off"], default="auto")
-
-
-def _sampling(args: argparse.Namespace) -> dict[str, Any]:
-    sampling: dict[str, Any] = {}
-    if args.sampling:
-        try:
-            sampling = orjson.loads(args.sampling)
-        except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"--sampling is not valid JSON: {exc}") from exc
-        if not isinstance(sampling, dict):
-            raise ConfigError("--sampling must be a JSON object")
-    for key in ("temperature", "top_p", "seed"):
-        if getattr(args, key) is not None:
-            sampling[key] = getattr(args, key)
-    return sampling
+    p.add_argument("--progress", choices=["auto", "bar", "log", "off"], default="auto", help=run_only)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Build the frozen RunConfig from parsed flags (and the API key and tokenizer loader variables)."""
-    sampling, samples = run_samples(_sampling(args), args.samples)  # "n" in --sampling becomes samples
-    return RunConfig(
-        input=args.input,
-        out=args.out,
-        servers=parse_servers(args.servers),
-        tokenizer=args.tokenizer,
-        tokenizer_loader=os.environ.get(LOADER_ENV) or "auto",
-        context_length=args.context_length,
-        model=args.model,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        http_client=args.http_client,
-        max_tokens=args.max_tokens,
-        min_tokens=args.min_tokens,
-        safety_margin=args.safety_margin,
-        sampling=sampling,
-        samples=samples,
-        samples_via=args.samples_via,
-        thinking_budget=args.thinking_budget,
-        concurrency=args.concurrency,
-        retry=RetryPolicy(max_attempts=args.max_attempts),
-        request_timeout=args.request_timeout,
-        startup_timeout=args.startup_timeout,
-        outage_timeout=args.outage_timeout,
-        retry_failed=parse_reasons(args.retry_failed),
-        force=args.force,
-        grace_period=args.grace_period,
-        fsync_interval=args.fsync_interval,
-        progress=args.progress,
-        workers=getattr(args, "workers", 1),
-        shard=getattr(args, "shard", None),
-    )
+    options = {k: v for k, v in vars(args).items() if k in OPTIONS}
+    options["api_key"] = args.api_key or os.environ.get(API_KEY_ENV) or None
+    options["tokenizer_loader"] = os.environ.get(LOADER_ENV) or "auto"
+    return build_config(**options)
 
 
 def _generate(args: argparse.Namespace) -> int:

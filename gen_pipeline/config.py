@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from .errors import ConfigError
 from .records import ALL_REASONS, MAX_SAMPLES
+from .samples import run_samples
 
 # The tokenizer loader switch, read by the CLI only.
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
 DEFAULT_SERVERS = "127.0.0.1:30000-30007"
+API_KEY_ENV = "GEN_PIPELINE_API_KEY"  # read by the entry points (the command line, the Python API), nothing below
 DEFAULT_CONCURRENCY = 64
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_MIN_TOKENS = 16
@@ -97,11 +102,12 @@ def _url_servers(url: str, given: str) -> list[str]:
     return [f"{scheme}://{host}:{p}{tail}" for p in numbers]
 
 
-def parse_reasons(spec: str | None) -> frozenset[str]:
-    """Ledger reasons named by --retry-failed ("all" or a comma list)."""
+def parse_reasons(spec: str | Iterable[str] | None) -> frozenset[str]:
+    """Ledger reasons named by --retry-failed ("all" or a comma list, or an iterable of names)."""
     if not spec:
         return frozenset()
-    names = {s.strip() for s in spec.split(",") if s.strip()}
+    parts = spec.split(",") if isinstance(spec, str) else spec
+    names = {s.strip() for s in parts if s.strip()}
     if "all" in names:
         return ALL_REASONS
     unknown = names - ALL_REASONS
@@ -168,6 +174,8 @@ class RunConfig:
         samples_via: "n" (one request with n = the samples missing, where the server honours it) or
             "requests" (one request per sample, all on one server so its prefix cache serves the prompt).
         thinking_budget: the server's thinking-token budget to send (None: none sent).
+        limit: read only the first `limit` lines of the input (None: all of it).
+        system_prompt: a system turn put first in every row that has none (counted and sent like the rest).
     """
 
     # input and output
@@ -190,6 +198,9 @@ class RunConfig:
     samples: int = 1
     samples_via: str = "n"
     thinking_budget: int | None = None
+    # rows
+    limit: int | None = None
+    system_prompt: str | None = None
     # parallelism and retries
     concurrency: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -209,7 +220,14 @@ class RunConfig:
     shard: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
+        servers = self.servers if isinstance(self.servers, str) else ",".join(self.servers)
+        object.__setattr__(self, "servers", parse_servers(servers))
+        object.__setattr__(self, "input", Path(self.input))
+        object.__setattr__(self, "out", Path(self.out))
         checks = [
+            (self.limit is None or self.limit >= 1, "--limit must be at least 1"),
+            (self.system_prompt is None or bool(self.system_prompt.strip()), "--system-prompt is empty"),
             (self.max_tokens >= 1, "--max-tokens must be at least 1"),
             (self.min_tokens >= 1, "--min-tokens must be at least 1"),
             (self.min_tokens <= self.max_tokens, "--min-tokens must not exceed --max-tokens"),
@@ -257,3 +275,70 @@ class RunConfig:
         if self.request_timeout is not None:
             return self.request_timeout
         return BASE_REQUEST_TIMEOUT + TIMEOUT_PER_TOKEN * max_tokens
+
+
+# The options `generate` takes (its flags, `-` written `_`) that are not RunConfig fields as they stand.
+BUILT_OPTIONS = frozenset({"sampling", "temperature", "top_p", "seed", "max_attempts", "retry_failed", "system_prompt"})
+OPTIONS = BUILT_OPTIONS | {f.name for f in fields(RunConfig) if f.name != "retry"}
+
+
+def build_config(
+    input: str | Path,
+    out: str | Path,
+    *,
+    servers: str | Sequence[str] = DEFAULT_SERVERS,
+    sampling: str | Mapping[str, Any] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    retry_failed: str | Iterable[str] | None = None,
+    system_prompt: str | None = None,
+    **options: Any,
+) -> RunConfig:
+    """A RunConfig from `generate`'s options, written as its flags are (the CLI and the Python API share it).
+
+    `servers` "host:lo-hi" or URLs; `sampling` a JSON object or its text; `retry_failed` "all" or a comma
+    list; `system_prompt` the text, or "@FILE" to read it from FILE. Other options are RunConfig fields.
+    """
+    unknown = options.keys() - OPTIONS
+    if unknown:
+        raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted(OPTIONS)}")
+    extra = {"temperature": temperature, "top_p": top_p, "seed": seed}
+    fields = {**parse_sampling(sampling), **{k: v for k, v in extra.items() if v is not None}}
+    options["sampling"], options["samples"] = run_samples(fields, options.get("samples"))  # n becomes samples
+    return RunConfig(
+        input=Path(input),
+        out=Path(out),
+        servers=parse_servers(servers) if isinstance(servers, str) else tuple(servers),
+        retry=RetryPolicy(max_attempts=max_attempts),
+        retry_failed=parse_reasons(retry_failed),
+        system_prompt=read_system_prompt(system_prompt),
+        **options,
+    )
+
+
+def parse_sampling(spec: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """--sampling: a JSON object (or its text) of other request fields."""
+    if spec is None or spec == "":
+        return {}
+    if isinstance(spec, str):
+        try:
+            spec = orjson.loads(spec)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"--sampling is not valid JSON: {exc}") from exc
+    if not isinstance(spec, Mapping):
+        raise ConfigError("--sampling must be a JSON object")
+    return dict(spec)
+
+
+def read_system_prompt(spec: str | None) -> str | None:
+    """--system-prompt: the text itself, or "@FILE" for a file's text (its trailing newlines dropped)."""
+    if spec is None or not spec.startswith("@"):
+        return spec
+    path = Path(spec[1:])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--system-prompt {spec}: cannot read {path}: {exc}") from exc
+    return text.rstrip("\r\n")

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -93,7 +93,8 @@ class BatchReader:
         self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
-        self.items: Iterator[Prompt | BadRow | Skipped] = iter(self.source)
+        self.limit, self.system_prompt = config.limit, config.system_prompt
+        self.items: Iterator[Prompt | BadRow | Skipped] = first_lines(self.source, self.limit)
         self.counter = counter
         self.resume = resume
         self.retry = config.retry_failed
@@ -123,7 +124,7 @@ class BatchReader:
                 continue
             out.append(settled)
             if isinstance(settled, Prompt):
-                prompts.append(settled)
+                prompts.append(with_system_prompt(settled, self.system_prompt))
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats
@@ -140,7 +141,15 @@ class BatchReader:
                     continue
                 x = bad
             counted.append(x)
+        self._note_progress(sum(tally.values()) + len(counted))
         return [*(Skipped(reason, n) for reason, n in tally.items()), *counted], mark_of(self.source)
+
+    def _note_progress(self, rows: int) -> None:
+        """Tell the stats how many rows were handed over and how much of the input that was (for the ETA)."""
+        fraction = self.source.fraction()  # of the compressed bytes, for a compressed file
+        if self.limit is not None:
+            fraction = max(fraction, self.source.lines / self.limit)
+        self.stats.note_input(rows, 1.0 if rows == 0 else min(fraction, 1.0))
 
     def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
         """A bad row an earlier run already ledgered is skipped (the source skips settled ids itself);
@@ -174,6 +183,30 @@ class BatchReader:
             else:
                 failed[id(p)] = n
         return failed
+
+
+def first_lines(source: PromptSource, limit: int | None) -> Generator[Prompt | BadRow | Skipped, None, None]:
+    """The source's items from its first `limit` lines (--limit; all of them when None)."""
+    items = iter(source)
+    if limit is None:
+        yield from items
+        return
+    try:
+        for item in items:
+            if source.lines > limit:
+                break
+            yield item
+            if source.lines >= limit:
+                break
+    finally:
+        items.close()  # type: ignore[attr-defined]  # PromptSource.__iter__ is a generator
+
+
+def with_system_prompt(prompt: Prompt, text: str | None) -> Prompt:
+    """The row with `text` put first as a system turn, unless it has one already (--system-prompt)."""
+    if text is not None and not any(m.get("role") == "system" for m in prompt.messages):
+        prompt.messages = [{"role": "system", "content": text}, *prompt.messages]
+    return prompt
 
 
 @dataclass
@@ -410,6 +443,7 @@ def manifest_for(config: RunConfig, model: str, ctx: int, counter: TemplateIdent
         "safety_margin": config.safety_margin,
         "samples": config.samples,
         "thinking_budget": config.thinking_budget,
+        "system_prompt": config.system_prompt,
         "servers": list(config.servers),
         "input": str(config.input),
         "gen_pipeline_version": __version__,
@@ -570,8 +604,12 @@ def _install_signals(runner: Runner) -> None:
         loop.add_signal_handler(sig, on_signal, sig.name)
 
 
-async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:
-    """Run `generate` with an optional injected token counter (tests use a fake one)."""
+async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, handle_signals: bool = True) -> Outcome:
+    """Run `generate` with an optional injected token counter (tests use a fake one).
+
+    `handle_signals` installs the command's SIGINT/SIGTERM/SIGHUP handlers (a grace period, then a hard exit
+    on the second); the Python API leaves them out, so a cancelled or interrupted call just stops.
+    """
     if not config.input.is_file():
         raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
@@ -581,7 +619,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> O
         lock.acquire()
     try:
         async with open_transport(config.api_key, config.http_client) as transport:
-            return await _run_locked(config, Client(transport), counter)
+            return await _run_locked(config, Client(transport), counter, handle_signals)
     finally:
         lock.release()
 
@@ -631,12 +669,19 @@ def resume_state(config: RunConfig) -> ResumeState:
 
 
 def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
-    """What earlier runs settled, and the input cursor when it still holds (where reading starts)."""
+    """What earlier runs settled, and the input cursor when it still holds (where reading starts).
+
+    A --limit run reads from the top and keeps no cursor: its N lines are counted from the first.
+    """
     state = resume_state(config)
+    if config.limit is not None:
+        return state, None
     return state, cursor.load(config.out, config.input, config.shard, config.retry_failed, state)
 
 
-async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter | None) -> Outcome:
+async def _run_locked(
+    config: RunConfig, client: Client, counter: TokenCounter | None, handle_signals: bool = True
+) -> Outcome:
     fleet, model, ctx, counter, point = await settle_manifest(config, client, counter, lambda: resume_point(config))
     assert point is not None
     resume, resumed = point
@@ -650,14 +695,17 @@ async def _run_locked(config: RunConfig, client: Client, counter: TokenCounter |
     found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
     writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
-    keeper = cursor.CursorKeeper(config.out, config.input, config.shard, resumed, config.samples)
+    keeper = None if config.limit is not None else cursor.CursorKeeper(
+        config.out, config.input, config.shard, resumed, config.samples
+    )
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
     if resume.torn_bytes:
         runner.warnings.append(f"moved a torn last line ({resume.torn_bytes} bytes) aside to *.torn")
-    _install_signals(runner)
+    if handle_signals:
+        _install_signals(runner)
     try:
         await runner.run()
     except OutputError:

@@ -6,20 +6,26 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("gen_pipeline")
 
 LOG_INTERVAL = 30.0
+# The ETA's rate is measured over this much recent history (all of it early in a run): long enough to
+# smooth the ups and downs of generation lengths, short enough to follow a server going down.
+ETA_WINDOW = 120.0
+RATE_SAMPLE = 1.0  # seconds between the samples the window is made of
 
 
 @dataclass
 class RunStats:
     """Counters for one run; the pipeline updates them, the reporter and the summary read them."""
 
-    started: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    started: float = -1.0  # clock() at creation unless given
     read: int = 0
     completed: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
@@ -32,22 +38,61 @@ class RunStats:
     drift: Counter[int] = field(default_factory=Counter)  # server prompt_tokens - ours -> rows
     repeats: int = 0
     input_fraction: float = 0.0  # how much of the input file the reader has consumed
+    handed_over: int = 0  # rows the reader has passed on (ahead of `read` by up to a batch), with input_fraction
     last_error: dict[str, str] = field(default_factory=dict)  # newest detail per ledger reason
     truncated_in_reasoning: int = 0  # cut at max_tokens while still thinking (no answer)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
+
+    def __post_init__(self) -> None:
+        if self.started < 0:
+            self.started = self.clock()
+        self.rate_points.append((self.started, 0))
+
+    def note_input(self, rows: int, fraction: float) -> None:
+        """The reader has passed on `rows` more rows, having consumed `fraction` of the input."""
+        self.handed_over += rows
+        self.input_fraction = fraction
+
+    def worked(self) -> int:
+        """Rows settled by this run (completed or ledgered), as opposed to skipped as settled before."""
+        return self.completed + sum(self.failed.values())
+
+    def unsettled(self) -> float | None:
+        """Rows not settled yet: in flight, queued, read ahead, and the unread rest of the input (estimated
+        from the share read so far); None before the reader has reported."""
+        if self.input_fraction <= 0:
+            return None
+        settled = self.worked() + sum(self.skipped.values())
+        return max(self.handed_over / self.input_fraction - settled, 0.0)
+
+    def queued(self) -> int:
+        """Rows read but not sent yet (the queue and the batch the reader has ready)."""
+        settled = self.worked() + sum(self.skipped.values())
+        return max(self.handed_over - settled - self.in_flight, 0)
 
     def eta(self) -> float | None:
-        """Seconds left, from the share of the input read and the rate rows settle at."""
-        settled = self.completed + sum(self.failed.values()) + sum(self.skipped.values())
-        if self.input_fraction <= 0 or not self.completed:
-            return None
-        remaining = max(settled / self.input_fraction - settled, 0.0) if self.input_fraction < 1 else 0.0
-        remaining += self.in_flight
-        return remaining / max(self.completed / self.elapsed(), 1e-9)
+        """Seconds left: the unsettled rows at the rate this run settles rows (over the last ETA_WINDOW s).
+
+        Early on the rate still carries the wait for the first answers, so in a run only a few request
+        latencies long the ETA starts high.
+        """
+        rate, left = self.rate(), self.unsettled()
+        return left / rate if rate and left is not None else None
+
+    def rate(self) -> float:
+        """Rows settled per second over the last ETA_WINDOW seconds (since the start, early on)."""
+        now, worked = self.clock(), self.worked()
+        if now - self.rate_points[-1][0] >= RATE_SAMPLE:
+            self.rate_points.append((now, worked))
+        while len(self.rate_points) > 2 and now - self.rate_points[1][0] >= ETA_WINDOW:
+            self.rate_points.popleft()  # the oldest kept is the last one at least a window old
+        since, then = self.rate_points[0]
+        return (worked - then) / (now - since) if now > since else 0.0
 
     def elapsed(self) -> float:
-        return max(time.monotonic() - self.started, 1e-9)
+        return max(self.clock() - self.started, 1e-9)
 
     def reasoning_view(self) -> dict[str, int] | None:
         """Reasoning and answer tokens of the answers whose usage split them (None: none did)."""
@@ -119,6 +164,7 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dic
             "skipped": sum(stats.skipped.values()),
             "failed": dict(stats.failed),
             "in_flight": stats.in_flight,
+            "queued": stats.queued(),
         },
         "rates": {"req_per_s": round(stats.completed / t, 2), "out_tok_per_s": round(stats.output_tokens / t, 1)},
         "eta_s": round(eta, 1) if eta is not None else None,

@@ -1,17 +1,8 @@
 """`gen-pipeline report DIR`: a run's summary as a table, plus plots in DIR/report/ (or --out).
 
-    lengths.png         histograms of input tokens (our count) and completion tokens
-    throughput.png      output tokens/s over the last run (estimated, see below) and mean latency
-    servers.png         completions and failures per server
-    finish_reasons.png  completions by finish_reason
-
-Plots need matplotlib (`pip install 'gen-pipeline[report]'`); without it the table is printed alone.
-
-Completion lines carry no timestamp, but they are in arrival order and a run keeps its servers' slots
-full, so the mean number of requests in flight is (sum of latencies) / elapsed (Little's law, elapsed from
-summary.json), and a bucket of consecutive lines took (its latency sum) / (that mean) seconds. That is the
-time axis of throughput.png, over the lines of the last run (the last `completed` lines); without
-summary.json the axis is the completion number and the rate is the mean per-request decode speed.
+The table covers the whole directory (every completion line, the ledger) and the last run (summary.json);
+the plots are described in gen_pipeline/plots.py. Plots need matplotlib (`pip install
+'gen-pipeline[report]'`); without it the table is printed alone.
 """
 
 from __future__ import annotations
@@ -19,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import sys
 from array import array
 from collections import Counter
 from collections.abc import Sequence
@@ -31,9 +23,6 @@ import orjson
 from .errors import ConfigError
 from .store import FAILURES, MANIFEST, SUMMARY, iter_json_lines, shard_files
 
-PLOTS = ("lengths.png", "throughput.png", "servers.png", "finish_reasons.png")
-BUCKETS = 50
-HIST_BINS = 50
 INSTALL_HINT = "plots need matplotlib: pip install 'gen-pipeline[report]'"
 
 
@@ -57,9 +46,11 @@ class Completions:
     input_tokens: array[int] = field(default_factory=lambda: array("q"))
     completion_tokens: array[int] = field(default_factory=lambda: array("q"))
     latency: array[float] = field(default_factory=lambda: array("d"))
+    budget: array[int] = field(default_factory=lambda: array("q"))  # max_tokens as sent
     servers: Counter[str] = field(default_factory=Counter)
     finish: Counter[str] = field(default_factory=Counter)
     truncated_in: Counter[str] = field(default_factory=Counter)  # "reasoning" / "answer", of finish "length"
+    finish_of: list[str] = field(default_factory=list)  # each line's finish_reason (interned: one per reason)
 
     def __len__(self) -> int:
         return len(self.latency)
@@ -68,10 +59,12 @@ class Completions:
         self.input_tokens.append(int(obj.get("input_tokens") or 0))
         self.completion_tokens.append(int(obj.get("completion_tokens") or 0))
         self.latency.append(float(obj.get("latency_s") or 0.0))
+        self.budget.append(int(obj.get("max_tokens") or 0))
         self.servers[str(obj.get("server"))] += 1
         self.finish[str(obj.get("finish_reason"))] += 1
         if obj.get("truncated_in"):
             self.truncated_in[str(obj["truncated_in"])] += 1
+        self.finish_of.append(sys.intern(str(obj.get("finish_reason"))))
 
 
 def completion_files(run: Path) -> list[Path]:
@@ -131,8 +124,29 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
         f"failed {summary.get('failed')} | exit code {summary.get('exit_code')}",
         f"throughput  {summary.get('requests_per_s')} req/s, {summary.get('output_tokens_per_s')} out tok/s "
         f"over {summary.get('elapsed_s')} s (last run)",
-        f"drift       {summary.get('token_drift')}, learned offset {summary.get('learned_offset')}",
+        f"drift       {drift_text(summary.get('token_drift') or {})}; learned offset {summary.get('learned_offset')}",
     ]
+
+
+def drift_text(drift: dict[str, Any]) -> str:
+    """How often and by how much the server's prompt count differed from ours (server minus ours)."""
+    compared = int(drift.get("compared") or 0)
+    if not compared:
+        return "no row compared (the servers reported no prompt_tokens)"
+    offsets = {int(k): int(v) for k, v in (drift.get("by_offset") or {}).items()}
+    differed = sum(offsets.values())
+    counts = sorted({**offsets, 0: compared - differed}.items())
+    seen = [offset for offset, n in counts if n > 0]
+    middle, running, median = (compared + 1) // 2, 0, 0
+    for offset, n in counts:
+        running += n
+        if running >= middle:
+            median = offset
+            break
+    return (
+        f"{differed} of {compared} rows ({_pct(differed, compared)}) differed; "
+        f"server count - ours: min {seen[0]}, median {median}, max {seen[-1]}"
+    )
 
 
 def _server_lines(rows: Completions, summary: dict[str, Any] | None) -> list[str]:
@@ -170,92 +184,6 @@ def render_table(run: Path, rows: Completions, summary: dict[str, Any] | None, m
     return "\n".join(lines)
 
 
-# plots
-
-
-def throughput_series(
-    latency: Sequence[float], tokens: Sequence[int], elapsed: float | None, buckets: int = BUCKETS
-) -> tuple[list[float], list[float], list[float], str, str]:
-    """Bucketed (x, output tok/s, mean latency, x label, y label), with Little's law when elapsed is known."""
-    n = len(latency)
-    size = max(1, math.ceil(n / buckets))
-    spans = [(i, min(i + size, n)) for i in range(0, n, size)]
-    lat = [sum(latency[a:b]) for a, b in spans]
-    tok = [sum(tokens[a:b]) for a, b in spans]
-    mean_lat = [s / (b - a) for s, (a, b) in zip(lat, spans, strict=True)]
-    if elapsed and sum(lat) > 0:
-        in_flight = sum(lat) / elapsed
-        seconds = [s / in_flight for s in lat]
-        ends = [sum(seconds[: i + 1]) for i in range(len(seconds))]
-        rate = [t / s if s else 0.0 for t, s in zip(tok, seconds, strict=True)]
-        return ends, rate, mean_lat, "seconds into the last run (estimated)", "output tokens/s (all servers)"
-    rate = [t / s if s else 0.0 for t, s in zip(tok, lat, strict=True)]
-    return [float(b) for _, b in spans], rate, mean_lat, "completion number", "output tokens/s per request"
-
-
-def _figure(width: float = 10, height: float = 4) -> Any:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def plot_lengths(rows: Completions, path: Path) -> None:
-    fig = _figure()
-    for ax, values, title in zip(
-        fig.subplots(1, 2),
-        (rows.input_tokens, rows.completion_tokens),
-        ("input tokens (our count)", "completion tokens"),
-        strict=True,
-    ):
-        ax.hist(list(values), bins=HIST_BINS, color="tab:blue")
-        ax.set_title(title)
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("completions")
-    fig.savefig(path, dpi=100)
-
-
-def plot_throughput(rows: Completions, summary: dict[str, Any] | None, path: Path) -> None:
-    last = int((summary or {}).get("completed") or 0)
-    elapsed = (summary or {}).get("elapsed_s") if 0 < last <= len(rows) else None
-    start = len(rows) - last if elapsed else 0
-    x, rate, lat, xlabel, ylabel = throughput_series(rows.latency[start:], rows.completion_tokens[start:], elapsed)
-    fig = _figure(10, 6)
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(x, rate, color="tab:green")
-    top.set_ylabel(ylabel)
-    top.set_title(f"throughput over {len(rows) - start} completions, in arrival order")
-    bottom.plot(x, lat, color="tab:orange")
-    bottom.set_ylabel("mean latency (s)")
-    bottom.set_xlabel(xlabel)
-    fig.savefig(path, dpi=100)
-
-
-def _bars(path: Path, title: str, counts: dict[str, int], extra: dict[str, int] | None = None) -> None:
-    fig = _figure(10, 4 + 0.15 * len(counts))
-    ax = fig.subplots()
-    labels = list(counts)
-    ax.barh(labels, [counts[k] for k in labels], color="tab:blue", label="completions")
-    if extra:
-        ax.barh(labels, [extra.get(k, 0) for k in labels], left=[counts[k] for k in labels], color="tab:red")
-    ax.set_title(title)
-    ax.invert_yaxis()
-    fig.savefig(path, dpi=100)
-
-
-def write_plots(rows: Completions, summary: dict[str, Any] | None, out: Path) -> list[Path]:
-    """Every plot as a PNG in `out`; returns their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / name for name in PLOTS]
-    plot_lengths(rows, paths[0])
-    plot_throughput(rows, summary, paths[1])
-    figures = (summary or {}).get("servers") or {}
-    failures = {u: sum((v.get("failures") or {}).values()) for u, v in figures.items()}
-    servers = {u: rows.servers.get(u, 0) for u in sorted(set(rows.servers) | set(figures))}
-    _bars(paths[2], "completions (blue) and failed requests in the last run (red) per server", servers, failures)
-    _bars(paths[3], "completions by finish_reason", dict(rows.finish.most_common()))
-    return paths
-
-
 def has_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
@@ -273,12 +201,15 @@ def main(args: argparse.Namespace) -> int:
     if not completion_files(run) and summary is None:
         raise ConfigError(f"{run} is not a run directory (no completions*.jsonl, no summary.json)")
     rows = read_completions(run)
-    print(render_table(run, rows, summary, read_json(run / MANIFEST)))
+    manifest = read_json(run / MANIFEST)
+    print(render_table(run, rows, summary, manifest))
     if not len(rows):
         print("no completions yet: no plots")
     elif not has_matplotlib():
         print(INSTALL_HINT)
     else:
-        for path in write_plots(rows, summary, args.out or run / "report"):
+        from .plots import write_plots
+
+        for path in write_plots(rows, summary, manifest, args.out or run / "report"):
             print(f"wrote {path}")
     return 0

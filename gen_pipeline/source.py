@@ -239,13 +239,15 @@ class PromptSource:
         self._bad_run = 0 if self.start == 0 else -1  # bad rows since the top, while no good one came; -1: off
 
     def __iter__(self) -> Iterator[Prompt | BadRow | Skipped]:
-        with self.input.open_at(self.start) as f:
-            self._stream = f
-            try:
-                yield from self._rows(f)
-            except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt compressed stream
-                raise InputError(f"cannot read {self.path} after line {self.lines}: {exc}") from exc
-        self.input.close()
+        try:
+            with self.input.open_at(self.start) as f:
+                self._stream = f
+                try:
+                    yield from self._rows(f)
+                except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt compressed stream
+                    raise InputError(f"cannot read {self.path} after line {self.lines}: {exc}") from exc
+        finally:  # also when the pass is closed early (--limit, a stop): the repeat reader is ours to close
+            self.input.close()
 
     def _rows(self, f: BinaryIO) -> Iterator[Prompt | BadRow | Skipped]:
         readline = f.readline

@@ -10,10 +10,12 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
         "done": 1200,                 # completions written by this run
         "skipped": 30,                # rows an earlier run settled
         "failed": {"timeout": 2},     # ledger entries written by this run, by reason
-        "in_flight": 64               # requests on the wire now
+        "in_flight": 64,              # requests on the wire now
+        "queued": 900                 # rows read but not sent yet (the reader works ahead)
       },
       "rates": {"req_per_s": 12.5, "out_tok_per_s": 4100.0},
-      "eta_s": 3600.0,                # null while unknown
+      "eta_s": 3600.0,                # null while unknown: every row not settled yet (in flight, queued, unread)
+                                      # at the rate rows settled over the last 2 minutes
       "servers": {
         "http://10.0.0.1:30000": {
           "in_flight": 8, "capacity": 64, "healthy": true, "requests": 150,
@@ -103,7 +105,7 @@ def _status_lines(status: dict[str, Any]) -> list[str]:
     lines = [
         f"done {counts.get('done', 0)} | skipped {counts.get('skipped', 0)} | "
         f"failed {f'{sum(failed.values())} {failed}' if failed else 0} | "
-        f"in flight {counts.get('in_flight', 0)}",
+        f"in flight {counts.get('in_flight', 0)}" + (f" | queued {counts['queued']}" if "queued" in counts else ""),
         f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
         f"ETA {_duration(eta) if eta is not None else 'unknown'}",
         f"servers: {healthy} of {len(servers)} healthy",
@@ -255,6 +257,7 @@ def merge_workers(workers: list[Worker]) -> dict[str, Any]:
             "skipped": sum(c.get("skipped", 0) for c in counts),
             "failed": dict(sum((Counter(c.get("failed") or {}) for c in counts), Counter())),
             "in_flight": sum((s.get("counts") or {}).get("in_flight", 0) for s in live),
+            **_queued(live),
         },
         "rates": {
             "req_per_s": round(sum(r.get("req_per_s", 0) for r in rates), 2),
@@ -269,6 +272,12 @@ def merge_workers(workers: list[Worker]) -> dict[str, Any]:
             for k, v in (s.get("last_error") or {}).items()
         },
     }
+
+
+def _queued(live: list[dict[str, Any]]) -> dict[str, int]:
+    """The workers' queued rows added up (absent when no worker reports them: an older version's files)."""
+    counts = [c["queued"] for c in ((s.get("counts") or {}) for s in live) if "queued" in c]
+    return {"queued": sum(counts)} if counts else {}
 
 
 def _merge_servers(every: list[dict[str, Any]], live: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -4,7 +4,8 @@
 # Usage: run/launch_sglang.sh [options]
 #
 #   --config FILE      configuration (default: run/fleet.env); environment variables override it
-#   --tp N             GPUs per server (tensor parallel); server i gets GPUs i*N .. i*N+N-1
+#   --gpus LIST        the GPUs to use, e.g. 0-3 or 0,1,4-5 (default: all; also GPUS=LIST)
+#   --tp N             GPUs per server (tensor parallel); each server gets the next N of them (see below)
 #   --num-servers N    number of servers (default: GPU count / TP)
 #   --base-port P      server i listens on P+i (default 30000)
 #   --dry-run          print the GPU/NUMA plan and the exact commands; start nothing
@@ -12,8 +13,12 @@
 #   -h, --help         show this help
 #
 # Topology comes from `nvidia-smi topo -m` (the "CPU Affinity" and "NUMA Affinity" columns of
-# each GPU row). A TP group must stay on one NUMA node, or consist of whole nodes (TP 8 on a
-# node with 4 GPUs per socket); any other group is refused unless --force. Each server runs as
+# each GPU row). With TP 1, server i gets the i-th GPU. With TP > 1 the GPUs are taken NUMA node by
+# node (lowest index first within a node), so the groups stay on one node wherever the layout allows:
+# on a node whose GPUs alternate between sockets (GPU0,2,4,6 on node 0), TP 2 gives GPU0,2 / GPU4,6 /
+# GPU1,3 / GPU5,7. A TP group must stay on one NUMA node, or consist of whole nodes (TP 8 on a
+# node with 4 GPUs per socket); any other group is refused unless --force. CPU pinning without
+# numactl (taskset, or nothing) is warned about: taskset binds CPUs, not memory. Each server runs as
 #   CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=<its GPUs> \
 #     numactl --cpunodebind=<node> --membind=<node>  (or taskset -c <cpus> without numactl) \
 #     $SGLANG_PYTHON -m sglang.launch_server --model-path ... --port P ...
@@ -25,6 +30,7 @@
 # Examples:
 #   run/launch_sglang.sh --dry-run                  # 8 x TP1 on ports 30000-30007
 #   run/launch_sglang.sh --tp 4                     # 2 x TP4: GPUs 0-3 and 4-7
+#   GPUS=0-3 run/launch_sglang.sh --tp 2            # 2 x TP2 on GPUs 0-3 only (4-7 left for other work)
 #   MODEL_PATH=/models/big run/launch_sglang.sh --tp 8 --base-port 31000
 #
 # Exit codes:
@@ -44,7 +50,7 @@ readonly SCRIPT_DIR REPO_ROOT
 readonly MAX_RUNNING_REQUESTS_LIMIT=2048
 readonly LOG_TAIL_LINES=25
 readonly CONFIG_KEYS=(MODEL_PATH SERVED_MODEL_NAME CONTEXT_LENGTH MEM_FRACTION MAX_RUNNING_REQUESTS
-  TP NUM_SERVERS BASE_PORT HOST EXTRA_ARGS RUN_DIR HEALTH_TIMEOUT SGLANG_PYTHON PIN_WITH)
+  TP NUM_SERVERS BASE_PORT HOST EXTRA_ARGS RUN_DIR HEALTH_TIMEOUT SGLANG_PYTHON PIN_WITH GPUS)
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 log() { printf '%s\n' "$*" >&2; }
@@ -83,11 +89,12 @@ is_alive() {
 # --- arguments ---------------------------------------------------------------------------------
 
 config_file="$SCRIPT_DIR/fleet.env"
-opt_tp="" opt_num_servers="" opt_base_port="" dry_run=0 force=0
+opt_tp="" opt_num_servers="" opt_base_port="" opt_gpus="" dry_run=0 force=0
 need_value() { [[ $# -ge 2 && -n $2 ]] || die 2 "$1 needs a value (see --help)"; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --config) need_value "$@"; config_file=$2; [[ $config_file == */* ]] || config_file=./$config_file; shift 2 ;;
+    --gpus) need_value "$@"; opt_gpus=$2; shift 2 ;;
     --tp) need_value "$@"; opt_tp=$2; shift 2 ;;
     --num-servers) need_value "$@"; opt_num_servers=$2; shift 2 ;;
     --base-port) need_value "$@"; opt_base_port=$2; shift 2 ;;
@@ -124,6 +131,7 @@ HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-1200}
 HEALTH_INTERVAL=${HEALTH_INTERVAL:-5}
 SGLANG_PYTHON=${SGLANG_PYTHON:-python}
 PIN_WITH=${PIN_WITH:-auto}
+GPUS=${opt_gpus:-${GPUS:-all}}
 
 [[ -n $MODEL_PATH ]] || die 2 "MODEL_PATH is empty: set it in $config_file or the environment"
 require_int TP 1
@@ -199,19 +207,54 @@ done
 
 # --- plan --------------------------------------------------------------------------------------
 
-if [[ $NUM_SERVERS == auto ]]; then
-  NUM_SERVERS=$((gpu_count / TP))
-  ((NUM_SERVERS >= 1)) || die 3 "TP=$TP needs $TP GPUs but nvidia-smi lists only $gpu_count"
+# The GPUs named by GPUS ("all", or a list like 0-3 or 0,1,4-5), in index order, into `chosen`.
+declare -a chosen=()
+if [[ $GPUS == all ]]; then
+  for ((g = 0; g < gpu_count; g++)); do chosen+=("$g"); done
+else
+  IFS=, read -r -a gpu_parts <<<"$GPUS"
+  for part in "${gpu_parts[@]}"; do
+    if [[ $part =~ ^([0-9]+)-([0-9]+)$ ]] && ((10#${BASH_REMATCH[1]} <= 10#${BASH_REMATCH[2]})); then
+      for ((g = 10#${BASH_REMATCH[1]}; g <= 10#${BASH_REMATCH[2]}; g++)); do chosen+=("$g"); done
+    elif [[ $part =~ ^[0-9]+$ ]]; then
+      chosen+=("$((10#$part))")
+    else
+      die 2 "GPUS must be all or a list of GPU indices like 0-3 or 0,1,4-5, got '$GPUS'"
+    fi
+  done
+  mapfile -t chosen < <(printf '%s\n' "${chosen[@]}" | sort -n)
+  [[ -z $(printf '%s\n' "${chosen[@]}" | uniq -d) ]] || die 2 "GPUS lists a GPU twice: '$GPUS'"
+  for g in "${chosen[@]}"; do
+    ((g < gpu_count)) || die 3 "GPUS=$GPUS names GPU$g, but nvidia-smi lists GPU0-GPU$((gpu_count - 1))"
+  done
 fi
-if ((NUM_SERVERS * TP > gpu_count)); then
-  die 3 "$NUM_SERVERS servers x TP $TP need $((NUM_SERVERS * TP)) GPUs but nvidia-smi lists only $gpu_count" \
+n_chosen=${#chosen[@]}
+of_gpus="$n_chosen GPU(s)" only_gpus="nvidia-smi lists only $n_chosen"
+[[ $GPUS == all ]] || of_gpus+=" of GPUS=$GPUS" only_gpus="GPUS=$GPUS selects only $n_chosen"
+
+declare -A per_node=()  # NUMA node -> number of the chosen GPUs on it
+for g in "${chosen[@]}"; do per_node[${gpu_node[g]}]=$((${per_node[${gpu_node[g]}]:-0} + 1)); done
+# The order servers take GPUs in: node by node for TP > 1 (a group then stays on one node when it can).
+declare -a order=("${chosen[@]}")
+if ((TP > 1)); then
+  mapfile -t order < <(for g in "${chosen[@]}"; do printf '%s %s\n' "${gpu_node[g]}" "$g"; done | sort -k1,1V -k2,2n | cut -d' ' -f2)
+fi
+
+if [[ $NUM_SERVERS == auto ]]; then
+  NUM_SERVERS=$((n_chosen / TP))
+  ((NUM_SERVERS >= 1)) || die 3 "TP=$TP needs $TP GPUs but $only_gpus"
+fi
+if ((NUM_SERVERS * TP > n_chosen)); then
+  die 3 "$NUM_SERVERS servers x TP $TP need $((NUM_SERVERS * TP)) GPUs but $only_gpus" \
     "(with --tp, set NUM_SERVERS=auto or pass --num-servers)"
 fi
 if ((BASE_PORT + NUM_SERVERS - 1 > 65535)); then
   die 2 "ports $BASE_PORT..$((BASE_PORT + NUM_SERVERS - 1)) go past 65535"
 fi
-if ((NUM_SERVERS * TP < gpu_count)); then
-  warn "GPUs $((NUM_SERVERS * TP))-$((gpu_count - 1)) stay idle ($NUM_SERVERS server(s) x TP $TP of $gpu_count GPUs)"
+if ((NUM_SERVERS * TP < n_chosen)); then
+  idle=("${order[@]:NUM_SERVERS * TP}")
+  if ((${#idle[@]} == 1)); then idle_text="GPU${idle[0]} stays"; else idle_text="GPUs $(IFS=,; echo "${idle[*]}") stay"; fi
+  warn "$idle_text idle ($NUM_SERVERS server(s) x TP $TP of $of_gpus)"
 fi
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
   warn "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES is set in the environment; each server gets its own instead"
@@ -226,12 +269,10 @@ if [[ $PIN_WITH == taskset ]] && ((!have_taskset)); then die 2 "PIN_WITH=taskset
 # Per server: GPUs, ports, NUMA nodes, CPUs, pinning prefix, environment, full command.
 declare -a s_port=() s_gpus=() s_nodes=() s_cpus=() s_pin=() s_pinlabel=() s_crosses=()
 crossing_msgs=()
-declare -A per_node=()  # NUMA node -> number of GPUs on it
-for ((g = 0; g < gpu_count; g++)); do per_node[${gpu_node[g]}]=$((${per_node[${gpu_node[g]}]:-0} + 1)); done
-unknown_numa=0
+unknown_numa=0 unbound_memory=0
 for ((s = 0; s < NUM_SERVERS; s++)); do
   gpus=() nodes=() cpus=() where=""
-  for ((g = s * TP; g < (s + 1) * TP; g++)); do
+  for g in "${order[@]:s * TP:TP}"; do
     gpus+=("$g")
     [[ " ${nodes[*]} " == *" ${gpu_node[g]} "* ]] || nodes+=("${gpu_node[g]}")
     [[ " ${cpus[*]} " == *" ${gpu_cpus[g]} "* ]] || cpus+=("${gpu_cpus[g]}")
@@ -279,9 +320,14 @@ for ((s = 0; s < NUM_SERVERS; s++)); do
   if [[ $method == none && $PIN_WITH != none ]]; then
     warn "server $s: no NUMA/CPU affinity to pin to (nvidia-smi reports N/A, or no numactl/taskset); running unpinned"
   fi
+  if [[ $method == taskset ]] && ((numa_known && !have_numactl)); then unbound_memory=1; fi
 done
 if ((unknown_numa)); then
   warn "nvidia-smi reports no NUMA affinity for some GPUs: cannot check that TP groups stay on one node"
+fi
+if ((unbound_memory)); then
+  warn "numactl is not installed: pinning CPUs with taskset only, so the servers' memory is not bound to" \
+    "their GPUs' NUMA node (install numactl, e.g. 'apt-get install numactl', to bind both)"
 fi
 
 # The launch_server command of server $1, into the global array `cmd` (without environment).
@@ -303,8 +349,8 @@ pid_file() { echo "$servers_dir/server-${s_port[$1]}.pid"; }
 
 print_plan() {
   local s node_col
-  printf 'GPU/NUMA plan: %d server(s) x TP %d on %d GPU(s), model %s\n' \
-    "$NUM_SERVERS" "$TP" "$gpu_count" "$MODEL_PATH"
+  printf 'GPU/NUMA plan: %d server(s) x TP %d on %s, model %s\n' \
+    "$NUM_SERVERS" "$TP" "$of_gpus" "$MODEL_PATH"
   printf '%-7s %-6s %-16s %-12s %-24s %s\n' SERVER PORT GPUS NUMA_NODE CPUS PINNING
   for ((s = 0; s < NUM_SERVERS; s++)); do
     node_col=${s_nodes[s]}
@@ -323,10 +369,12 @@ if ((${#crossing_msgs[@]})); then
   counts=$(printf '%s\n' "${per_node[@]}" | sort -u)
   if [[ $counts != *$'\n'* ]]; then
     fits=()
-    for ((d = 1; d <= gpu_count; d++)); do
-      if ((counts % d == 0 || (d % counts == 0 && gpu_count % d == 0))); then fits+=("$d"); fi
+    # GPUs are taken node by node, so a TP dividing the per-node count, or a multiple of it that
+    # divides the total (whole nodes), never crosses: exactly the TPs to suggest.
+    for ((d = 1; d <= n_chosen; d++)); do
+      if ((counts % d == 0 || (d % counts == 0 && n_chosen % d == 0))); then fits+=("$d"); fi
     done
-    hint+=" Each NUMA node here has $counts GPUs, so use --tp $(IFS=/; echo "${fits[*]}"), or pass --force."
+    hint+=" Each NUMA node here has $counts of the GPUs, so use --tp $(IFS=/; echo "${fits[*]}"), or pass --force."
   else
     hint+=" Use a TP that keeps each group on one node, or pass --force."
   fi

@@ -10,7 +10,8 @@
 #
 # MAKE_ARGS go to `make generate` unchanged, e.g.
 #   run/tmux_generate.sh INPUT=prompts/x.jsonl OUT=runs/x
-#   run/tmux_generate.sh --session big INPUT=prompts/big.jsonl OUT=runs/big ARGS="--resume"
+#   run/tmux_generate.sh --session big INPUT=prompts/big.jsonl OUT=runs/big ARGS="--max-tokens 4096 --retry-failed all"
+# To resume a run, start the same command again once its session has ended (generate skips what is done).
 #
 # If the session does not exist it is created in the repository root, `make generate MAKE_ARGS`
 # is typed into its shell (which stays open afterwards, with the output and the exit status),

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,22 @@ async def run_against_sim(
         cfg = RunConfig(input=input_path, out=out, servers=tuple(fleet.urls), **settings)
         outcome = await run_async(cfg)
         return outcome, fleet
+
+
+@contextlib.contextmanager
+def fleet_in_thread(config: SimConfig) -> Iterator[str]:
+    """A simulated fleet served by its own event loop in a thread; yields the --servers value."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    fleet = asyncio.run_coroutine_threadsafe(start_fleet(config), loop).result(30)
+    try:
+        yield ",".join(fleet.urls)
+    finally:
+        asyncio.run_coroutine_threadsafe(fleet.aclose(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def run_sim(input_path: Path, out: Path, sim: dict[str, Any] | None = None, timeout: float = 60, **run: Any):

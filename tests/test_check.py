@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
-from e2e import prompts, read_jsonl
+from e2e import fleet_in_thread, prompts, read_jsonl
 
 from gen_pipeline.check import run_check
 from gen_pipeline.cli import main
@@ -142,22 +139,6 @@ def test_everything_over_length_fails(write_jsonl, tmp_path):
     report = check([sim(1, context_length=CTX)], write_jsonl(rows), tmp_path)
     assert report["plan"]["over_length"] == 3 and "tokenizer" not in report
     assert any("every prompt (3) is over_length" in p for p in report["problems"])
-
-
-@contextlib.contextmanager
-def fleet_in_thread(config: SimConfig) -> Iterator[str]:
-    """A simulated fleet served by its own event loop in a thread; yields the --servers value."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    fleet = asyncio.run_coroutine_threadsafe(start_fleet(config), loop).result(30)
-    try:
-        yield ",".join(fleet.urls)
-    finally:
-        asyncio.run_coroutine_threadsafe(fleet.aclose(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def test_command_line_exit_codes_and_json(write_jsonl, tmp_path, capsys):

@@ -10,7 +10,8 @@ from e2e import prompts, run_sim
 
 from gen_pipeline import report as report_module
 from gen_pipeline.cli import main
-from gen_pipeline.report import distribution, throughput_series
+from gen_pipeline.plots import PLOTS, throughput_series
+from gen_pipeline.report import distribution
 from gen_pipeline.status import STALE_AFTER, STATUS, render_status, run_state, write_status
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -63,7 +64,7 @@ def test_report_prints_the_table_and_writes_png_plots(finished_run, tmp_path, ca
     assert main(["report", str(finished_run), "--out", str(tmp_path / "plots")]) == 0
     out = capsys.readouterr().out
     assert "completions 40 lines" in out and out.count("http://127.0.0.1:") >= 3
-    for name in report_module.PLOTS:
+    for name in PLOTS:
         data = (tmp_path / "plots" / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 1024, name
 
@@ -143,7 +144,7 @@ def test_distribution_uses_nearest_rank():
 def test_throughput_buckets_add_up_to_the_elapsed_time():
     """Little's law: the estimated bucket durations sum to the run's elapsed time."""
     latency, tokens = [1.0] * 100, [50] * 100
-    x, rate, mean_latency, _, _ = throughput_series(latency, tokens, elapsed=10.0, buckets=10)
+    x, rate, mean_latency, _, _ = throughput_series(latency, tokens, in_flight=100 / 10.0, buckets=10)
     assert x[-1] == pytest.approx(10.0) and rate == pytest.approx([500.0] * 10)
     assert mean_latency == pytest.approx([1.0] * 10)
 

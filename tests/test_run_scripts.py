@@ -46,6 +46,7 @@ CONFIG_KEYS = [
     "HEALTH_INTERVAL",
     "SGLANG_PYTHON",
     "PIN_WITH",
+    "GPUS",
     "STOP_TIMEOUT",
     "CUDA_VISIBLE_DEVICES",
     "TMUX",
@@ -89,6 +90,8 @@ def topo_table(gpu_nodes: list[int], node_cpus: dict[int, str], numa: bool = Tru
 
 # The standard node: GPU0-3 on NUMA node 0 (CPUs 0-27), GPU4-7 on node 1 (CPUs 28-55).
 EIGHT_GPUS_TWO_NODES = topo_table([0, 0, 0, 0, 1, 1, 1, 1], {0: "0-27", 1: "28-55"})
+# GPUs alternating between the sockets (some 8-GPU boards): GPU0,2,4,6 on node 0, GPU1,3,5,7 on node 1.
+INTERLEAVED = topo_table([0, 1, 0, 1, 0, 1, 0, 1], {0: "0-27", 1: "28-55"})
 ONE_GPU = topo_table([0], {0: "0-15"})
 
 
@@ -281,7 +284,7 @@ def test_tp3_group_across_numa_nodes_is_accepted_with_force(tmp_path: Path) -> N
     cmds = commands_by_port(proc.stdout)
     assert cmds[30000].startswith(numactl_prefix("0,1,2", "0")), cmds[30000]
     assert cmds[30001].startswith(numactl_prefix("3,4,5", "0,1")), cmds[30001]
-    assert "GPUs 6-7 stay idle" in proc.stderr
+    assert "GPUs 6,7 stay idle" in proc.stderr
 
 
 def test_tp8_group_of_whole_numa_nodes_is_allowed(tmp_path: Path) -> None:
@@ -299,6 +302,84 @@ def test_tp6_group_taking_part_of_a_node_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 4
     assert "GPUs 0,1,2,3,4,5, which span NUMA nodes 0,1" in proc.stderr
     assert "use --tp 1/2/4/8" in proc.stderr
+
+
+def test_interleaved_layout_keeps_tp2_groups_on_one_node(tmp_path: Path) -> None:
+    """GPUs alternating between sockets: TP 2 pairs GPUs of one node (0,2 / 4,6 / 1,3 / 5,7), nothing refused."""
+    proc = dry_run(tmp_path, "--tp", "2", topo=INTERLEAVED)
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    expected = {30000: ("0,2", "0"), 30001: ("4,6", "0"), 30002: ("1,3", "1"), 30003: ("5,7", "1")}
+    for port, (gpus, node) in expected.items():
+        assert cmds[port].startswith(numactl_prefix(gpus, node)), cmds[port]
+    tp4 = commands_by_port(dry_run(tmp_path, "--tp", "4", topo=INTERLEAVED).stdout)
+    assert tp4[30000].startswith(numactl_prefix("0,2,4,6", "0")) and tp4[30001].startswith(
+        numactl_prefix("1,3,5,7", "1")
+    )
+
+
+@pytest.mark.parametrize("topo", [EIGHT_GPUS_TWO_NODES, INTERLEAVED], ids=["blocks", "interleaved"])
+def test_a_refused_tp_is_never_among_the_suggested_ones(tmp_path: Path, topo: str) -> None:
+    """Every TP from 1 to 8: either it starts, or it is refused with a hint that names only TPs that start."""
+    started = {tp for tp in range(1, 9) if dry_run(tmp_path, "--tp", str(tp), topo=topo).returncode == 0}
+    assert started == {1, 2, 4, 8}
+    for tp in sorted(set(range(1, 9)) - started):
+        proc = dry_run(tmp_path, "--tp", str(tp), topo=topo)
+        assert proc.returncode == 4, proc.stderr
+        hint = re.search(r"use --tp ([\d/]+)", proc.stderr)
+        assert hint and {int(t) for t in hint.group(1).split("/")} == started, proc.stderr
+
+
+def test_gpus_selects_a_subset(tmp_path: Path) -> None:
+    """GPUS=0-3 (or --gpus) uses only those GPUs: TP 2 makes two servers, the other GPUs are left alone."""
+    proc = dry_run(tmp_path, "--tp", "2", GPUS="0-3")
+    assert proc.returncode == 0, proc.stderr
+    cmds = commands_by_port(proc.stdout)
+    assert sorted(cmds) == [30000, 30001] and "stay idle" not in proc.stderr
+    assert cmds[30000].startswith(numactl_prefix("0,1", "0")) and cmds[30001].startswith(numactl_prefix("2,3", "0"))
+    assert "on 4 GPU(s) of GPUS=0-3" in proc.stdout
+    upper = commands_by_port(dry_run(tmp_path, "--gpus", "4-5,7").stdout)
+    assert [cmd.split()[1] for cmd in upper.values()] == [f"CUDA_VISIBLE_DEVICES={g}" for g in (4, 5, 7)]
+    assert upper[30002].startswith(numactl_prefix("7", "1"))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "code", "message"),
+    [
+        ("0-3,x", 2, "GPUS must be all or a list of GPU indices"),
+        ("3-1", 2, "GPUS must be all or a list of GPU indices"),
+        ("0,1,1", 2, "GPUS lists a GPU twice"),
+        ("6-9", 3, "GPUS=6-9 names GPU8, but nvidia-smi lists GPU0-GPU7"),
+    ],
+)
+def test_bad_gpus_are_refused(tmp_path: Path, gpus: str, code: int, message: str) -> None:
+    """A malformed or out-of-range GPUS list exits before any plan is printed."""
+    proc = dry_run(tmp_path, GPUS=gpus)
+    assert proc.returncode == code and message in proc.stderr, proc.stderr
+    assert not commands_by_port(proc.stdout)
+
+
+def bare_path(tmp_path: Path, topo: str) -> dict[str, str]:
+    """An environment whose PATH holds the fake nvidia-smi, a fake taskset and the basic tools, but no numactl."""
+    bin_dir = fake_bin(tmp_path, topo, numactl=False)
+    for tool in ["bash", "awk", "sort", "cut", "uniq", "dirname", "cat", "env"]:
+        found = shutil.which(tool)
+        assert found, tool
+        (bin_dir / tool).symlink_to(found)
+    write_exe(bin_dir / "taskset", '#!/usr/bin/env bash\nshift 2\nexec "$@"\n')
+    return {"PATH": str(bin_dir), "HOME": str(tmp_path), "MODEL_PATH": "/m", "RUN_DIR": str(tmp_path / "run")}
+
+
+def test_pinning_without_numactl_warns_that_memory_is_not_bound(tmp_path: Path) -> None:
+    """No numactl installed: taskset pins the CPUs, with a warning that memory stays unbound."""
+    proc = run(["bash", str(LAUNCH), "--dry-run"], bare_path(tmp_path, EIGHT_GPUS_TWO_NODES))
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "CUDA_VISIBLE_DEVICES=5 taskset -c 28-55 python -m sglang.launch_server" in commands_by_port(proc.stdout)[30005]
+    )
+    assert "numactl is not installed: pinning CPUs with taskset only" in proc.stderr
+    with_numactl = dry_run(tmp_path)
+    assert "numactl is not installed" not in with_numactl.stderr
 
 
 def test_unknown_numa_affinity_falls_back_to_taskset(tmp_path: Path) -> None:
@@ -643,16 +724,29 @@ def test_stop_with_no_pid_files_is_a_no_op(tmp_path: Path) -> None:
 def test_tmux_generate_dry_run_prints_the_tmux_commands(tmp_path: Path) -> None:
     """--dry-run prints new-session, the `make generate` it types, and attach; runs nothing."""
     session = f"gp-test-{uuid.uuid4().hex[:8]}"
-    args = ["INPUT=prompts/x.jsonl", "OUT=runs/x", "ARGS=--resume --limit 10"]
+    args = ["INPUT=prompts/x.jsonl", "OUT=runs/x", "ARGS=--limit 10 --max-tokens 512"]
     proc = run(["bash", str(TMUX_GENERATE), "--dry-run", "--session", session, *args], clean_env(None))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         f"tmux new-session -d -s {session} -c {REPO}",
         f"tmux send-keys -t ={session}: 'make generate INPUT=prompts/x.jsonl OUT=runs/x "
-        "'\\''ARGS=--resume --limit 10'\\''' Enter",
+        "'\\''ARGS=--limit 10 --max-tokens 512'\\''' Enter",
         f"tmux attach-session -t ={session}",
     ]
     assert f"tmux attach -t {session}" in proc.stderr
+
+
+def test_tmux_generate_help_suggests_only_real_generate_flags() -> None:
+    """Every flag in an ARGS="..." example of --help is one `gen-pipeline generate` has."""
+    from gen_pipeline.cli import build_parser
+
+    generate = build_parser("generate")._subparsers._group_actions[0].choices["generate"]  # type: ignore[union-attr]
+    known = {s for a in generate._actions for s in a.option_strings}
+    text = run(["bash", str(TMUX_GENERATE), "--help"], clean_env(None)).stdout
+    examples = re.findall(r'ARGS="([^"]*)"', text)
+    assert examples
+    flags = {word for example in examples for word in example.split() if word.startswith("-")}
+    assert flags and flags <= known, flags - known
 
 
 def test_tmux_generate_without_tmux_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,0 +1,85 @@
+"""The Python API: `generate` and `agenerate`, with the command line's options, defaults and server syntax.
+
+    import gen_pipeline
+
+    summary = gen_pipeline.generate(
+        input="prompts/my.jsonl", out="runs/my-run", servers="127.0.0.1:30000-30007", max_tokens=1024, limit=20
+    )
+
+Options are `generate`'s flags with `_` for `-` (`max_tokens=`, `system_prompt=`, `retry_failed="all"`,
+`sampling={"top_k": 20}`); the API key falls back to $GEN_PIPELINE_API_KEY as on the command line. Both return
+the run's summary, the dict written to summary.json (`summary["exit_code"]` is the command's exit code: 3, 4,
+5 and 130 leave the directory resumable; call again to resume). Bad options, an unusable fleet or a refused
+resume raise a PipelineError.
+
+Where an event loop is already running (a Jupyter notebook, an async application), `await agenerate(...)`
+runs the job on that loop. `generate(...)` there runs it on a thread of its own with its own loop and blocks
+until it ends, so the same call works in a script and in a notebook cell. Neither installs signal handlers:
+Ctrl-C (or interrupting the kernel) cancels the run, without the command's grace period for requests in
+flight; what is written stays valid and resumable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .config import API_KEY_ENV, DEFAULT_SERVERS, RunConfig, build_config
+from .errors import ConfigError
+from .pipeline import Outcome, run_async
+
+
+def api_config(input: str | Path, out: str | Path, servers: str | Sequence[str], options: dict[str, Any]) -> RunConfig:
+    """The RunConfig the command line would build from the same options (one process: no `workers`)."""
+    if options.get("workers", 1) != 1 or options.get("shard") is not None:
+        raise ConfigError("workers: the Python API runs one process; use the command line (generate --workers K)")
+    options.setdefault("api_key", os.environ.get(API_KEY_ENV) or None)
+    return build_config(input, out, servers=servers, **options)
+
+
+async def agenerate(
+    input: str | Path, out: str | Path, servers: str | Sequence[str] = DEFAULT_SERVERS, **options: Any
+) -> dict[str, Any]:
+    """Run `generate` on the running event loop and return its summary."""
+    config = api_config(input, out, servers, options)
+    outcome = await run_async(config, handle_signals=False)
+    return outcome.summary
+
+
+def generate(
+    input: str | Path, out: str | Path, servers: str | Sequence[str] = DEFAULT_SERVERS, **options: Any
+) -> dict[str, Any]:
+    """Run `generate` to its end and return its summary (on a thread of its own inside a running loop)."""
+    config = api_config(input, out, servers, options)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run_async(config, handle_signals=False)).summary
+    return _on_own_thread(config).summary
+
+
+def _on_own_thread(config: RunConfig) -> Outcome:
+    """Run the job on a new event loop in another thread; an interrupt here cancels it there."""
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(run_async(config, handle_signals=False))  # the loop runs it on the other thread
+
+    def work() -> Outcome:
+        try:
+            return loop.run_until_complete(task)
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    with ThreadPoolExecutor(1, thread_name_prefix="gen-pipeline") as pool:
+        future = pool.submit(work)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            if not future.done():
+                loop.call_soon_threadsafe(task.cancel)
+            future.exception()  # wait until it has stopped and let go of the run directory
+            raise
