@@ -33,7 +33,7 @@ def start(python: str, model: Path, port: int, run_dir: Path, max_model_len: int
     log = run_dir / f"vllm-{port}.log"
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", HOST,
             "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", "bfloat16",
-            "--served-model-name", MODEL_NAME, "--disable-log-requests"]  # fmt: skip
+            "--served-model-name", MODEL_NAME]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
