@@ -4,41 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from . import info, sglang
+from . import httpd, info, sglang
 from .config import SimConfig
 from .counting import ServerCounter
 from .faults import Fault, FaultPlan
+from .httpd import Handler, Request, empty_response, json_response
 from .scheduler import PortStats, Scheduler
 from .sglang import GenRequest, Rejection
 
 HANG_SECONDS = 24 * 3600.0  # "never": the client gives up first, which cancels the handler
-KEEPALIVE_TIMEOUT = 5.0  # uvicorn's timeout_keep_alive, which SGLang keeps
 RESTART_RETRY_SECONDS = 0.5  # how often a restarting port retries a port someone else holds
 MEDIA_TYPE_ERROR = "Unsupported Media Type: Only 'application/json' is allowed"
 MODEL_PREFIX = "/v1/models/"
 NOT_FOUND = {"detail": "Not Found"}  # FastAPI's replies for an unknown path and for another method
 METHOD_NOT_ALLOWED = {"detail": "Method Not Allowed"}
-SERVER_HEADER = {"Server": "uvicorn"}  # what SGLang's replies say, in place of aiohttp's own
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-Request = web.BaseRequest
-Handler = Callable[[Request], Awaitable[web.Response]]
-
-
-def json_response(body: Any, status: int = 200) -> web.Response:
-    """A JSON reply serialised with orjson."""
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=SERVER_HEADER)
-
-
-def empty_response(status: int) -> web.Response:
-    """A reply with no body and no Content-Type, as Starlette's bare Response."""
-    return web.Response(status=status, headers=SERVER_HEADER)
 
 
 class PortServer:
@@ -77,20 +62,8 @@ class PortServer:
 
     async def start(self, warmup: float = 0.0) -> None:
         """Listen; with a warmup, /health answers 503 for that long while /v1/* is served."""
-        server = web.Server(
-            self._route,
-            handler_cancellation=True,  # SGLang aborts a request whose client went away
-            keepalive_timeout=KEEPALIVE_TIMEOUT,
-            access_log=None,
-        )
-        runner = web.ServerRunner(server, shutdown_timeout=0.5)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner, self.started = runner, time.time()
+        self._runner = await httpd.listen(self._route, "127.0.0.1", self.port)
+        self.started = time.time()
         self.state = "warming" if warmup > 0 else "up"
         if warmup > 0:
             self._spawn(self._finish_warmup(warmup))
@@ -113,15 +86,9 @@ class PortServer:
         self.state = "down"
         if runner is None:
             return
-        for site in list(runner.sites):
-            await site.stop()
-        for conn in runner.server.connections if runner.server else []:
-            if conn.transport is not None:
-                conn.transport.abort()
-        await asyncio.sleep(0)  # let connection_lost run, which cancels their handlers
         try:
-            await runner.cleanup()
-        finally:  # kept until cleaned up, so that aclose() can finish a cancelled kill
+            await httpd.kill(runner)
+        finally:  # kept until killed, so that aclose() can finish a cancelled kill
             if self._runner is runner:
                 self._runner = None
 
@@ -274,8 +241,7 @@ class PortServer:
     def _drop(self, request: Request) -> web.Response:
         """Reset the connection: the client sees a disconnect and no reply."""
         self.stats.dropped += 1
-        if request.transport is not None:
-            request.transport.abort()
+        httpd.reset(request)
         return empty_response(500)  # never sent: the connection is gone
 
 
@@ -299,10 +265,8 @@ async def _read_json(request: Request) -> Any:
     """The request body as JSON, or the 400s FastAPI would give."""
     if request.content_type != "application/json":
         raise sglang.bad_request(MEDIA_TYPE_ERROR, "Bad Request")
-    if request.headers.get("Expect", "").lower() == "100-continue":  # as aiohttp's router would answer
-        await request.writer.write(CONTINUE)
     try:
-        return orjson.loads(await request.content.read())
+        return orjson.loads(await httpd.read_body(request))
     except orjson.JSONDecodeError as exc:
         raise sglang.bad_request(f"JSON decode error: {exc}", "Bad Request") from exc
 
