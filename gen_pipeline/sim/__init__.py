@@ -1,9 +1,9 @@
 """An SGLang-faithful simulated fleet for `gen-pipeline simulate`, the demo and the tests.
 
-Each port runs an HTTP server (sim.http: asyncio + httptools, as uvicorn) that answers like SGLang
-0.5.23 (server-api.md §1): the same routes, the exact 400 messages of the length checks A-D with
-their off-by-ones, the flat error envelope, queueing beyond max_running, and seeded faults (dead,
-flaky, slow, dropped, hung, crashing and restarting ports).
+Each port runs aiohttp's low-level web server (our route table, with FastAPI's JSON 404 and 405) that
+answers like SGLang 0.5.23 (server-api.md §1): the same routes, the exact 400 messages of the length
+checks A-D with their off-by-ones, the flat error envelope, queueing beyond max_running, and seeded
+faults (dead, flaky, slow, dropped, hung, crashing and restarting ports).
 
     async with await start_fleet(SimConfig(ports=tuple(free_ports(2)), health_delay=0)) as fleet:
         ...  # talk to fleet.urls; read fleet.stats[port]

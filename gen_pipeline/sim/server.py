@@ -4,31 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import orjson
+from aiohttp import web
 
-from . import choices, info, sglang
+from . import choices, httpd, info, sglang
 from .config import SimConfig
 from .counting import ServerCounter
 from .faults import Fault, FaultPlan
-from .http import HttpServer, Reply, Request
+from .httpd import Handler, Request, empty_response, json_response
 from .scheduler import PortStats, Scheduler
 from .sglang import GenRequest, Rejection
 
 HANG_SECONDS = 24 * 3600.0  # "never": the client gives up first, which cancels the handler
-KEEPALIVE_TIMEOUT = 5.0  # uvicorn's timeout_keep_alive, which SGLang keeps
 RESTART_RETRY_SECONDS = 0.5  # how often a restarting port retries a port someone else holds
 MEDIA_TYPE_ERROR = "Unsupported Media Type: Only 'application/json' is allowed"
 MODEL_PREFIX = "/v1/models/"
 NOT_FOUND = {"detail": "Not Found"}  # FastAPI's replies for an unknown path and for another method
 METHOD_NOT_ALLOWED = {"detail": "Method Not Allowed"}
-
-
-def json_response(body: Any, status: int = 200) -> Reply:
-    """A JSON reply serialised with orjson."""
-    return Reply(status, orjson.dumps(body))
 
 
 class PortServer:
@@ -44,9 +39,9 @@ class PortServer:
         self.state = "down"  # down: refuses connections; warming: /health 503; up
         self.started = time.time()
         self.has_crashed = False
-        self._http: HttpServer | None = None
+        self._runner: web.ServerRunner | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._routes: dict[str, dict[str, Callable[[Request], Awaitable[Reply]]]] = {
+        self._routes: dict[str, dict[str, Handler]] = {
             "GET": {
                 "/health": self._health,
                 "/health_generate": self._health,
@@ -69,9 +64,8 @@ class PortServer:
 
     async def start(self, warmup: float = 0.0) -> None:
         """Listen; with a warmup, /health answers 503 for that long while /v1/* is served."""
-        http = HttpServer(self._route, KEEPALIVE_TIMEOUT)
-        await http.listen("127.0.0.1", self.port)
-        self._http, self.started = http, time.time()
+        self._runner = await httpd.listen(self._route, "127.0.0.1", self.port)
+        self.started = time.time()
         self.state = "warming" if warmup > 0 else "up"
         if warmup > 0:
             self._spawn(self._finish_warmup(warmup))
@@ -91,15 +85,15 @@ class PortServer:
 
     async def _kill(self) -> None:
         """Close the listener, then reset every open connection, as a killed process would."""
-        http = self._http
+        runner = self._runner
         self.state = "down"
-        if http is None:
+        if runner is None:
             return
         try:
-            await http.close()
-        finally:  # kept until closed, so that aclose() can finish a cancelled kill
-            if self._http is http:
-                self._http = None
+            await httpd.kill(runner)
+        finally:  # kept until killed, so that aclose() can finish a cancelled kill
+            if self._runner is runner:
+                self._runner = None
 
     async def _crash(self) -> None:
         """Die mid-run, then come back after restart_after seconds if configured."""
@@ -125,7 +119,7 @@ class PortServer:
 
     # routes
 
-    async def _route(self, request: Request) -> Reply:
+    async def _route(self, request: Request) -> web.Response:
         """The handler of the request's method and path; FastAPI's 404 and 405 otherwise."""
         path = request.path
         handler = self._routes.get(request.method, {}).get(path)
@@ -138,38 +132,38 @@ class PortServer:
             return json_response(METHOD_NOT_ALLOWED, 405)
         return json_response(NOT_FOUND, 404)
 
-    async def _health(self, request: Request) -> Reply:
+    async def _health(self, request: Request) -> web.Response:
         """503 while warming up; otherwise 200 after the probe generation (>= 1 s in SGLang)."""
         if self.state != "up":
-            return Reply(503, content_type=None)
+            return empty_response(503)
         if self.cfg.health_delay > 0:
             await asyncio.sleep(self.cfg.health_delay)
-        return Reply(200, content_type=None)
+        return empty_response(200)
 
-    async def _ready(self, request: Request) -> Reply:
+    async def _ready(self, request: Request) -> web.Response:
         """200 when up, else 503, with no probe."""
-        return Reply(200 if self.state == "up" else 503, content_type=None)
+        return empty_response(200 if self.state == "up" else 503)
 
-    async def _models(self, request: Request) -> Reply:
+    async def _models(self, request: Request) -> web.Response:
         """The model list with one card."""
         card = info.model_card(self.cfg, int(self.started))
         return json_response({"object": "list", "data": [card]})
 
-    def _model(self, name: str) -> Reply:
+    def _model(self, name: str) -> web.Response:
         """One card, or the 404 envelope for another name."""
         if name != self.cfg.model:
             return json_response(info.model_not_found(name), 404)
         return json_response(info.model_card(self.cfg, int(self.started)))
 
-    async def _model_info(self, request: Request) -> Reply:
+    async def _model_info(self, request: Request) -> web.Response:
         """The model info (no context length, as in SGLang)."""
         return json_response(info.model_info(self.cfg))
 
-    async def _server_info(self, request: Request) -> Reply:
+    async def _server_info(self, request: Request) -> web.Response:
         """The server args plus scheduler info."""
         return json_response(info.server_info(self.cfg, self.port, self.started))
 
-    async def _tokenize(self, request: Request) -> Reply:
+    async def _tokenize(self, request: Request) -> web.Response:
         """/v1/tokenize of a prompt or of chat messages; max_model_len is the tokenizer's."""
         try:
             payload = await _read_json(request)
@@ -182,17 +176,17 @@ class PortServer:
         limit = self.counter.tokenizer.model_max_length
         return json_response({"tokens": ids, "count": len(ids), "max_model_len": limit})
 
-    async def _chat(self, request: Request) -> Reply:
+    async def _chat(self, request: Request) -> web.Response:
         """POST /v1/chat/completions."""
         return await self._generate(request, chat=True)
 
-    async def _completions(self, request: Request) -> Reply:
+    async def _completions(self, request: Request) -> web.Response:
         """POST /v1/completions."""
         return await self._generate(request, chat=False)
 
     # the generation path
 
-    async def _generate(self, request: Request, chat: bool) -> Reply:
+    async def _generate(self, request: Request, chat: bool) -> web.Response:
         """Crash, drop or hang if the dice say so; otherwise answer (a completion or an error)."""
         self.stats.requests += 1
         with self.scheduler.in_flight():
@@ -254,17 +248,17 @@ class PortServer:
         self.has_crashed = True
         return True
 
-    def _drop(self, request: Request) -> Reply:
+    def _drop(self, request: Request) -> web.Response:
         """Reset the connection: the client sees a disconnect and no reply."""
         self.stats.dropped += 1
-        request.connection.abort()
-        return Reply(500)  # never sent: the connection is gone
+        httpd.reset(request)
+        return empty_response(500)  # never sent: the connection is gone
 
 
-async def _hang() -> Reply:
+async def _hang() -> web.Response:
     """Never answer; the handler is cancelled when the client (or the server) hangs up."""
     await asyncio.sleep(HANG_SECONDS)
-    return Reply(504)
+    return empty_response(504)
 
 
 def _raise_fault(fault: Fault) -> None:
@@ -282,7 +276,7 @@ async def _read_json(request: Request) -> Any:
     if request.content_type != "application/json":
         raise sglang.bad_request(MEDIA_TYPE_ERROR, "Bad Request")
     try:
-        return orjson.loads(request.body)
+        return orjson.loads(await httpd.read_body(request))
     except orjson.JSONDecodeError as exc:
         raise sglang.bad_request(f"JSON decode error: {exc}", "Bad Request") from exc
 
