@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -29,6 +30,11 @@ class PortStats:
     max_prompt_tokens: int = 0  # the largest prompt count (the server's) among accepted requests
     crashes: int = 0
     restarts: int = 0
+    output_tokens: int = 0  # completion tokens decoded (the 200 replies' usage.completion_tokens)
+    busy_s: float = 0.0  # slot-seconds spent decoding: busy_s / elapsed is the mean number of running requests
+    model_s: float = 0.0  # what the latency model asked of those slot-seconds (busy_s is longer on a busy machine)
+    first_request_at: float | None = None  # time.time() of the first generation request
+    last_reply_at: float | None = None  # time.time() when the last generation request was answered
 
 
 class Scheduler:
@@ -44,10 +50,13 @@ class Scheduler:
         stats = self.stats
         stats.in_flight += 1
         stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+        if stats.first_request_at is None:
+            stats.first_request_at = time.time()
         try:
             yield
         finally:
             stats.in_flight -= 1
+            stats.last_reply_at = time.time()
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -69,8 +78,15 @@ class Scheduler:
             stats.running -= 1
             self.slots.release()
 
-    async def decode(self, tokens: int) -> None:
+    async def decode(self, tokens: int, prompt_tokens: int = 0) -> None:
         """Spend the simulated prefill and decode time (call it holding a slot)."""
-        per_request = self.cfg.prefill_latency + tokens * self.cfg.token_latency
-        if per_request > 0:
-            await asyncio.sleep(per_request * self.slowness)
+        cfg = self.cfg
+        per_request = cfg.prefill_latency + prompt_tokens * cfg.prompt_token_latency + tokens * cfg.token_latency
+        started = time.monotonic()
+        try:
+            if per_request > 0:
+                await asyncio.sleep(per_request * self.slowness)
+        finally:
+            self.stats.busy_s += time.monotonic() - started
+        self.stats.model_s += per_request * self.slowness
+        self.stats.output_tokens += tokens

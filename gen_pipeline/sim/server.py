@@ -227,7 +227,7 @@ class PortServer:
         key = _prompt_key(req)
         gen = sglang.generate(key, self.cfg, max_new, req.stop, self.eos)
         async with self.scheduler.slot():
-            await self.scheduler.decode(gen.tokens)
+            await self.scheduler.decode(gen.tokens, prompt_tokens)
         if not chat:
             return sglang.text_body(req, gen, prompt_tokens)
         body = sglang.chat_body(req, gen, prompt_tokens)
