@@ -122,6 +122,12 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         help=f"requests in flight per server (default: the server's max_running_requests, else {DEFAULT_CONCURRENCY})",
     )
     p.add_argument(
+        "--queue-margin",
+        type=int,
+        help="requests kept queued on each server beyond the max_running_requests it reports, so its queue "
+        "never runs dry (default: an eighth of them, at least 2; 0 with --concurrency)",
+    )
+    p.add_argument(
         "--max-attempts",
         type=int,
         default=DEFAULT_MAX_ATTEMPTS,
@@ -196,6 +202,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         safety_margin=args.safety_margin,
         sampling=_sampling(args),
         concurrency=args.concurrency,
+        queue_margin=args.queue_margin,
         retry=RetryPolicy(max_attempts=args.max_attempts),
         request_timeout=args.request_timeout,
         startup_timeout=args.startup_timeout,

@@ -22,6 +22,7 @@ from .balancer import ServerPool, ServerState
 from .client import Client, open_transport
 from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
+from .dispatch import queue_margin
 from .errors import ConfigError, OutputError, PipelineError
 from .fleet import FleetInfo, discover
 from .progress import Progress, RunStats, format_summary, snapshot
@@ -172,6 +173,7 @@ class Runner:
     stop_reason: str = ""
     stop_code: int = 0  # the exit code the stop asks for
     fatal: PipelineError | None = None
+    undispatched: int = 0  # prompts in the queue, not yet taken by a worker
 
     def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
@@ -180,7 +182,7 @@ class Runner:
             self.stopping.set()
 
     async def run(self) -> None:
-        workers = sum(s.capacity for s in self.pool.servers)
+        workers = self.pool.worker_count()
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
         monitor = asyncio.create_task(self._monitor())
@@ -225,12 +227,14 @@ class Runner:
                 for item in batch:
                     if isinstance(item, Prompt):
                         self.stats.read += 1
+                        self.undispatched += 1
                         await queue.put(item)
                     else:
                         self._settle_item(item)
                 self.tracker.sealed(record)
                 if not batch:
                     break
+        self.pool.backlog = lambda: self.undispatched  # the input is exhausted: the tail begins
         for _ in range(workers):
             await queue.put(None)
 
@@ -259,6 +263,7 @@ class Runner:
 
     async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
         while (prompt := await queue.get()) is not None:
+            self.undispatched -= 1
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
             # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
@@ -391,11 +396,22 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     if warning is not None:
         fleet.warnings.append(warning)
         log.warning("%s", warning)
-    pool = ServerPool(ServerState(url, capacity) for url, capacity in capacities.items())
+    margin = {url: _margin(config, reported.get(url), c, warning) for url, c in capacities.items()}
+    pool = ServerPool(ServerState(url, capacity, margin[url]) for url, capacity in capacities.items())
     for server in pool.servers:
         if server.url in fleet.down:
             pool.mark_down(server)
     return pool
+
+
+def _margin(config: RunConfig, reported: int | None, capacity: int, warning: str | None) -> int:
+    """Requests to queue beyond `capacity`: only where the server's own running slots set it (it queues the
+    rest), and none when open files are short."""
+    if warning is not None:
+        return 0
+    if config.queue_margin is not None:
+        return config.queue_margin
+    return 0 if config.concurrency or reported is None else queue_margin(capacity)
 
 
 def fit_open_files(capacities: dict[str, int], limit: int) -> tuple[dict[str, int], str | None]:
@@ -443,7 +459,8 @@ def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]
         "finish_reasons": dict(s.finish_reasons),
         "token_drift": s.drift_view(),
         "learned_offset": runner.path.learner.offset,
-        "servers": {srv.url: srv.view() for srv in runner.pool.servers},
+        "servers": runner.pool.views(),
+        "tail_s": None if (tail := runner.pool.tail_seconds()) is None else round(tail, 2),
         "warnings": fleet.warnings + runner.warnings,
     }
 
