@@ -1,23 +1,26 @@
-"""Choosing a server for each request: least loaded relative to capacity, healthy, not the one that
-just failed. All per-server bookkeeping happens in `ServerPool.lease`, so cancellation cannot leak a slot.
+"""Choosing a server for each request: the earliest expected completion among healthy servers, never the one
+that just failed, and every server kept full, with a small queue beyond its running slots. All per-server
+bookkeeping happens in `ServerPool.lease`, so cancellation cannot leak a slot. Health decisions are in health.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .errors import ConnectError, RequestError, RetryableError
+from . import health, pacing
+from .errors import ConnectError, OverloadedError, RequestError
+from .health import Cost, Window
 
-# A server is taken out of rotation after this many transport failures in a row ...
-FAILURE_THRESHOLD = 3
-# ... for a cooldown that starts here and doubles on every failed trial, up to the maximum.
-INITIAL_COOLDOWN = 1.0
-MAX_COOLDOWN = 30.0
+# Extra workers per slot: prompts that wait out a retry's backoff do not leave a slot idle.
+SPARE_WORKERS = 0.25
+LATENCY_WEIGHT = 0.05  # the weight of each new success in a server's mean latency
+POLL_S = 0.25  # how often a waiting lease looks again without being woken
 
 
 @dataclass
@@ -26,32 +29,53 @@ class ServerState:
 
     url: str
     capacity: int
+    margin: int = 0  # requests in flight beyond `capacity`, queued at the server
     in_flight: int = 0
-    requests: int = 0
+    trial_in_flight: int = 0
+    requests: int = 0  # requests the server received (refused connections are not counted)
     completions: int = 0
     output_tokens: int = 0
     latency_total: float = 0.0
+    mean_latency: float | None = None
+    slowest_s: float | None = None
     failures: Counter[str] = field(default_factory=Counter)
-    consecutive_failures: int = 0
-    cooldown: float = INITIAL_COOLDOWN
-    down_until: float = 0.0
-    down_since: float | None = None
+    window: Window = field(default_factory=Window)
+    expensive_in_a_row: int = 0
+    cooldown: float = health.INITIAL_COOLDOWN
+    down_until: float = -math.inf  # no new request before this (inf: until a probe answers)
+    out_since: float | None = None  # when the current out-of-service period began
+    opened_at: float = -math.inf  # when the breaker last opened: requests sent before it are stale
     out_reason: str = ""  # the ledger reason of the failure that took the server out
-    out_of_service_s: float = 0.0
-    trial: bool = False  # half-open: after a cooldown, one request at a time until one succeeds
+    out_of_service_s: float = 0.0  # closed out-of-service periods
+    trial: bool = False  # half-open: one fresh request at a time until one succeeds
+    quiet_since: float = 0.0  # the last answer, or when it got work after being idle
 
-    def available(self, now: float) -> bool:
-        """Whether this server may take one more request now."""
-        if now < self.down_until:
-            return False
-        limit = 1 if self.trial else self.capacity
-        return self.in_flight < limit
+    @property
+    def limit(self) -> int:
+        return self.capacity + self.margin
 
     @property
     def load(self) -> float:
         return self.in_flight / self.capacity
 
-    def view(self) -> dict[str, object]:
+    def available(self, now: float) -> bool:
+        """Whether this server may take one more request now."""
+        if now < self.down_until or health.stalled(self.in_flight, now - self.quiet_since, self.slowest_s):
+            return False
+        return self.in_flight < self.limit and not (self.trial and self.trial_in_flight >= 1)
+
+    def expected_s(self, latency: float) -> float:
+        """Seconds until one more request sent now would complete, behind the ones queued there."""
+        queued_ahead = max(0, self.in_flight + 1 - self.capacity)
+        return latency * (1 + queued_ahead / self.capacity)
+
+    def out_of_service(self, now: float) -> float:
+        """Seconds this server could not be sent new requests, the current period included."""
+        if self.out_since is None:
+            return self.out_of_service_s
+        return self.out_of_service_s + max(0.0, min(now, self.down_until) - self.out_since)
+
+    def view(self, now: float) -> dict[str, object]:
         """The per-server figures for the summary."""
         done = self.completions
         busy = self.latency_total
@@ -63,8 +87,9 @@ class ServerState:
             "output_tokens": self.output_tokens,
             # tokens per second of request time: the server's speed as this client saw it
             "output_tokens_per_request_s": round(self.output_tokens / busy, 1) if busy else None,
-            "out_of_service_s": round(self.out_of_service_s, 1),
+            "out_of_service_s": round(self.out_of_service(now), 1),
             "capacity": self.capacity,
+            "queue_margin": self.margin,
         }
 
 
@@ -77,28 +102,65 @@ class ServerPool:
         self._changed = asyncio.Condition()
         self._waiters = 0  # leases waiting for a slot: a release wakes them only when there are any
         self.waiting_since: float | None = None
+        # Set once the input is exhausted: prompts read but not yet sent (the tail rule needs it).
+        self.backlog: Callable[[], int] | None = None
+        self.last_dispatch: float | None = None
+        self.last_completion: float | None = None
 
-    def pick(self, exclude: frozenset[str] = frozenset(), prefer: str | None = None) -> ServerState | None:
-        """The least loaded available server (ties: fewest requests, then list order), avoiding
-        `exclude` while any other server is healthy; `prefer` when it is available (the server that
-        already holds this prompt in its prefix cache)."""
+    def worker_count(self) -> int:
+        """Requests the pipeline should keep going at once: every slot and queue margin, plus spares."""
+        slots = sum(s.limit for s in self.servers)
+        return slots + math.ceil(slots * SPARE_WORKERS)
+
+    def pick(
+        self, exclude: frozenset[str] = frozenset(), waiting: bool = False, prefer: str | None = None
+    ) -> ServerState | None:
+        """The available server with a free running slot that would finish a request first (then the one with
+        the shortest queue; ties: least loaded, fewest requests), avoiding `exclude` while any other server is
+        healthy and, near the end, servers far slower than the rest of the fleet. `prefer` (the server whose
+        prefix cache holds this prompt) whenever it has a free running slot."""
         now = self.clock()
         # Wait for a busy healthy server rather than go back to one that just failed.
         avoid = exclude if exclude and any(s.url not in exclude and now >= s.down_until for s in self.servers) else ()
-        best: ServerState | None = None
-        best_key = (0.0, 0)
-        for s in self.servers:
-            if s.url in avoid or not s.available(now):
-                continue
-            if s.url == prefer:
-                return s
-            key = (s.load, s.requests)
-            if best is None or key < best_key:
-                best, best_key = s, key
-        return best
+        latency = self._latencies()
+        # A free running slot first: a request queued behind others while a slot idles elsewhere wastes it.
+        # Once the input is exhausted nothing more is queued: a request kept here takes the first slot to free.
+        tail = self.backlog is not None
+        candidates = sorted(
+            (s.in_flight >= s.capacity, s.expected_s(latency[s.url]), s.load, s.requests, i)
+            for i, s in enumerate(self.servers)
+            if s.url not in avoid and s.available(now) and not (tail and s.in_flight >= s.capacity)
+        )
+        if prefer is not None:  # first while it has a free running slot (a stable sort keeps the others' order)
+            candidates.sort(key=lambda c: not (self.servers[c[-1]].url == prefer and not c[0]))
+        for *_, i in candidates:
+            server = self.servers[i]
+            if not tail or not self._too_late(server, latency, now, waiting):
+                return server
+        return None
+
+    def _latencies(self) -> dict[str, float]:
+        """Each server's mean latency; the fleet's mean for servers with none yet (1 s before any)."""
+        known = [s.mean_latency for s in self.servers if s.mean_latency is not None]
+        default = sum(known) / len(known) if known else 1.0
+        return {s.url: default if s.mean_latency is None else s.mean_latency for s in self.servers}
+
+    def _too_late(self, server: ServerState, latency: dict[str, float], now: float, waiting: bool) -> bool:
+        """Whether the rest of the fleet, at its slowest, would drain everything still waiting well before
+        `server` could finish one more request at its slowest."""
+        assert self.backlog is not None
+        others = [s for s in self.servers if s is not server and now >= s.down_until]
+        rate = sum(s.capacity / latency[s.url] for s in others)
+        if rate <= 0:
+            return False
+        waiting_here = self.backlog() + self._waiters + (0 if waiting else 1)
+        queued = sum(max(0, s.in_flight - s.capacity) for s in others)
+        slowest = sum(s.slowest_s or latency[s.url] for s in others) / len(others)
+        drain = pacing.drain_seconds(waiting_here, queued, rate, slowest)
+        return pacing.too_late(server.slowest_s or latency[server.url], drain)
 
     def healthy(self) -> list[ServerState]:
-        """Servers not cooling down."""
+        """Servers not taken out."""
         now = self.clock()
         return [s for s in self.servers if now >= s.down_until]
 
@@ -108,24 +170,41 @@ class ServerPool:
             return 0.0
         return self.clock() - self.waiting_since
 
-    async def _wait_for_server(self, exclude: frozenset[str], prefer: str | None = None) -> ServerState:
+    def tail_seconds(self) -> float | None:
+        """From the last request sent to the last completion (None before any completion)."""
+        if self.last_dispatch is None or self.last_completion is None:
+            return None
+        return max(0.0, self.last_completion - self.last_dispatch)
+
+    def views(self) -> dict[str, dict[str, object]]:
+        """Every server's figures for the summary."""
+        now = self.clock()
+        return {s.url: s.view(now) for s in self.servers}
+
+    async def _wait_for_server(self, lease: Lease) -> ServerState:
         # No await between the pick and taking the slot: no other task can take it in between.
-        server = self.pick(exclude, prefer) or await self._wait(exclude)
+        server = self.pick(lease.exclude, prefer=lease.prefer) or await self._wait(lease.exclude)
         self.waiting_since = None
+        now = self.last_dispatch = lease.started = self.clock()
+        if server.in_flight == 0:
+            server.quiet_since = now
         server.in_flight += 1
         server.requests += 1
+        lease.trial = server.trial
+        server.trial_in_flight += lease.trial
         return server
 
     async def _wait(self, exclude: frozenset[str]) -> ServerState:
         self._waiters += 1
         try:
             async with self._changed:
-                while (server := self.pick(exclude)) is None:
+                while (server := self.pick(exclude, waiting=True)) is None:
                     if not self.healthy() and self.waiting_since is None:
                         self.waiting_since = self.clock()
-                    wake = min((s.down_until for s in self.servers), default=0) - self.clock()
+                    now = self.clock()
+                    wake = min((s.down_until - now for s in self.servers if s.down_until > now), default=POLL_S)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), max(0.05, min(wake, 1.0)))
+                        await asyncio.wait_for(self._changed.wait(), max(0.05, min(wake, POLL_S)))
                 return server
         finally:
             self._waiters -= 1
@@ -134,44 +213,62 @@ class ServerPool:
         """Hold one slot on the best server for the duration of one request: `async with pool.lease()`."""
         return Lease(self, exclude, prefer)
 
-    async def _release(self, server: ServerState) -> None:
+    async def _release(self, lease: Lease, server: ServerState) -> None:
         server.in_flight -= 1
+        server.trial_in_flight -= lease.trial
         if self._waiters:
             async with self._changed:
                 self._changed.notify()
 
-    def record_success(self, server: ServerState, latency: float, output_tokens: int) -> None:
-        """A completed request: the server is healthy."""
+    def record_success(
+        self, server: ServerState, latency: float, output_tokens: int, started: float | None = None
+    ) -> None:
+        """A completed request: the server works, so any lock-out ends (a fresh one also ends the trial)."""
+        now = self.last_completion = server.quiet_since = self.clock()
         server.completions += 1
         server.latency_total += latency
         server.output_tokens += output_tokens
-        server.consecutive_failures = 0
-        server.cooldown = INITIAL_COOLDOWN
-        self._restore(server)
+        old = server.mean_latency
+        server.mean_latency = latency if old is None else old + LATENCY_WEIGHT * (latency - old)
+        server.slowest_s = max(server.slowest_s or 0.0, latency)
+        server.window.add(now, useful_s=latency)
+        server.expensive_in_a_row = 0
+        self._end_lockout(server, now)
+        if server.trial and not self._stale(server, started):
+            server.trial = False
+            server.cooldown = health.INITIAL_COOLDOWN
+            server.window = Window(at=now)
 
-    def record_failure(self, server: ServerState, error: RequestError) -> None:
-        """A failed request; transport failures in a row take the server out for a while."""
+    def record_failure(self, server: ServerState, error: RequestError, started: float | None = None) -> None:
+        """A failed request: a fresh one may take the server out; one sent before the breaker opened cannot."""
+        now = server.quiet_since = self.clock()
         server.failures[error.reason] += 1
-        if not isinstance(error, RetryableError):
-            self._restore(server)  # the server answered sensibly; the request was at fault
+        if isinstance(error, ConnectError):
+            server.requests -= 1  # refused: the server never saw it
+        if isinstance(error, OverloadedError) and error.status == 503:
+            server.margin = 0  # its queue is bounded: keep no more than it runs
+        held = None if started is None else now - started
+        cost = health.failure_cost(error, held, server.mean_latency)
+        if cost is Cost.NONE or self._stale(server, started):
             return
-        server.consecutive_failures += 1
-        refused = isinstance(error, ConnectError)
-        if server.trial or refused or server.consecutive_failures >= FAILURE_THRESHOLD:
-            self._take_out(server, error.reason)
+        server.window.add(now, wasted_s=health.wasted_seconds(cost, held))
+        server.expensive_in_a_row += cost is Cost.EXPENSIVE
+        if health.should_take_out(cost, server.expensive_in_a_row, server.window, server.trial):
+            self._take_out(server, error.reason, cost)
 
     def mark_down(self, server: ServerState) -> None:
-        """Take a server out of rotation now (found dead at discovery)."""
-        self._take_out(server, "connection")
+        """Take a server out of rotation until a probe answers (found dead at discovery)."""
+        self._take_out(server, "connection", Cost.DEAD)
 
     def out_of_service(self) -> list[ServerState]:
         """Servers taken out and not yet back: the ones the health prober watches."""
-        return [s for s in self.servers if s.down_since is not None]
+        now = self.clock()
+        return [s for s in self.servers if now < s.down_until]
 
     def record_probe(self, server: ServerState, ok: bool, interval: float) -> None:
         """An active health probe's answer for a server that is out of service.
 
-        A server that was unreachable comes back as soon as it answers (for one trial request);
+        A server that was unreachable or hanging comes back as soon as it answers (for one trial request);
         one that answered with errors still waits out its cooldown. A failed probe keeps it out.
         """
         now = self.clock()
@@ -180,37 +277,47 @@ class ServerPool:
         elif server.out_reason in ("connection", "timeout"):
             server.down_until = min(server.down_until, now)
 
-    def _take_out(self, server: ServerState, reason: str) -> None:
+    def _stale(self, server: ServerState, started: float | None) -> bool:
+        """Whether a request was sent before the server's breaker last opened."""
+        return started is not None and started < server.opened_at
+
+    def _take_out(self, server: ServerState, reason: str, cost: Cost) -> None:
         now = self.clock()
-        if server.down_since is None:
-            server.down_since = now
+        self._end_lockout(server, now)
+        if server.out_since is None:
+            server.out_since = now
+        server.opened_at = now
         server.out_reason = reason
-        server.down_until = now + server.cooldown
-        server.cooldown = min(server.cooldown * 2, MAX_COOLDOWN)
+        # Nothing listens: wait for a probe to answer rather than send it requests on a timer.
+        server.down_until = math.inf if cost is Cost.DEAD else now + server.cooldown
+        server.cooldown = health.next_cooldown(server.cooldown, cost)
         server.trial = True
 
-    def _restore(self, server: ServerState) -> None:
-        if server.down_since is not None:
-            server.out_of_service_s += self.clock() - server.down_since
-            server.down_since = None
-        server.trial = False
+    def _end_lockout(self, server: ServerState, now: float) -> None:
+        """Close the out-of-service period (at its end, if it ended by itself) and lift the lock-out."""
+        if server.out_since is not None:
+            server.out_of_service_s += max(0.0, min(now, server.down_until) - server.out_since)
+            server.out_since = None
+        server.down_until = min(server.down_until, now)
 
 
 class Lease:
     """One slot on one server, from `async with` to its end; cancellation cannot leak it."""
 
-    __slots__ = ("exclude", "pool", "prefer", "server")
+    __slots__ = ("exclude", "pool", "prefer", "server", "started", "trial")
 
     def __init__(self, pool: ServerPool, exclude: frozenset[str], prefer: str | None = None) -> None:
         self.pool = pool
         self.exclude = exclude
         self.prefer = prefer
         self.server: ServerState | None = None
+        self.started: float | None = None  # the pool's clock when the slot was taken
+        self.trial = False
 
     async def __aenter__(self) -> ServerState:
-        self.server = await self.pool._wait_for_server(self.exclude, self.prefer)
+        self.server = await self.pool._wait_for_server(self)
         return self.server
 
     async def __aexit__(self, *exc: object) -> None:
         if self.server is not None:
-            await self.pool._release(self.server)
+            await self.pool._release(self, self.server)

@@ -146,6 +146,12 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
         help=f"requests in flight per server (default: the server's max_running_requests, else {DEFAULT_CONCURRENCY})",
     )
     p.add_argument(
+        "--queue-margin",
+        type=int,
+        help="requests kept queued on each server beyond the max_running_requests it reports, so its queue "
+        "never runs dry (default: an eighth of them, at least 2; 0 with --concurrency)",
+    )
+    p.add_argument(
         "--request-timeout",
         type=float,
         help="seconds per request (default: 120 + 0.1 per max_tokens)",

@@ -163,6 +163,8 @@ class RunConfig:
         safety_margin: tokens kept free beyond the exact count.
         concurrency: requests in flight per server; None means each server's own
             max_running_requests (from /server_info) where it reports one, else DEFAULT_CONCURRENCY.
+        queue_margin: requests kept queued on a server beyond the running ones it reports, so a finished
+            request is replaced without a round trip; None means the balancer's default (0 with --concurrency).
         model: the model name to send; None means the id the servers report.
         sampling: extra request fields (temperature, top_p, seed, ...); rows may override them.
         api_key: sent as a Bearer token; never written anywhere.
@@ -203,6 +205,7 @@ class RunConfig:
     system_prompt: str | None = None
     # parallelism and retries
     concurrency: int | None = None
+    queue_margin: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     request_timeout: float | None = None
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
@@ -233,6 +236,7 @@ class RunConfig:
             (self.min_tokens <= self.max_tokens, "--min-tokens must not exceed --max-tokens"),
             (self.safety_margin >= 0, "--safety-margin must not be negative"),
             (self.concurrency is None or self.concurrency >= 1, "--concurrency must be at least 1"),
+            (self.queue_margin is None or self.queue_margin >= 0, "--queue-margin must be at least 0"),
             (self.context_length is None or self.context_length > 0, "bad --context-length"),
             (self.request_timeout is None or self.request_timeout > 0, "bad --request-timeout"),
             (self.http_client in ("httptools", "aiohttp"), "--http-client must be httptools or aiohttp"),

@@ -28,6 +28,7 @@ from .findings import DRIFT_EVIDENCE, early_drift_problem
 from .fleet import FleetInfo, discover
 from .inputfile import check_input
 from .oversize import SizeFloor
+from .pacing import queue_margin
 from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from .requests import RequestPath
@@ -231,6 +232,7 @@ class Runner:
     stop_code: int = 0  # the exit code the stop asks for
     fatal: PipelineError | None = None
     drift_judged: bool = False  # the first rows' token drift was judged (early_drift_problem)
+    undispatched: int = 0  # prompts in the queue, not yet taken by a worker
 
     def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
@@ -239,7 +241,7 @@ class Runner:
             self.stopping.set()
 
     async def run(self) -> None:
-        workers = sum(s.capacity for s in self.pool.servers)
+        workers = self.pool.worker_count()
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
         monitor = asyncio.create_task(self._monitor())
@@ -284,12 +286,14 @@ class Runner:
                 for item in batch:
                     if isinstance(item, Prompt):
                         self.stats.read += 1
+                        self.undispatched += 1
                         await queue.put(item)
                     else:
                         self._settle_item(item)
                 self.tracker.sealed(record)
                 if not batch:
                     break
+        self.pool.backlog = lambda: self.undispatched  # the input is exhausted: the tail begins
         for _ in range(workers):
             await queue.put(None)
 
@@ -316,6 +320,7 @@ class Runner:
     async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
         dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
         while (prompt := await queue.get()) is not None:
+            self.undispatched -= 1
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
             # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
@@ -483,11 +488,22 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     if warning is not None:
         fleet.warnings.append(warning)
         log.warning("%s", warning)
-    pool = ServerPool(ServerState(url, capacity) for url, capacity in capacities.items())
+    margin = {url: _margin(config, reported.get(url), c, warning) for url, c in capacities.items()}
+    pool = ServerPool(ServerState(url, capacity, margin[url]) for url, capacity in capacities.items())
     for server in pool.servers:
         if server.url in fleet.down:
             pool.mark_down(server)
     return pool
+
+
+def _margin(config: RunConfig, reported: int | None, capacity: int, warning: str | None) -> int:
+    """Requests to queue beyond `capacity`: only where the server's own running slots set it (it queues the
+    rest), and none when open files are short."""
+    if warning is not None:
+        return 0
+    if config.queue_margin is not None:
+        return config.queue_margin
+    return 0 if config.concurrency or reported is None else queue_margin(capacity)
 
 
 def fit_open_files(capacities: dict[str, int], limit: int) -> tuple[dict[str, int], str | None]:
@@ -538,7 +554,8 @@ def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]
         "reasoning_tokens": s.reasoning_view(),
         "token_drift": s.drift_view(),
         "learned_offset": runner.path.learner.offset,
-        "servers": {srv.url: srv.view() for srv in runner.pool.servers},
+        "servers": runner.pool.views(),
+        "tail_s": None if (tail := runner.pool.tail_seconds()) is None else round(tail, 2),
         "warnings": fleet.warnings + runner.warnings,
     }
 
@@ -695,8 +712,10 @@ async def _run_locked(
     found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
     writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
-    keeper = None if config.limit is not None else cursor.CursorKeeper(
-        config.out, config.input, config.shard, resumed, config.samples
+    keeper = (
+        None
+        if config.limit is not None
+        else cursor.CursorKeeper(config.out, config.input, config.shard, resumed, config.samples)
     )
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)

@@ -139,7 +139,8 @@ class RequestPath:
 
     async def _on_server(self, payload: dict[str, Any], track: Track) -> ChatResult:
         timeout = self.config.timeout_for(payload["max_tokens"])
-        async with self.pool.lease(track.exclude, track.prefer) as server:
+        lease = self.pool.lease(track.exclude, track.prefer)
+        async with lease as server:
             track.attempts += 1
             track.server = server.url
             self.stats.requests += 1
@@ -148,13 +149,13 @@ class RequestPath:
             try:
                 result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track)
             except RequestError as exc:
-                self.pool.record_failure(server, exc)
+                self.pool.record_failure(server, exc, lease.started)
                 track.exclude = frozenset({server.url})
                 raise
             finally:
                 self.stats.in_flight -= 1
                 track.latency = time.monotonic() - started
-            self.pool.record_success(server, track.latency, result.completion_tokens or 0)
+            self.pool.record_success(server, track.latency, result.completion_tokens or 0, lease.started)
             return result
 
     def _checked(self, result: ChatResult, payload: dict[str, Any], track: Track) -> ChatResult:

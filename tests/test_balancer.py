@@ -1,11 +1,16 @@
-"""The balancer: least loaded by capacity, never back to the server that just failed, breakers."""
+"""The balancer: earliest completion, never back to the server that just failed, breakers that weigh cost."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 
-from gen_pipeline.balancer import FAILURE_THRESHOLD, ServerPool, ServerState
-from gen_pipeline.errors import BadRequestError, ConnectError, ServerError
+import pytest
+
+from gen_pipeline import health
+from gen_pipeline.balancer import ServerPool, ServerState
+from gen_pipeline.pacing import queue_margin
+from gen_pipeline.errors import BadRequestError, ConnectError, OverloadedError, RequestTimeout, ServerError
 
 
 class Clock:
@@ -22,6 +27,10 @@ def pool(*caps: int, clock=None) -> ServerPool:
     return ServerPool((ServerState(f"s{i}", c) for i, c in enumerate(caps)), clock or Clock())
 
 
+def bad_gateway() -> ServerError:
+    return ServerError("502 Bad Gateway", status=502)
+
+
 def test_least_loaded_relative_to_capacity():
     """A server with four times the capacity takes four times the concurrent work."""
     p = pool(4, 1)
@@ -34,6 +43,17 @@ def test_least_loaded_relative_to_capacity():
     assert p.pick() is None  # everything at capacity
 
 
+def test_queue_margin_keeps_requests_waiting_at_the_server():
+    """With a margin a server takes that many requests beyond its running slots; a queue-full 503 ends it."""
+    p = ServerPool([ServerState("s0", 16, margin=queue_margin(16))], Clock())
+    s0 = p.servers[0]
+    assert s0.limit == 18
+    s0.in_flight = 17
+    assert p.pick() is s0
+    p.record_failure(s0, OverloadedError("The request queue is full.", status=503), started=p.clock())
+    assert s0.margin == 0 and p.pick() is None
+
+
 def test_retry_avoids_the_failed_server_while_another_is_healthy():
     """The excluded server is not picked while any other healthy one exists, even if busy."""
     p = pool(2, 1)
@@ -44,30 +64,161 @@ def test_retry_avoids_the_failed_server_while_another_is_healthy():
     assert p.pick(frozenset({"s0"})).url == "s0"
 
 
-def test_breaker_opens_then_half_open_trial():
-    """Consecutive failures take a server out; after the cooldown one trial request decides."""
+def test_expensive_failures_in_a_row_open_the_breaker_then_half_open_trial():
+    """Expensive failures in a row take a server out; after the cooldown one trial request decides."""
     clock = Clock()
     p = pool(8, 8, clock=clock)
     s0 = p.servers[0]
-    for _ in range(FAILURE_THRESHOLD - 1):
-        p.record_failure(s0, ServerError("500"))
+    for _ in range(health.EXPENSIVE_IN_A_ROW - 1):
+        p.record_failure(s0, RequestTimeout("timed out"), started=clock() - 60)
     assert s0.available(clock())
-    p.record_failure(s0, ServerError("500"))
+    p.record_failure(s0, RequestTimeout("timed out"), started=clock() - 60)
     assert not s0.available(clock()) and [s.url for s in p.healthy()] == ["s1"]
-    clock.now += 1.01
+    clock.now += health.INITIAL_COOLDOWN + 0.01
     assert s0.available(clock()) and s0.trial
-    s0.in_flight = 1
-    assert not s0.available(clock())  # half-open: one request at a time
-    p.record_success(s0, 0.1, 5)
-    assert not s0.trial and s0.available(clock()) and s0.out_of_service_s > 1.0
+    s0.in_flight = s0.trial_in_flight = 1
+    assert not s0.available(clock())  # half-open: one fresh request at a time
+    p.record_success(s0, 0.1, 5, started=clock() - 0.1)
+    assert not s0.trial and s0.cooldown == health.INITIAL_COOLDOWN
+    assert s0.out_of_service(clock()) == pytest.approx(health.INITIAL_COOLDOWN)
+
+
+def test_a_mostly_fine_server_answering_instant_502s_stays_in_use():
+    """30% of requests answered at once with a 502 cost nearly nothing: the server is never taken out."""
+    clock = Clock()
+    p = pool(16, clock=clock)
+    s0 = p.servers[0]
+    for i in range(2000):
+        clock.now += 0.02
+        if i % 10 < 3:
+            p.record_failure(s0, bad_gateway(), started=clock() - 0.002)
+        else:
+            p.record_success(s0, 0.6, 300, started=clock() - 0.6)
+        assert s0.available(clock()) and not s0.trial
+    assert s0.out_of_service(clock()) == 0.0 and s0.failures["server_error"] == 600
+
+
+def test_a_server_failing_everything_cheaply_is_taken_out_and_its_lockout_never_grows():
+    """Only instant 502s: out once the evidence is in; failed trials keep the first cooldown."""
+    clock = Clock()
+    p = pool(16, clock=clock)
+    s0 = p.servers[0]
+    sent = 0
+    while s0.available(clock()):
+        sent += 1
+        p.record_failure(s0, bad_gateway(), started=clock())
+    assert sent == math.ceil(health.MIN_EVIDENCE)
+    for _ in range(5):
+        clock.now = s0.down_until
+        assert s0.available(clock()) and s0.trial
+        p.record_failure(s0, bad_gateway(), started=clock())
+        assert s0.down_until == clock() + health.INITIAL_COOLDOWN
+
+
+def test_failures_of_requests_sent_before_the_breaker_opened_do_not_retrip_it():
+    """A burst of in-flight failures after the breaker opens neither extends nor doubles its lock-out."""
+    clock = Clock()
+    p = pool(16, clock=clock)
+    s0 = p.servers[0]
+    sent = clock() - 30  # sixteen requests, all in flight since then
+    for _ in range(health.EXPENSIVE_IN_A_ROW):
+        p.record_failure(s0, RequestTimeout("timed out"), started=sent)
+    opened_until, cooldown = s0.down_until, s0.cooldown
+    for _ in range(16 - health.EXPENSIVE_IN_A_ROW):
+        clock.now += 0.05
+        p.record_failure(s0, RequestTimeout("timed out"), started=sent)
+    assert (s0.down_until, s0.cooldown) == (opened_until, cooldown)
+    assert s0.failures["timeout"] == 16
+
+
+def test_a_success_clears_the_lockout():
+    """A 200 that arrives while a server is out ends the lock-out at once (one trial request at a time)."""
+    clock = Clock()
+    p = pool(16, clock=clock)
+    s0 = p.servers[0]
+    for _ in range(health.EXPENSIVE_IN_A_ROW):
+        p.record_failure(s0, RequestTimeout("timed out"), started=clock() - 30)
+    clock.now += 0.3
+    p.record_success(s0, 29.0, 10, started=clock() - 29)  # sent before it opened
+    assert s0.available(clock()) and s0.trial
+    assert s0.out_of_service(clock()) == pytest.approx(0.3)
+
+
+def test_a_dead_server_waits_for_a_probe_and_counts_as_out_of_service_all_along():
+    """Refused connections take a server out until a probe answers; its open period is reported."""
+    clock = Clock()
+    p = pool(4, 4, clock=clock)
+    s0 = p.servers[0]
+    p.mark_down(s0)
+    clock.now += 120
+    p.record_probe(s0, False, 1.0)
+    assert not s0.available(clock()) and p.out_of_service() == [s0]
+    assert p.views()["s0"]["out_of_service_s"] == 120.0
+    p.record_probe(s0, True, 1.0)
+    assert s0.available(clock()) and s0.trial and p.out_of_service() == []
+
+
+def test_refused_requests_are_not_counted_as_requests_the_server_received():
+    """A refused connection never reached the server: its request count stays what the server saw."""
+
+    async def scenario():
+        p = ServerPool([ServerState("s0", 2), ServerState("s1", 2)], Clock())
+        async with p.lease() as server:
+            p.record_failure(server, ConnectError("refused"))
+        return p.servers[0].requests, p.servers[0].failures["connection"]
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == (0, 1)
 
 
 def test_bad_request_does_not_count_against_the_server():
     """A 400 is the request's fault; it never opens the breaker."""
     p = pool(1)
     for _ in range(10):
-        p.record_failure(p.servers[0], BadRequestError("no"))
+        p.record_failure(p.servers[0], BadRequestError("no"), started=p.clock())
     assert p.servers[0].available(p.clock()) and p.servers[0].failures["bad_request"] == 10
+
+
+def test_a_silent_server_with_work_in_flight_gets_no_new_request():
+    """Far longer than its slowest success without any answer: treated as hanging until it answers."""
+    clock = Clock()
+    p = pool(4, 4, clock=clock)
+    s0 = p.servers[0]
+    p.record_success(s0, 2.0, 10)
+    s0.in_flight = 1
+    clock.now += health.STALL_FLOOR_S + 1
+    assert not s0.available(clock()) and p.pick() is p.servers[1]
+    p.record_success(s0, 2.0, 10)
+    assert s0.available(clock())
+
+
+def slow_and_fast(backlog: int) -> ServerPool:
+    """A fast and a 4x slower server, the fast one full; `backlog` prompts still to send."""
+    p = pool(4, 4)
+    fast, slow = p.servers
+    fast.mean_latency, slow.mean_latency = 1.0, 4.0
+    fast.in_flight = fast.limit
+    p.backlog = lambda: backlog
+    return p
+
+
+@pytest.mark.parametrize(("backlog", "picked"), [(None, "s1"), (100, "s1"), (10, "s1"), (2, None), (0, None)])
+def test_near_the_end_a_slow_server_gets_no_new_request(backlog, picked):
+    """With little left to send, waiting for the fast server beats starting on the slow one."""
+    p = slow_and_fast(backlog or 0)
+    if backlog is None:
+        p.backlog = None  # the input is not exhausted: every slot is worth filling
+    server = p.pick()
+    assert (server.url if server else None) == picked
+
+
+def test_equal_servers_are_never_held_back_at_the_end():
+    """On a fleet of equal servers the tail rule leaves every free slot in use."""
+    p = pool(4, 4)
+    for s in p.servers:
+        s.mean_latency = 1.0
+    p.servers[0].in_flight = 4
+    p.backlog = lambda: 0
+    assert p.pick() is p.servers[1]
 
 
 def test_lease_waits_for_capacity_and_releases_on_cancel():
@@ -90,7 +241,7 @@ def test_lease_waits_for_capacity_and_releases_on_cancel():
 
 
 def test_a_release_hands_the_slot_to_a_waiting_lease_at_once():
-    """The waiter is woken by the release itself, within a few loop turns, not by its 50 ms re-check."""
+    """The waiter is woken by the release itself, within a few loop turns, not by its periodic re-check."""
 
     async def scenario():
         p = ServerPool([ServerState("s0", 1)])
@@ -118,7 +269,9 @@ def test_full_outage_waits_then_resumes():
 
     async def scenario():
         p = ServerPool([ServerState("s0", 2)])
-        p.record_failure(p.servers[0], ConnectError("refused"))  # down for the 1 s cooldown
+        p.record_failure(p.servers[0], RequestTimeout("x"))
+        p.record_failure(p.servers[0], RequestTimeout("x"))
+        p.record_failure(p.servers[0], RequestTimeout("x"))  # down for the 1 s cooldown
         task = asyncio.create_task(_hold(p))
         await asyncio.sleep(0.3)
         assert not task.done() and p.outage_seconds() > 0.2
@@ -126,3 +279,17 @@ def test_full_outage_waits_then_resumes():
         assert p.servers[0].requests == 1
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_tail_is_last_dispatch_to_last_completion():
+    """The summary's tail runs from the last request sent to the last one completed."""
+
+    async def scenario():
+        clock = Clock()
+        p = ServerPool([ServerState("s0", 2)], clock)
+        async with p.lease() as s:
+            clock.now += 3.0
+            p.record_success(s, 3.0, 10)
+        return p.tail_seconds()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == 3.0

@@ -6,6 +6,7 @@ import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 
 from gen_pipeline.config import RetryPolicy
+from gen_pipeline.pacing import queue_margin
 
 FAULTS = {
     "dead": {"per_port": lambda p: {"dead": (p[0], p[1])}},
@@ -104,15 +105,26 @@ def test_outage_timeout_stops_cleanly_with_exit_4(write_jsonl, tmp_path):
 
 
 def test_capacity_comes_from_the_server(write_jsonl, tmp_path):
-    """Without --concurrency each server gets its own max_running_requests in flight, no more."""
+    """Without --concurrency each server runs its own max_running_requests, with the queue margin waiting."""
     rows = prompts(120)
     out = tmp_path / "out"
     outcome, fleet = run_sim(
         write_jsonl(rows), out, {"n_ports": 2, "max_running": 3, "token_latency": 0.003}, concurrency=None
     )
     assert outcome.exit_code == 0
-    assert all(s.max_in_flight <= 3 for s in fleet.stats.values())
-    assert all(v["capacity"] == 3 for v in outcome.summary["servers"].values())
+    margin = queue_margin(3)
+    assert all(s.max_running == 3 and s.max_in_flight == 3 + margin for s in fleet.stats.values())
+    assert all(v["capacity"] == 3 and v["queue_margin"] == margin for v in outcome.summary["servers"].values())
+
+
+def test_queue_margin_zero_keeps_no_more_in_flight_than_the_server_runs(write_jsonl, tmp_path):
+    """--queue-margin 0: each server gets exactly its max_running_requests in flight."""
+    rows = prompts(120)
+    out = tmp_path / "out"
+    sim = {"n_ports": 2, "max_running": 3, "token_latency": 0.003}
+    outcome, fleet = run_sim(write_jsonl(rows), out, sim, concurrency=None, queue_margin=0)
+    assert outcome.exit_code == 0
+    assert all(s.max_in_flight == 3 for s in fleet.stats.values())
 
 
 def test_slow_server_gets_a_smaller_share(write_jsonl, tmp_path):
@@ -124,3 +136,22 @@ def test_slow_server_gets_a_smaller_share(write_jsonl, tmp_path):
     assert outcome.exit_code == 0
     fast, slow = (s.completions for s in fleet.stats.values())
     assert 0.12 < slow / (fast + slow) < 0.35, (fast, slow)
+
+
+def test_summary_matches_what_each_server_saw(write_jsonl, tmp_path):
+    """Requests per server are those the server received; a dead server got none and was out of service all
+    run; one answering 30% of requests with an instant 502 stayed in service and kept doing its share."""
+    rows = prompts(400)
+    out = tmp_path / "out"
+    faults = lambda p: {"dead": (p[0],), "bad_gateway": {p[1]: 0.3}, "slow": {p[2]: 4.0}}  # noqa: E731
+    sim = {"n_ports": 5, "max_running": 4, "token_latency": 0.002, "per_port": faults}
+    outcome, fleet = run_sim(write_jsonl(rows), out, sim, timeout=120, concurrency=None)
+    assert outcome.exit_code == 0
+    check_invariant([r["id"] for r in rows], out)
+    views = [outcome.summary["servers"][url] for url in fleet.urls]
+    assert [v["requests"] for v in views] == [s.requests for s in fleet.stats.values()]
+    dead, flaky, _, *healthy = views
+    assert dead["requests"] == 0 and abs(dead["out_of_service_s"] - outcome.summary["elapsed_s"]) < 0.5
+    assert flaky["out_of_service_s"] == 0 and flaky["failures"]["server_error"] > 0
+    assert flaky["completions"] > 0.6 * min(v["completions"] for v in healthy)
+    assert outcome.summary["tail_s"] is not None

@@ -76,6 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-total-tokens", type=int, default=None, help="KV pool size (default 8 contexts)")
     add("--token-latency", type=float, default=0.0, help="seconds per generated token")
     add("--prefill-latency", type=float, default=0.0, help="seconds added once per request")
+    add("--prompt-token-latency", type=float, default=0.0, help="seconds per prompt token (prefill)")
     add("--health-delay", type=float, default=1.0, help="seconds /health takes (SGLang: >= 1)")
     add(
         "--template-extra-tokens",
@@ -132,6 +133,14 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
         help="500/502 on a fraction P",
     )
     add(
+        "--bad-gateway",
+        type=_pair(float),
+        action="append",
+        default=[],
+        metavar="PORT:P",
+        help="an instant 502 (before any work) on a fraction P",
+    )
+    add(
         "--slow",
         type=_pair(float),
         action="append",
@@ -181,6 +190,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_total_tokens=args.max_total_tokens,
         token_latency=args.token_latency,
         prefill_latency=args.prefill_latency,
+        prompt_token_latency=args.prompt_token_latency,
         health_delay=args.health_delay,
         template_extra_tokens=args.template_extra_tokens,
         reserved_tokens=args.reserved_tokens,
@@ -193,6 +203,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         request_log=args.request_log,
         dead=args.dead,
         flaky=_by_port(args.flaky, live[0], "--flaky"),
+        bad_gateway=_by_port(args.bad_gateway, live[0], "--bad-gateway"),
         slow=_by_port(args.slow, live[0], "--slow"),
         p500=args.p500,
         p503=args.p503,
@@ -210,6 +221,7 @@ def _port_line(config: SimConfig, port: int) -> str:
         return f"port {port}: dead (not listening)"
     notes = [
         f"flaky {config.flaky[port]}" if port in config.flaky else "",
+        f"bad gateway {config.bad_gateway[port]}" if port in config.bad_gateway else "",
         f"slow x{config.slow[port]}" if port in config.slow else "",
         f"crashes after {config.crash_after[port]} requests" if port in config.crash_after else "",
     ]
@@ -228,6 +240,11 @@ def _summary(fleet: SimFleet) -> list[str]:
         "hung",
         "max_in_flight",
         "prefills",
+        "output_tokens",
+        "busy_s",
+        "model_s",
+        "first_request_at",
+        "last_reply_at",
     )
     return [f"port {port}: " + " ".join(f"{k}={asdict(stats)[k]}" for k in keys) for port, stats in fleet.stats.items()]
 

@@ -39,7 +39,8 @@ class SimConfig:
     Scheduler: `max_running` requests run at once per port; the rest queue, unbounded unless
     `max_queued` is set (then 503 "The request queue is full."). `max_total_tokens` is the KV
     pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter.
-    Timing: a completion sleeps `prefill_latency + n * token_latency` holding a running slot;
+    Timing: a completion sleeps `prefill_latency + prompt_tokens * prompt_token_latency + n * token_latency`
+    holding a running slot;
     `/health` sleeps `health_delay` (SGLang takes >= 1 s).
     SGLang quirks: `template_extra_tokens` are added to every chat prompt count (a server-side
     template the client does not know); `reserved_tokens` (EAGLE) are added to the input of
@@ -54,7 +55,8 @@ class SimConfig:
     index); the last `prefix_cache` prompts of a port skip `prefill_latency`; `request_log` is a file
     that gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
-    `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `slow`
+    `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `bad_gateway`
+    {port: p} answers a fraction p with an instant 502 (before any work, as a proxy in front would); `slow`
     {port: factor} multiplies latencies; `p500`, `p503` (queue full), `p_drop` (connection
     reset, no reply) and `p_hang` (no reply until the client gives up) apply to every port;
     `crash_after` {port: n}: the port serves n generation requests and the next one crashes it
@@ -75,6 +77,7 @@ class SimConfig:
     # timing
     token_latency: float = 0.0
     prefill_latency: float = 0.0
+    prompt_token_latency: float = 0.0
     health_delay: float = 1.0
     # SGLang quirks
     template_extra_tokens: int = 0
@@ -91,6 +94,7 @@ class SimConfig:
     # faults
     dead: tuple[int, ...] = ()
     flaky: Mapping[int, float] = field(default_factory=dict)
+    bad_gateway: Mapping[int, float] = field(default_factory=dict)
     slow: Mapping[int, float] = field(default_factory=dict)
     p500: float = 0.0
     p503: float = 0.0
@@ -103,7 +107,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
         object.__setattr__(self, "dead", tuple(self.dead))
-        for name in ("flaky", "slow", "crash_after"):
+        for name in ("flaky", "bad_gateway", "slow", "crash_after"):
             object.__setattr__(self, name, _frozen_map(getattr(self, name)))
         self._validate_shape()
         self._validate_faults()
@@ -118,7 +122,7 @@ class SimConfig:
             raise ConfigError("simulator: max_running must be >= 1 and max_queued >= 0")
         if self.completion_words < 1 or self.reasoning_words < 0:
             raise ConfigError("simulator: completion_words must be >= 1 and reasoning_words >= 0")
-        if min(self.token_latency, self.prefill_latency, self.health_delay, self.warmup) < 0:
+        if min(self.token_latency, self.prefill_latency, self.prompt_token_latency, self.health_delay, self.warmup) < 0:
             raise ConfigError("simulator: latencies must be >= 0")
 
     def _validate_faults(self) -> None:
@@ -127,11 +131,11 @@ class SimConfig:
             _check_probability(name, getattr(self, name))
         if self.p500 + self.p503 + self.p_drop + self.p_hang > 1.0:
             raise ConfigError("simulator: p500 + p503 + p_drop + p_hang must be <= 1")
-        for port, p in self.flaky.items():
+        for port, p in [*self.flaky.items(), *self.bad_gateway.items()]:
             _check_probability(f"flaky rate of port {port}", p)
         if any(f <= 0 for f in self.slow.values()) or any(n < 0 for n in self.crash_after.values()):
             raise ConfigError("simulator: slow factors must be > 0 and crash_after counts >= 0")
-        named = set(self.dead) | set(self.flaky) | set(self.slow) | set(self.crash_after)
+        named = set(self.dead) | set(self.flaky) | set(self.bad_gateway) | set(self.slow) | set(self.crash_after)
         if not named <= set(self.ports):
             raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
         if self.restart_after is not None and self.restart_after < 0:

@@ -27,10 +27,11 @@ class FaultPlan:
     rng: random.Random
     cuts: list[tuple[float, Fault]] = field(default_factory=list)
     flaky: float = 0.0
+    bad_gateway: float = 0.0
 
     @classmethod
     def for_port(cls, cfg: SimConfig, port: int) -> FaultPlan:
-        """The plan of `port`: fleet-wide rates first, then the port's own flaky rate."""
+        """The plan of `port`: fleet-wide rates first, then the port's own flaky and bad-gateway rates."""
         edge, cuts = 0.0, []
         for p, fault in (
             (cfg.p500, Fault.ERROR_500),
@@ -40,14 +41,17 @@ class FaultPlan:
         ):
             edge += p
             cuts.append((edge, fault))
-        return cls(random.Random(cfg.seed + port), cuts, cfg.flaky.get(port, 0.0))
+        rng = random.Random(cfg.seed + port)
+        return cls(rng, cuts, cfg.flaky.get(port, 0.0), cfg.bad_gateway.get(port, 0.0))
 
     def draw(self) -> Fault:
-        """The fault for the next request (one or two draws, so the stream stays reproducible)."""
+        """The fault for the next request (a fixed number of draws per rate, so the stream stays reproducible)."""
         r = self.rng.random()
         for edge, fault in self.cuts:
             if r < edge:
                 return fault
         if self.flaky and self.rng.random() < self.flaky:
             return Fault.ERROR_500 if self.rng.random() < 0.5 else Fault.ERROR_502
+        if self.bad_gateway and self.rng.random() < self.bad_gateway:
+            return Fault.ERROR_502
         return Fault.NONE

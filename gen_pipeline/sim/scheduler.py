@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ class PortStats:
     prefills: int = 0  # chat prompts computed, not served from the prefix cache
     crashes: int = 0
     restarts: int = 0
+    output_tokens: int = 0  # completion tokens decoded (the 200 replies' usage.completion_tokens)
+    busy_s: float = 0.0  # slot-seconds spent decoding: busy_s / elapsed is the mean number of running requests
+    model_s: float = 0.0  # what the latency model asked of those slot-seconds (busy_s is longer on a busy machine)
+    first_request_at: float | None = None  # time.time() of the first generation request
+    last_reply_at: float | None = None  # time.time() when the last generation request was answered
 
 
 class Scheduler:
@@ -45,10 +51,13 @@ class Scheduler:
         stats = self.stats
         stats.in_flight += 1
         stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+        if stats.first_request_at is None:
+            stats.first_request_at = time.time()
         try:
             yield
         finally:
             stats.in_flight -= 1
+            stats.last_reply_at = time.time()
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -70,8 +79,19 @@ class Scheduler:
             stats.running -= 1
             self.slots.release()
 
-    async def decode(self, tokens: int, prefill: bool = True) -> None:
-        """Spend the simulated prefill (unless the prefix cache held it) and decode time (call it holding a slot)."""
-        per_request = self.cfg.prefill_latency * prefill + tokens * self.cfg.token_latency
-        if per_request > 0:
-            await asyncio.sleep(per_request * self.slowness)
+    async def decode(
+        self, tokens: int, prompt_tokens: int = 0, prefill: bool = True, produced: int | None = None
+    ) -> None:
+        """Spend the simulated prefill (unless the prefix cache held it) and decode time (call it holding a
+        slot); `produced`: the output tokens made (n choices decode side by side: more than `tokens`)."""
+        cfg = self.cfg
+        prefill_s = (cfg.prefill_latency + prompt_tokens * cfg.prompt_token_latency) * prefill
+        per_request = prefill_s + tokens * cfg.token_latency
+        started = time.monotonic()
+        try:
+            if per_request > 0:
+                await asyncio.sleep(per_request * self.slowness)
+        finally:
+            self.stats.busy_s += time.monotonic() - started
+        self.stats.model_s += per_request * self.slowness
+        self.stats.output_tokens += tokens if produced is None else produced

@@ -226,7 +226,7 @@ class PortServer:
         if not chat:
             gen = sglang.generate(key, self.cfg, max_new, req.stop, self.eos)
             async with self.scheduler.slot():
-                await self.scheduler.decode(gen.tokens)
+                await self.scheduler.decode(gen.tokens, prompt_tokens)
             return sglang.text_body(req, gen, prompt_tokens)
         budget = payload.get("thinking_budget")
         made = [
@@ -236,7 +236,8 @@ class PortServer:
         cached = self.cache.hit(key)
         self.stats.prefills += not cached
         async with self.scheduler.slot():  # the n choices decode side by side, after one prefill
-            await self.scheduler.decode(max(c.tokens for c in made), prefill=not cached)
+            longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
+            await self.scheduler.decode(longest, prompt_tokens, prefill=not cached, produced=produced)
         self.log.write(self.port, key, payload, cached, made)
         return choices.chat_choices(req, made, prompt_tokens)
 
