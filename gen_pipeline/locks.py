@@ -12,13 +12,14 @@ ACQUIRE_RETRY seconds before it gives up: a probe never makes a writer fail.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
 import time
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, OutputError
 
 LOCK = ".lock"
 SHARD_LOCK = ".lock-{index:05d}"
@@ -37,8 +38,11 @@ class FileLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise ConfigError naming its holder."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock or raise ConfigError naming its holder (OutputError: the file cannot be made)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OutputError(f"cannot create {self.path}: {exc.strerror or exc}") from exc
         deadline = time.monotonic() + ACQUIRE_RETRY
         while True:
             try:
@@ -50,9 +54,10 @@ class FileLock:
                     os.close(fd)
                     raise ConfigError(self.refusal(holder)) from None
                 time.sleep(RETRY_STEP)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}{self.label} on {socket.gethostname()}\n".encode())
         self.fd = fd
+        with contextlib.suppress(OSError):  # a full disk: the lock holds all the same, only unnamed
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()}{self.label} on {socket.gethostname()}\n".encode())
 
     def refusal(self, holder: str) -> str:
         """The one line that says the lock is taken."""
