@@ -15,7 +15,8 @@ import orjson
 import pytest
 from e2e import check_invariant, prompts
 from procs import PY, alive, env, generate_argv, kill_all, run_generate, sim_fleet, wait_for_lines, wait_gone
-from test_nightly import NIGHTLY, clean_env, source_rows, write_jsonl
+from test_nightly import NIGHTLY, clean_env, source_rows
+from test_nightly import write_jsonl as write_rows
 
 from gen_pipeline.sim import free_ports
 
@@ -98,7 +99,7 @@ def test_nightly_passes_sigterm_on_and_logs_the_summary(tmp_path, whom):
     """SIGTERM to run/nightly.sh (or to every process of it, as `systemctl stop` does) stops generate,
     which writes its summary into the night's log; the wrapper exits 130 and marks nothing done."""
     ds, src = tmp_path / "ds", tmp_path / "source.jsonl"
-    write_jsonl(src, source_rows([f"Question {i}: tell me about topic {i}" for i in range(600)]))
+    write_rows(src, source_rows([f"Question {i}: tell me about topic {i}" for i in range(600)]))
     with sim_fleet(2, "--token-latency", "0.01") as servers:
         night = ["--dataset-dir", ds, "--date", "2026-01-01", "--", "--concurrency", "2", "--progress", "off"]
         wrapper = subprocess.Popen(
