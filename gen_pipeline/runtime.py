@@ -75,10 +75,13 @@ class QuietStream:
 def quiet_streams() -> Iterator[None]:
     """sys.stdout and sys.stderr never raise inside the block (the originals come back after it)."""
     before = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = QuietStream(before[0]), QuietStream(before[1])
+    quiet = QuietStream(before[0]), QuietStream(before[1])
+    sys.stdout, sys.stderr = quiet
     try:
         yield
     finally:
+        for stream in quiet:  # now, so that the interpreter's last flush finds nothing to fail on
+            stream.flush()
         sys.stdout, sys.stderr = before
 
 
