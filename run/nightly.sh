@@ -47,6 +47,7 @@ log() { printf '%s nightly: %s\n' "$(date '+%F %T')" "$*"; }
 # 130, summary written); the script then reports and exits with the child's code. The child runs in a
 # process group of its own, so a Ctrl-C reaches it once (from us), not twice (a second one exits at once).
 CHILD=""
+# shellcheck disable=SC2317  # invoked by the traps below
 forward() { [[ -z $CHILD ]] || kill -s "$1" "$CHILD" 2>/dev/null || true; }
 for sig in TERM INT HUP; do
     # shellcheck disable=SC2064  # the signal name is meant to be expanded now
