@@ -39,7 +39,9 @@ from .config import (
     build_config,
 )
 from .errors import OutputError, PipelineError
+from .runtime import install_stop_handlers, restore_handlers, say, silence
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
 # Subcommands that live in their own modules: name -> (module, help).
 PLUGGED = {
     "simulate": ("gen_pipeline.sim", "serve a simulated SGLang fleet on localhost"),
@@ -62,6 +64,7 @@ def _add_generate(sub: Any) -> None:
         help="worker processes, each taking the rows whose id hash falls in its shard (default 1)",
     )
     p.add_argument("--shard", type=_shard, help=argparse.SUPPRESS)  # set by --workers for each worker
+    p.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
     p.set_defaults(func=_generate)
 
 
@@ -210,15 +213,23 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def _generate(args: argparse.Namespace) -> int:
     from .pipeline import describe, run
+    from .runtime import quiet_streams, say
 
     config = config_from_args(args)
-    if config.workers > 1 and config.shard is None:
-        from .workers import run_workers
+    with quiet_streams():  # a closed stdout or stderr must not lose a stop, nor the summary on disk
+        if config.shard is not None:
+            from .workers import run_worker
 
-        outcome = run_workers(config, args.argv)
-    else:
-        outcome = run(config)
-    print(describe(outcome, config))
+            outcome = run_worker(config, args.parent_fd)
+        elif config.workers > 1:
+            from .workers import run_workers
+
+            outcome = run_workers(config, args.argv)
+        else:
+            outcome = run(config)
+        print(describe(outcome, config))
+        if outcome.error is not None:
+            say(f"error: {outcome.error}")
     return outcome.exit_code
 
 
@@ -311,6 +322,16 @@ def collect_cycles_less_often() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gen-pipeline` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # first of all: a signal while `generate` starts (fleet discovery, tokenizer load) exits 130, one line
+    previous = install_stop_handlers() if _command(argv) == "generate" else {}
+    try:
+        return _main(argv)
+    finally:
+        restore_handlers(previous)
+
+
+def _main(argv: list[str]) -> int:
     limit_malloc_arenas()
     collect_cycles_less_often()
     raise_open_file_limit()
@@ -319,20 +340,22 @@ def main(argv: list[str] | None = None) -> int:
     # instead of killing the process mid-line.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(_command(argv)).parse_args(argv)
     args.argv = argv  # --workers re-runs it per worker
     try:
         return int(args.func(args))
     except OutputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return 5
     except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return 1
     except KeyboardInterrupt:
-        print("interrupted; the output directory stays resumable", file=sys.stderr)
+        say("interrupted; the output directory stays resumable")
         return 130
+    except BrokenPipeError:  # the reader went away (`status --watch | head`): nothing more to say
+        silence(sys.stdout)
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -27,11 +27,13 @@ from .errors import ConfigError, OutputError, PipelineError, PreflightError
 from .findings import DRIFT_EVIDENCE, early_drift_problem
 from .fleet import FleetInfo, discover
 from .inputfile import check_input
+from .locks import refuse_shard_writers
 from .oversize import SizeFloor
 from .pacing import queue_margin
 from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from .requests import RequestPath
+from .runtime import STOP_SIGNALS, say
 from .samples import pending, row_reason
 from .source import BadRow, PromptSource, Skipped, skipped
 from .status import STATUS, write_status
@@ -71,6 +73,7 @@ class Outcome:
 
     summary: dict[str, Any]
     exit_code: int
+    error: str | None = None  # why the output could not be written: one line for stderr
 
 
 class BatchReader:
@@ -602,23 +605,35 @@ def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
             log.warning("warning: %s", warning)
 
 
-def _install_signals(runner: Runner) -> None:
+def _install_signals(runner: Runner) -> Callable[[], None]:
+    """SIGINT, SIGTERM and SIGHUP stop the run first, then say so (a closed stream cannot lose the stop); a
+    second Ctrl-C exits at once. Returns what puts the handlers from before back."""
     loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    seen: list[str] = []
 
     def on_signal(signame: str) -> None:
-        if runner.stopping.is_set():
+        seen.append(signame)
+        if len(seen) > 1:
+            if signame != "SIGINT":
+                return  # the same stop again: systemd signals the unit's group, and a wrapper passes it on too
             with contextlib.suppress(Exception):
                 runner.writer.sync()
             os._exit(EXIT_INTERRUPTED)
-        print(
-            f"\n{signame}: stopping; in-flight requests get {runner.config.grace_period:.0f} s "
-            "(press Ctrl-C again to exit now; the output stays resumable)",
-            file=sys.stderr,
-        )
         runner.request_stop(f"interrupted by {signame}")
+        say(
+            f"\n{signame}: stopping; in-flight requests get {runner.config.grace_period:.0f} s "
+            "(press Ctrl-C again to exit now; the output stays resumable)"
+        )
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    def restore() -> None:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)
+    return restore
 
 
 async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, handle_signals: bool = True) -> Outcome:
@@ -632,9 +647,11 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     check_input(config.input)
     config.out.mkdir(parents=True, exist_ok=True)
     lock = DirLock(config.out)
-    if config.shard is None:  # a worker process runs under its parent's lock
+    if config.shard is None:  # a worker process runs under its parent's lock (and holds its shard's)
         lock.acquire()
     try:
+        if config.shard is None:  # an earlier --workers run's worker would write beside us
+            await asyncio.to_thread(refuse_shard_writers, config.out)
         async with open_transport(config.api_key, config.http_client) as transport:
             return await _run_locked(config, Client(transport), counter, handle_signals)
     finally:
@@ -723,8 +740,20 @@ async def _run_locked(
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
     if resume.torn_bytes:
         runner.warnings.append(f"moved a torn last line ({resume.torn_bytes} bytes) aside to *.torn")
-    if handle_signals:
-        _install_signals(runner)
+    restore_signals = _install_signals(runner) if handle_signals else _nothing
+    try:
+        return await _run_loop(runner, fleet)
+    finally:
+        restore_signals()
+
+
+def _nothing() -> None:
+    """No signal handlers to put back (the Python API installs none)."""
+
+
+async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
+    """Run until done or stopped, then write what the run leaves behind (cursor, status, summary)."""
+    config, writer, stats = runner.config, runner.writer, runner.stats
     try:
         await runner.run()
     except OutputError:
@@ -740,7 +769,7 @@ async def _run_locked(
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
         write_json_atomic(config.out / SUMMARY.replace(".json", f"{config.file_suffix}.json"), summary)
-    return Outcome(summary, exit_code)
+    return Outcome(summary, exit_code, str(runner.fatal) if runner.fatal is not None else None)
 
 
 def run(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:

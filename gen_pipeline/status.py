@@ -25,19 +25,24 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
       "last_error": {"timeout": "http://10.0.0.1:30003: request timed out"}   # newest text per reason
     }
 
-`gen-pipeline status DIR` prints it. A status.json older than STALE_AFTER seconds, with no summary.json
-written after it, means the process is gone (crashed, killed, machine rebooted): "not running (last
-update N s ago)". Then, and when there is no status.json, the counts also come from the files
-themselves (lines of completions*.jsonl, ledger reasons). A finished run shows its summary.json.
+`gen-pipeline status DIR` prints it. Whether the process still runs is read from its lock: a status.json
+whose writer no longer holds DIR/.lock (a worker: .lock-KKKKK), with no summary.json written after it,
+means the process is gone (crashed, killed, machine rebooted): "not running (last update N s ago)", at
+once. Where there is no lock file to ask (a directory written by an older version), a status.json older
+than STALE_AFTER seconds means the same. Then, and when there is no status.json, the counts also come
+from the files themselves (lines of completions*.jsonl, ledger reasons). A finished run shows its
+summary.json. `status` exits 0 while the run is running and once it has finished with exit code 0,
+and 3 (as an init script's `status` does for a program not running) when it is not running: crashed,
+killed, stopped, or finished with another exit code; run the same command again to resume.
 
 Under `generate --workers K`, worker i writes status-KKKKK.json (i in 5 digits: status-00000.json; same
 schema) and summary-KKKKK.json, and the parent writes the merged summary.json once all have ended. When
 the newest status-*.json is fresher than status.json, `status` merges the workers into one view. Each
-worker is judged alone by the rules above (its own summary-KKKKK.json counts as "after it") and gets a
-line (pid, state, age, done), so a dead worker shows while the others run. Counts, requests and failures
-add up over every worker: what a dead or finished worker did is on disk. The live figures (in flight,
-capacity, rates, server health) come from the workers still running, or from all when none is. A server
-is OUT OF SERVICE if any running worker says so. The workers share no rows, so the run ends with its
+worker is judged alone by the rules above (its own summary-KKKKK.json counts as "after it", its lock is
+.lock-KKKKK) and gets a line (pid, state, age, done), so a dead worker shows while the others run. Counts,
+requests and failures add up over every worker: what a dead or finished worker did is on disk. The live
+figures (in flight, capacity, rates, server health) come from the workers still running, or from all when
+none is. A server is OUT OF SERVICE if any running worker says so. The workers share no rows, so the run ends with its
 slowest worker: the ETA is the largest running worker's ETA, unknown if any of theirs is. Once a worker
 has reported after .lock was last written (by the newest `generate` to start), status-*.json files older
 than .lock are an earlier run's (one with more workers) and are left out.
@@ -54,13 +59,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .locks import LOCK, SHARD_LOCK, holder, is_held
 from .progress import format_summary
 from .report import completion_files, ledger_reasons, read_json
-from .store import LOCK, MANIFEST, SUMMARY, write_json_atomic
+from .store import MANIFEST, SUMMARY, write_json_atomic
 
 STATUS = "status.json"
 WORKER_STATUS = re.compile(r"status-(\d{5})\.json")  # written by `generate --workers K`, one per worker
-STALE_AFTER = 30.0  # seconds without an update before a run counts as not running
+STALE_AFTER = 30.0  # seconds without an update before a run counts as not running (when no lock tells)
+EXIT_RUNNING_OR_OK = 0
+EXIT_NOT_RUNNING = 3  # crashed, killed, stopped or finished badly: the run wants the same command again
 CHUNK = 1 << 20
 
 
@@ -141,14 +149,21 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def run_state(status: dict[str, Any] | None, summary_mtime: float | None, now: float) -> str:
-    """Whether the run is "running", "finished" or "not running", from status.json, summary.json's age and the clock."""
+def run_state(status: dict[str, Any] | None, summary_mtime: float | None, now: float, alive: bool | None = None) -> str:
+    """Whether the run is "running", "finished" or "not running", from status.json, summary.json's age and
+    whether its writer still holds its lock (`alive`; None: no lock file to ask, the clock decides)."""
     if status is None:
         return "finished" if summary_mtime is not None else "not running"
     updated = float(status.get("updated", 0))
     if status.get("state") == "finished" or (summary_mtime is not None and summary_mtime >= updated):
         return "finished"
+    if alive is not None:
+        return "running" if alive else "not running"
     return "not running" if now - updated > STALE_AFTER else "running"
+
+
+def _finished_code(summary: dict[str, Any]) -> int:
+    return EXIT_RUNNING_OR_OK if summary.get("exit_code") in (0, None) else EXIT_NOT_RUNNING
 
 
 def _finished(run: Path, summary: dict[str, Any], now: float) -> list[str]:
@@ -166,6 +181,11 @@ def _finished(run: Path, summary: dict[str, Any], now: float) -> list[str]:
 
 def describe_run(run: Path, now: float | None = None) -> str:
     """Everything `status` prints for a run directory."""
+    return inspect_run(run, now)[0]
+
+
+def inspect_run(run: Path, now: float | None = None) -> tuple[str, int]:
+    """What `status` prints for a run directory, and its exit code."""
     now = time.time() if now is None else now
     status, summary, manifest = (read_json(run / name) for name in (STATUS, SUMMARY, MANIFEST))
     workers = read_workers(run, now)
@@ -174,10 +194,10 @@ def describe_run(run: Path, now: float | None = None) -> str:
     m = manifest or {}
     lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}, {len(m.get('servers') or [])} servers"]
     if workers and (status is None or float(status.get("updated", 0)) < max(w.updated for w in workers)):
-        lines += _describe_workers(run, workers, summary, manifest, now)
+        body, code = _describe_workers(run, workers, summary, manifest, now)
     else:
-        lines += _describe_single(run, status, summary, manifest, now)
-    return "\n".join(lines)
+        body, code = _describe_single(run, status, summary, manifest, now)
+    return "\n".join(lines + body), code
 
 
 def _describe_single(
@@ -186,13 +206,16 @@ def _describe_single(
     summary: dict[str, Any] | None,
     manifest: dict[str, Any] | None,
     now: float,
-) -> list[str]:
-    state = run_state(status, _mtime(run / SUMMARY) if summary else None, now)
+) -> tuple[list[str], int]:
+    alive = is_held(run / LOCK)
+    state = run_state(status, _mtime(run / SUMMARY) if summary else None, now, alive)
     if state == "finished" and summary is not None:
-        return _finished(run, summary, now)
+        return _finished(run, summary, now), _finished_code(summary)
     if state != "not running" and status is not None:
-        return [render_status(status, now)]
-    return _not_running(run, status, manifest, now)
+        return [render_status(status, now)], EXIT_RUNNING_OR_OK
+    if status is None and alive:
+        return [f"starting ({holder(run / LOCK)}): no status.json yet"], EXIT_RUNNING_OR_OK
+    return _not_running(run, status, manifest, now), EXIT_NOT_RUNNING
 
 
 def _not_running(run: Path, status: dict[str, Any] | None, manifest: dict[str, Any] | None, now: float) -> list[str]:
@@ -235,7 +258,8 @@ def read_workers(run: Path, now: float) -> list[Worker]:
         match, status = WORKER_STATUS.fullmatch(path.name), read_json(path)
         if match is not None and status is not None:
             summary = run / SUMMARY.replace(".json", f"-{match[1]}.json")
-            workers.append(Worker(int(match[1]), status, run_state(status, _mtime(summary), now)))
+            alive = is_held(run / SHARD_LOCK.format(index=int(match[1])))
+            workers.append(Worker(int(match[1]), status, run_state(status, _mtime(summary), now, alive)))
     # generate writes .lock when it starts; once one worker has reported since, older files are an earlier run's
     started = _mtime(run / LOCK)
     return [w for w in workers if started is None or w.updated >= started] or workers
@@ -322,14 +346,15 @@ def _worker_line(worker: Worker, now: float) -> str:
 
 def _describe_workers(
     run: Path, workers: list[Worker], summary: dict[str, Any] | None, manifest: dict[str, Any] | None, now: float
-) -> list[str]:
+) -> tuple[list[str], int]:
     newest = max(w.updated for w in workers)
     summary_mtime = _mtime(run / SUMMARY)
     if summary is not None and summary_mtime is not None and summary_mtime >= newest:
-        return _finished(run, summary, now)  # the parent merges summary.json once every worker has ended
+        # the parent merges summary.json once every worker has ended
+        return _finished(run, summary, now), _finished_code(summary)
     if any(w.state == "running" for w in workers):
-        return [render_workers(workers, now)]
-    return [*_gone(newest, render_workers(workers, now), now), file_counts(run, manifest)]
+        return [render_workers(workers, now)], EXIT_RUNNING_OR_OK
+    return [*_gone(newest, render_workers(workers, now), now), file_counts(run, manifest)], EXIT_NOT_RUNNING
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -339,13 +364,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print the run's status (once, or every --watch seconds)."""
-    print(describe_run(args.dir))
+    """Print the run's status (once, or every --watch seconds); exit 0 while it runs or once it finished
+    well, 3 when it is not running (crashed, killed, stopped, finished with another exit code)."""
+    text, code = inspect_run(args.dir)
+    print(text, flush=True)  # flushed: a reader such as `| head` sees each view as it comes
     if not args.watch:
-        return 0
+        return code
     try:
         while True:
             time.sleep(args.watch)
-            print(f"\n{describe_run(args.dir)}")
+            text, code = inspect_run(args.dir)
+            print(f"\n{text}", flush=True)
     except KeyboardInterrupt:
-        return 0
+        return code

@@ -4,7 +4,7 @@
     failures.jsonl      the ledger: one line per failure; the newest entry per id decides
     manifest.json       the settings that make two runs comparable; resuming with others is refused
     summary.json        the last run's figures
-    .lock               held (flock) by the one process writing here
+    .lock               held (flock) by the one process writing here (locks.py, with the shard locks)
 
 On open, existing lines are scanned into compact key sets; a torn last line (a crash mid-write) is
 moved aside into `<file>.torn`, never parsed as data.
@@ -13,9 +13,7 @@ moved aside into `<file>.torn`, never parsed as data.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import socket
 import time
 from array import array
 from collections.abc import Callable, Iterator
@@ -27,7 +25,9 @@ from typing import IO, Any
 import orjson
 
 from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, merge_sorted
-from .errors import ConfigError, ManifestMismatchError, OutputError
+from .errors import ManifestMismatchError, OutputError
+from .locks import LOCK as LOCK  # re-exported: the run directory's lock lives in locks.py
+from .locks import DirLock as DirLock
 from .records import PERMANENT_REASONS, Completion, Failure, id_key
 from .samples import record_sample, row_reason, sample_key
 
@@ -35,7 +35,6 @@ COMPLETIONS = "completions.jsonl"
 FAILURES = "failures.jsonl"
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
-LOCK = ".lock"
 # Settings that change what a completion means; a resume must not mix them.
 MANIFEST_KEYS = ("model", "tokenizer", "context_length", "sampling", "system_prompt")
 
@@ -222,31 +221,6 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc}") from exc
-
-
-class DirLock:
-    """One writer per run directory; the kernel drops the lock when its process dies."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out / LOCK
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise ConfigError(f"{self.path.parent} is in use by {holder}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 class RunWriter:

@@ -1,20 +1,30 @@
 """`generate --workers K`: K worker processes, each owning the rows whose id hash falls in its shard.
 
 The parent holds the directory lock, settles the manifest, repairs torn tails, then starts
-`gen-pipeline generate ... --shard i/K` K times. Worker i writes completions-0000i.jsonl,
-failures-0000i.jsonl, status-0000i.json and summary-0000i.json and takes 1/K of each server's capacity.
-Resume reads every shard file, so a run may be resumed with any K. Signals go to the parent, which
-passes them on once (the workers run in their own process groups, so Ctrl-C is not delivered twice).
+`gen-pipeline generate ... --shard i/K --parent-fd N` K times. Worker i writes completions-0000i.jsonl,
+failures-0000i.jsonl, status-0000i.json and summary-0000i.json, holding the lock .lock-0000i while it
+does, and takes 1/K of each server's capacity. Resume reads every shard file, so a run may be resumed
+with any K. Signals go to the parent, which passes them on once (the workers run in their own process
+groups, so Ctrl-C is not delivered twice).
+
+Workers die with their parent: on Linux the kernel kills them when it dies (PR_SET_PDEATHSIG), and
+everywhere each watches the read end of a pipe whose write end only the parent holds; end of file
+means the parent is gone, and the worker exits at once. A worker that finds its parent gone once it
+holds its shard lock exits before writing anything, so no two writers ever share a shard file. The API
+key reaches the workers in their environment, never on their command line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -22,21 +32,50 @@ from typing import Any
 import orjson
 
 from .client import Client, open_transport
-from .config import RunConfig
-from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, Outcome
+from .config import API_KEY_ENV, RunConfig
+from .errors import OutputError
+from .locks import DirLock, ShardLock, refuse_shard_writers
+from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, Outcome, run
+from .runtime import STOP_SIGNALS, say
 from .status import STATUS
-from .store import SUMMARY, DirLock, repair_all, write_json_atomic
+from .store import SUMMARY, repair_all, write_json_atomic
 
 # The exit code of the whole run is the most serious of the workers'.
 SEVERITY = [EXIT_ERROR, EXIT_OUTPUT, EXIT_OUTAGE, EXIT_INTERRUPTED, EXIT_INCOMPLETE, EXIT_OK]
 COUNTERS: tuple[str, ...] = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens")
 COUNTERS += ("truncated_in_reasoning",)
 TALLIES = ("skipped", "failed", "finish_reasons")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def worker_argv(argv: list[str], index: int, count: int) -> list[str]:
-    """The command line of worker `index`: the user's, plus its shard and no progress display."""
-    return [sys.executable, "-m", "gen_pipeline", *argv, "--shard", f"{index}/{count}", "--progress", "off"]
+def worker_argv(argv: list[str], index: int, count: int, parent_fd: int) -> list[str]:
+    """The command line of worker `index`: the user's without the API key, plus its shard, the pipe that
+    tells it its parent is alive, and no progress display."""
+    shard = ["--shard", f"{index}/{count}", "--parent-fd", str(parent_fd)]
+    return [sys.executable, "-m", "gen_pipeline", *without_api_key(argv), *shard, "--progress", "off"]
+
+
+def without_api_key(argv: list[str]) -> list[str]:
+    """argv without `--api-key KEY` / `--api-key=KEY` (argparse also takes a prefix such as `--api`)."""
+    out, skip = [], False
+    for arg in argv:
+        name, eq, _ = arg.partition("=")
+        if skip:
+            skip = False
+        elif len(name) > 2 and "--api-key".startswith(name):
+            skip = not eq
+        else:
+            out.append(arg)
+    return out
+
+
+def worker_env(config: RunConfig) -> dict[str, str]:
+    """The workers' environment: ours, the API key (`ps` shows command lines to every user) and quiet
+    transformers."""
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+    if config.api_key:
+        env[API_KEY_ENV] = config.api_key
+    return env
 
 
 def merged_exit_code(codes: list[int]) -> int:
@@ -111,6 +150,7 @@ def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
     lock = DirLock(config.out)
     lock.acquire()
     try:
+        refuse_shard_writers(config.out)  # an earlier run's worker still writing would share a shard file
         asyncio.run(_settle(config))  # refuse a changed manifest before any worker starts
         repair_all(config.out)
         return _supervise(config, argv)
@@ -123,28 +163,51 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
     for pattern in (SUMMARY.replace(".json", "-*.json"), STATUS.replace(".json", "-*.json")):
         for stale in config.out.glob(pattern):
             stale.unlink()  # a worker that dies early must not be reported with an old run's figures
-    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-    procs = [subprocess.Popen(worker_argv(argv, i, k), env=env, stdout=subprocess.DEVNULL, start_new_session=True)
-             for i in range(k)]  # fmt: skip
+    # Only we hold the write end (os.pipe is close-on-exec): the workers see end of file when we die.
+    # Started from the main thread: the parent-death signal follows the thread that started a child.
+    alive_r, alive_w = os.pipe()
+    try:
+        procs = [_start_worker(config, argv, i, alive_r) for i in range(k)]
+    finally:
+        os.close(alive_r)
 
     def forward(signum: int, _frame: Any) -> None:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     try:
         codes = [p.wait() for p in procs]
-    finally:
+        return _merge(config, codes, time.monotonic() - start)
+    finally:  # after summary.json: a signal meanwhile is passed on (to no one) rather than lose it
         for s, handler in previous.items():
             signal.signal(s, handler)
+        os.close(alive_w)
+
+
+def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) -> subprocess.Popen[bytes]:
+    argv = worker_argv(argv, index, config.workers, alive_r)
+    env = worker_env(config)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
+
+
+def _merge(config: RunConfig, codes: list[int], elapsed: float) -> Outcome:
+    """summary.json from the workers' summaries; the run's outcome."""
+    k = len(codes)
     parts = [_read_summary(config, i) for i in range(k)]
     exit_code = merged_exit_code(codes)
-    summary = merge_summaries([p for p in parts if p], time.monotonic() - start, exit_code)
+    summary = merge_summaries([p for p in parts if p], elapsed, exit_code)
     lost = [f"worker {i} (exit {codes[i]})" for i, part in enumerate(parts) if part is None]
     if lost:  # it died before its summary: its error is on stderr above, its rows are not counted here
         summary["warnings"].append(f"no summary from {', '.join(lost)}; see the errors above")
-    write_json_atomic(config.out / SUMMARY, summary)
+    try:
+        write_json_atomic(config.out / SUMMARY, summary)
+    except OutputError as exc:
+        summary["warnings"].append(str(exc))
+        # a worker that could not write said why on stderr; else this is the cause
+        error = None if exit_code == EXIT_OUTPUT else str(exc)
+        return Outcome(summary, merged_exit_code([exit_code, EXIT_OUTPUT]), error)
     return Outcome(summary, exit_code)
 
 
@@ -154,3 +217,58 @@ def _read_summary(config: RunConfig, index: int) -> dict[str, Any] | None:
         return dict(orjson.loads(path.read_bytes()))
     except (OSError, orjson.JSONDecodeError):
         return None
+
+
+def run_worker(config: RunConfig, parent_fd: int | None) -> Outcome:
+    """One worker of `generate --workers K` (`parent_fd`: the pipe from its parent, when it has one): it
+    holds its shard's lock for as long as it writes."""
+    assert config.shard is not None
+    if parent_fd is not None:
+        follow_parent(parent_fd)
+    config.out.mkdir(parents=True, exist_ok=True)
+    lock = ShardLock(config.out, *config.shard)
+    lock.acquire()
+    try:
+        if parent_fd is not None and parent_gone(parent_fd):
+            _orphaned()  # it died before we held the lock: a new run may be writing our rows already
+        return run(config)
+    finally:
+        lock.release()
+
+
+def follow_parent(fd: int) -> None:
+    """Die with the parent: the kernel's parent-death signal where there is one, and a thread that exits
+    the process as soon as the parent's pipe closes."""
+    die_with_parent()
+    if parent_gone(fd):  # it died before the signal was armed
+        _orphaned()
+    threading.Thread(target=_wait_for_eof, args=(fd,), name="gen-pipeline-parent", daemon=True).start()
+
+
+def die_with_parent() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies; True when armed."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def parent_gone(fd: int) -> bool:
+    """The parent never writes to the pipe, so a readable read end means end of file: it is gone."""
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+def _wait_for_eof(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        while os.read(fd, 64):
+            pass
+    _orphaned()
+
+
+def _orphaned() -> None:
+    """Exit at once: what was written stays valid (a torn last line is repaired by the next run)."""
+    say("worker: the parent process is gone; stopping now (run the same command again to resume)")
+    os._exit(EXIT_INTERRUPTED)

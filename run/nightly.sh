@@ -42,6 +42,32 @@ else
 fi
 
 log() { printf '%s nightly: %s\n' "$(date '+%F %T')" "$*"; }
+
+# TERM, INT and HUP go to the running child (prepare or generate), which stops cleanly (generate: exit
+# 130, summary written); the script then reports and exits with the child's code. The child runs in a
+# process group of its own, so a Ctrl-C reaches it once (from us), not twice (a second one exits at once).
+CHILD=""
+# shellcheck disable=SC2317  # invoked by the traps below
+forward() { [[ -z $CHILD ]] || kill -s "$1" "$CHILD" 2>/dev/null || true; }
+for sig in TERM INT HUP; do
+    # shellcheck disable=SC2064  # the signal name is meant to be expanded now
+    trap "forward $sig" "$sig"
+done
+
+# Run "$@" as that child; its exit code is ours.
+run_child() {
+    local rc
+    set -m
+    "$@" &
+    CHILD=$!
+    set +m
+    # wait returns early when a trap ran; go on waiting while the child still runs
+    while rc=0; wait "$CHILD" || rc=$?; kill -0 "$CHILD" 2>/dev/null; do :; done
+    rc=0
+    wait "$CHILD" || rc=$?  # its own status, also when a trap cut the last wait short
+    CHILD=""
+    return "$rc"
+}
 usage() { echo "nightly: $*" >&2; sed -n '5,6p' "${BASH_SOURCE[0]}" >&2; exit "$EXIT_USAGE"; }
 
 parse_args() {
@@ -74,7 +100,8 @@ parse_args() {
 start_log() {
     [[ -n $LOG_DIR ]] || return 0
     mkdir -p "$LOG_DIR"
-    exec > >(tee -a "$LOG_DIR/nightly-$DATE.log") 2>&1
+    # tee ignores the stop signals (systemd sends them to the whole unit): the summary still reaches the log
+    exec > >(trap '' TERM INT HUP; exec tee -a "$LOG_DIR/nightly-$DATE.log") 2>&1
 }
 
 # One nightly run per dataset directory; the kernel drops the lock if this shell dies.
@@ -95,7 +122,7 @@ prepare_tonight() {
     fi
     for src in "${SOURCES[@]}"; do inputs+=(--input "$src"); done
     log "prepare ${SOURCES[*]} -> $tonight"
-    "${GP[@]}" prepare "${inputs[@]}" --out "$tonight" --exclude "$DATASET_DIR" \
+    run_child "${GP[@]}" prepare "${inputs[@]}" --out "$tonight" --exclude "$DATASET_DIR" \
         --exclude "$PROMPTS" --report "$PROMPTS/nightly-$DATE.report.json" \
         "${PREPARE_ARGS[@]}" || rc=$?
     if ((rc)); then
@@ -119,10 +146,11 @@ generate_pending() {
         fi
         log "generate $f -> $DATASET_DIR"
         rc=0
-        "${GP[@]}" generate --input "$f" --out "$DATASET_DIR" "${GENERATE_ARGS[@]}" || rc=$?
+        run_child "${GP[@]}" generate --input "$f" --out "$DATASET_DIR" "${GENERATE_ARGS[@]}" || rc=$?
         case $rc in
             0) cp "$DATASET_DIR/summary.json" "$f.done" ;;
             3) log "$f is incomplete (transient failures); the next run retries it"; RESULT=3 ;;
+            130) log "generate was stopped on $f (exit 130); the next run resumes it"; RESULT=130; return 0 ;;
             *) log "generate failed on $f (exit $rc)"; RESULT=$rc; return 0 ;;
         esac
     done

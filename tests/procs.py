@@ -79,3 +79,41 @@ def wait_for_lines(path: Path, n: int, timeout: float) -> None:
         if path.exists() and path.read_bytes().count(b"\n") >= n:
             return
         time.sleep(0.02)
+
+
+def children(pid: int, n: int, timeout: float) -> list[int]:
+    """Block until process `pid` has `n` children (Linux /proc); return their pids."""
+    deadline = time.monotonic() + timeout
+    found: list[int] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            found = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        if len(found) >= n:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} has {len(found)} children, not {n}")
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait until none of `pids` runs; the ones still running when the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGCONT then SIGKILL each pid still there (cleanup after a test that failed)."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)

@@ -78,13 +78,13 @@ def test_report_without_matplotlib_prints_the_table_and_how_to_get_plots(finishe
 
 
 def test_status_of_a_crashed_run_says_not_running(finished_run, tmp_path, capsys):
-    """A status.json older than STALE_AFTER with no newer summary: not running, counts from the files."""
+    """A status.json older than STALE_AFTER with no newer summary: not running (exit 3), counts from the files."""
     run = tmp_path / "crashed"
     run.mkdir()
     for name in ("completions.jsonl", "failures.jsonl", "manifest.json"):
         (run / name).write_bytes((finished_run / name).read_bytes())
     write_status(run / STATUS, snapshot(time.time() - 95))
-    assert main(["status", str(run)]) == 0
+    assert main(["status", str(run)]) == 3  # not running: the run wants the same command again
     out = capsys.readouterr().out
     assert "not running (last update 1m 35s ago)" in out and "files: 40 completions" in out
 

@@ -1,0 +1,122 @@
+"""`gen-pipeline status` asks the run's locks whether it still runs, and says so in its exit code."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from e2e import prompts
+from procs import PY, env, generate, sim_fleet, wait_for_lines
+from test_report import snapshot
+
+from gen_pipeline.locks import DirLock, ShardLock
+from gen_pipeline.status import EXIT_NOT_RUNNING, EXIT_RUNNING_OR_OK, STATUS, inspect_run, write_status
+from gen_pipeline.store import SUMMARY, write_json_atomic
+
+CRASHED = "not running (last update 0 s ago): crashed or killed; run the same command again to resume"
+
+
+def status_cli(run: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "gen_pipeline", "status", str(run)], capture_output=True, text=True, env=env())
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Path:
+    """A run directory whose status.json was written just now, by a process that may be gone."""
+    write_status(tmp_path / STATUS, snapshot(time.time()))
+    return tmp_path
+
+
+def test_a_fresh_status_whose_writer_is_gone_is_not_running_at_once(fresh):
+    """The lock is free: the run crashed a moment ago, however fresh its status.json (exit 3)."""
+    lock = DirLock(fresh)
+    lock.acquire()
+    lock.release()  # as the kernel does when a process dies
+    text, code = inspect_run(fresh)
+    assert text.splitlines()[1] == CRASHED and code == EXIT_NOT_RUNNING
+
+
+def test_a_status_whose_writer_holds_the_lock_is_running(fresh):
+    """The lock is held: running (exit 0)."""
+    lock = DirLock(fresh)
+    lock.acquire()
+    try:
+        text, code = inspect_run(fresh)
+    finally:
+        lock.release()
+    assert text.splitlines()[1].startswith("running (pid 4242), updated ") and code == EXIT_RUNNING_OR_OK
+
+
+def test_a_worker_that_let_go_of_its_shard_is_not_running(fresh):
+    """Two fresh worker status files: the one whose shard lock is free is NOT RUNNING, the run goes on."""
+    held = ShardLock(fresh, 0, 2)
+    held.acquire()
+    gone = ShardLock(fresh, 1, 2)
+    gone.acquire()
+    gone.release()
+    try:
+        for i in range(2):
+            write_status(fresh / f"status-0000{i}.json", snapshot(time.time() + 1, pid=100 + i))
+        text, code = inspect_run(fresh)
+    finally:
+        held.release()
+    lines = text.splitlines()
+    assert lines[1].startswith("running (1 of 2 workers running)") and code == EXIT_RUNNING_OR_OK
+    assert lines[-1].startswith("  worker 1 (pid 101): NOT RUNNING")
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "code"), [(0, EXIT_RUNNING_OR_OK), (130, EXIT_NOT_RUNNING), (3, EXIT_NOT_RUNNING)]
+)
+def test_a_finished_run_exits_by_how_it_ended(fresh, exit_code, code):
+    """Finished with exit code 0: status exits 0; stopped or incomplete: 3 (it wants the same command again)."""
+    summary = {"exit_code": exit_code, "completed": 1, "failed": {}}
+    write_json_atomic(fresh / SUMMARY, summary)
+    text, got = inspect_run(fresh)
+    assert text.splitlines()[1].startswith(f"finished 0 s ago, exit code {exit_code}") and got == code
+
+
+@pytest.mark.slow
+def test_status_of_a_real_run_then_of_its_crash(write_jsonl, tmp_path):
+    """While generate runs, status says running (exit 0); right after kill -9, not running (exit 3)."""
+    path, out = write_jsonl(prompts(400)), tmp_path / "out"
+    with sim_fleet(2, "--token-latency", "0.01") as servers:
+        proc = generate(path, out, servers, "--concurrency", "2")
+        try:
+            wait_for_lines(out / "completions.jsonl", 5, 60)
+            deadline = time.monotonic() + 30
+            while not (out / STATUS).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            live = status_cli(out)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+        dead = status_cli(out)
+    assert live.returncode == 0 and f"running (pid {proc.pid})" in live.stdout, live.stdout + live.stderr
+    assert dead.returncode == 3, dead.stdout + dead.stderr
+    assert "crashed or killed" in dead.stdout.splitlines()[1], dead.stdout
+
+
+def test_status_watch_into_a_closed_pipe_exits_quietly(fresh):
+    """`status --watch | head -1`: once the reader is gone, status ends with no traceback."""
+    proc = subprocess.Popen(
+        [PY, "-m", "gen_pipeline", "status", str(fresh), "--watch", "0.01"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"run ")
+    proc.stdout.close()
+    try:
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 128 + signal.SIGPIPE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert err == b"", err.decode()

@@ -1,0 +1,128 @@
+"""Stops are never lost: stop signals behind a closed stream, during start-up, and through run/nightly.sh.
+
+Real processes: `generate` whose stdout and stderr lead nowhere still stops on SIGTERM with exit 130 and
+a summary; a signal before the run loop exits 130 with one line; the nightly wrapper passes the stop on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+from e2e import check_invariant, prompts
+from procs import PY, alive, env, generate_argv, kill_all, run_generate, sim_fleet, wait_for_lines, wait_gone
+from test_nightly import NIGHTLY, clean_env, source_rows
+from test_nightly import write_jsonl as write_rows
+
+from gen_pipeline.sim import free_ports
+
+WAITING = "waiting for servers to come up"
+
+
+def first_shard(out: Path, workers: list[str]) -> Path:
+    return out / ("completions-00000.jsonl" if workers else "completions.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "two workers"])
+def test_sigterm_behind_a_closed_pipe_stops_with_a_summary(write_jsonl, tmp_path, workers):
+    """stdout and stderr closed by their reader (a killed `tee`): SIGTERM still stops the run, exit 130,
+    summary.json written; the resume then ends with every id exactly once."""
+    rows = prompts(800)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    with sim_fleet(2, "--token-latency", "0.01") as servers:
+        argv = generate_argv(path, out, servers, "--concurrency", "2", *workers)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+        try:
+            wait_for_lines(first_shard(out, workers), 10, 60)
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.close()
+            proc.stderr.close()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        summary = orjson.loads((out / "summary.json").read_bytes())
+        assert summary["exit_code"] == 130 and summary["stop_reason"] == "interrupted by SIGTERM"
+        again = run_generate(path, out, servers, *workers)
+    assert again.returncode == 0, again.stderr
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 800, "ledger": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "two workers"])
+def test_a_stop_signal_during_start_up_exits_130_in_one_line(write_jsonl, tmp_path, sig, workers):
+    """While discovery still waits for the fleet, SIGTERM, SIGHUP and SIGINT alike exit 130 with one line
+    on stderr and no traceback."""
+    path, out = write_jsonl(prompts(5)), tmp_path / "out"
+    servers = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens: a fleet still starting
+    argv = generate_argv(path, out, servers, "--startup-timeout", "120", *workers, progress="off")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), text=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert WAITING in first, first
+        proc.send_signal(sig)
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    said = [line for line in rest.splitlines() if WAITING not in line]
+    assert proc.returncode == 130, rest
+    assert len(said) == 1 and sig.name in said[0] and "Traceback" not in rest, rest
+
+
+def session_members(sid: int) -> list[int]:
+    """Every process in session `sid` (what systemd's stop signals in a unit's group, near enough)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("whom", ["the wrapper", "the whole unit"])
+def test_nightly_passes_sigterm_on_and_logs_the_summary(tmp_path, whom):
+    """SIGTERM to run/nightly.sh (or to every process of it, as `systemctl stop` does) stops generate,
+    which writes its summary into the night's log; the wrapper exits 130 and marks nothing done."""
+    ds, src = tmp_path / "ds", tmp_path / "source.jsonl"
+    write_rows(src, source_rows([f"Question {i}: tell me about topic {i}" for i in range(600)]))
+    with sim_fleet(2, "--token-latency", "0.01") as servers:
+        night = ["--dataset-dir", ds, "--date", "2026-01-01", "--", "--concurrency", "2", "--progress", "off"]
+        wrapper = subprocess.Popen(
+            ["bash", str(NIGHTLY), *map(str, night)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=clean_env(NIGHTLY_SOURCE=str(src), NIGHTLY_SERVERS=servers, GEN_PIPELINE=f"{PY} -m gen_pipeline"),
+            start_new_session=True,
+        )
+        members: list[int] = []
+        try:
+            wait_for_lines(ds / "completions.jsonl", 10, 90)
+            members = session_members(wrapper.pid)
+            for pid in members if whom == "the whole unit" else [wrapper.pid]:
+                os.kill(pid, signal.SIGTERM)
+            assert wrapper.wait(timeout=60) == 130
+            assert wait_gone(members, 30) == []
+        finally:
+            kill_all([p for p in members if alive(p)])
+            if wrapper.poll() is None:
+                wrapper.kill()
+                wrapper.wait()
+    log = (ds / "logs" / "nightly-2026-01-01.log").read_text()
+    assert "stopped: interrupted by SIGTERM" in log and "completed " in log, log
+    assert "exit 130" in log
+    assert not list((ds / "prompts").glob("*.done"))
