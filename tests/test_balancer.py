@@ -9,8 +9,8 @@ import pytest
 
 from gen_pipeline import health
 from gen_pipeline.balancer import ServerPool, ServerState
-from gen_pipeline.pacing import queue_margin
 from gen_pipeline.errors import BadRequestError, ConnectError, OverloadedError, RequestTimeout, ServerError
+from gen_pipeline.pacing import queue_margin
 
 
 class Clock:
