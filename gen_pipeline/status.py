@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +62,7 @@ from .locks import LOCK, SHARD_LOCK, holder, is_held
 from .progress import format_summary
 from .report import completion_files, ledger_reasons, read_json
 from .store import MANIFEST, SUMMARY, write_json_atomic
+from .summary import merge_statuses
 
 STATUS = "status.json"
 WORKER_STATUS = re.compile(r"status-(\d{5})\.json")  # written by `generate --workers K`, one per worker
@@ -266,61 +266,8 @@ def read_workers(run: Path, now: float) -> list[Worker]:
 
 
 def merge_workers(workers: list[Worker]) -> dict[str, Any]:
-    """The workers' status files as one status.json document (how each field adds up: the module docstring)."""
-    every = [w.status for w in workers]
-    live = [w.status for w in workers if w.state == "running"] or every  # none running: the last known figures
-    counts = [s.get("counts") or {} for s in every]
-    rates = [s.get("rates") or {} for s in live]
-    etas = [s.get("eta_s") for s in live]
-    states = {s.get("state", "running") for s in live}
-    return {
-        "updated": max(float(s.get("updated", 0)) for s in live),
-        "state": next((x for x in ("running", "stopping") if x in states), "finished"),
-        "counts": {
-            "done": sum(c.get("done", 0) for c in counts),
-            "skipped": sum(c.get("skipped", 0) for c in counts),
-            "failed": dict(sum((Counter(c.get("failed") or {}) for c in counts), Counter())),
-            "in_flight": sum((s.get("counts") or {}).get("in_flight", 0) for s in live),
-            **_queued(live),
-        },
-        "rates": {
-            "req_per_s": round(sum(r.get("req_per_s", 0) for r in rates), 2),
-            "out_tok_per_s": round(sum(r.get("out_tok_per_s", 0) for r in rates), 1),
-        },
-        # the workers share no rows, so the run ends when the slowest one does
-        "eta_s": None if None in etas else max(float(e) for e in etas if e is not None),
-        "servers": _merge_servers(every, live),
-        "last_error": {
-            k: v
-            for s in sorted(every, key=lambda s: float(s.get("updated", 0)))
-            for k, v in (s.get("last_error") or {}).items()
-        },
-    }
-
-
-def _queued(live: list[dict[str, Any]]) -> dict[str, int]:
-    """The workers' queued rows added up (absent when no worker reports them: an older version's files)."""
-    counts = [c["queued"] for c in ((s.get("counts") or {}) for s in live) if "queued" in c]
-    return {"queued": sum(counts)} if counts else {}
-
-
-def _merge_servers(every: list[dict[str, Any]], live: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Requests and failures from every worker; load, capacity and health from the live ones."""
-    out: dict[str, dict[str, Any]] = {}
-    for status in every:
-        for url, v in (status.get("servers") or {}).items():
-            m = out.setdefault(
-                url, {"in_flight": 0, "capacity": 0, "healthy": True, "requests": 0, "failures": Counter()}
-            )
-            m["requests"] += v.get("requests", 0)
-            m["failures"] += Counter(v.get("failures") or {})
-    for status in live:
-        for url, v in (status.get("servers") or {}).items():
-            out[url]["in_flight"] += v.get("in_flight", 0)
-            out[url]["capacity"] += v.get("capacity", 0)
-            # one worker seeing a server down is evidence enough: the others use the same server
-            out[url]["healthy"] = out[url]["healthy"] and bool(v.get("healthy", True))
-    return {url: {**m, "failures": dict(m["failures"])} for url, m in out.items()}
+    """The workers' status files as one status.json document (how each field adds up: summary.STATUS_RULES)."""
+    return merge_statuses([w.status for w in workers], [w.status for w in workers if w.state == "running"])
 
 
 def render_workers(workers: list[Worker], now: float | None = None) -> str:

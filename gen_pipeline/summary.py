@@ -22,6 +22,7 @@ class Rule:
 
     combine: Callable[[list[Any]], Any]
     live: bool = False  # read the live parts only
+    optional: bool = False  # left out of the merge when no part has it (files of an older version)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ def merge(every: list[Doc], live: list[Doc], rules: dict[str, Any]) -> Doc:
         elif isinstance(rule, PerKey):
             out[key] = _merge_per_key([d.get(key) or {} for d in every], [d.get(key) or {} for d in live], rule)
         else:
-            out[key] = rule.combine([d[key] for d in (live if rule.live else every) if key in d])
+            values = [d[key] for d in (live if rule.live else every) if key in d]
+            if values or not rule.optional:
+                out[key] = rule.combine(values)
     return out
 
 
@@ -99,18 +102,36 @@ def _rounded(ndigits: int) -> Callable[[list[Any]], float]:
 
 SUM, TALLY = Rule(total), Rule(tally)
 
+
+def _reasoning(values: list[Any]) -> dict[str, int] | None:
+    """Reasoning and answer tokens where the servers split them (None: no part's did)."""
+    split = [v for v in values if v]
+    return {k: sum(v[k] for v in split) for k in split[0]} if split else None
+
+
+# Figures a merge derives itself (merge_summaries), not from the parts' values.
+DERIVED = frozenset(
+    {"exit_code", "workers", "elapsed_s", "requests_per_s", "output_tokens_per_s", "token_drift.differed"}
+)
+COUNTS = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens", "truncated_in_reasoning")
+
 SUMMARY_RULES: dict[str, Any] = {
-    **dict.fromkeys(("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens"), SUM),
+    **dict.fromkeys(COUNTS, SUM),
     **dict.fromkeys(("skipped", "failed", "finish_reasons"), TALLY),
     "token_drift": {"compared": SUM, "by_offset": TALLY},
     "servers": PerKey(
         {
-            **dict.fromkeys(("requests", "completions", "output_tokens", "capacity"), SUM),
+            **dict.fromkeys(("requests", "completions", "output_tokens", "capacity", "queue_margin"), SUM),
             "failures": TALLY,
             "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
+            # the slowest part's view: the parts share the servers, a mean of means would hide a slow one
             "mean_latency_s": Rule(largest),
+            "output_tokens_per_request_s": Rule(lambda v: min((x for x in v if x is not None), default=None)),
         }
     ),
+    "samples": Rule(lambda v: largest(v) or 1),
+    "reasoning_tokens": Rule(_reasoning),
+    "tail_s": Rule(largest),  # the run ends with its last part: the longest tail is the run's
     "stop_reason": Rule(_joined),
     "learned_offset": Rule(lambda v: largest(v) or 0),
     "input_cursor": Rule(_earliest_cursor),
@@ -120,7 +141,13 @@ SUMMARY_RULES: dict[str, Any] = {
 STATUS_RULES: dict[str, Any] = {
     "updated": Rule(lambda v: max(float(x) for x in v) if v else 0.0, live=True),
     "state": Rule(_state, live=True),
-    "counts": {"done": SUM, "skipped": SUM, "failed": TALLY, "in_flight": Rule(total, live=True)},
+    "counts": {
+        "done": SUM,
+        "skipped": SUM,
+        "failed": TALLY,
+        "in_flight": Rule(total, live=True),
+        "queued": Rule(total, live=True, optional=True),
+    },
     "rates": {"req_per_s": Rule(_rounded(2), live=True), "out_tok_per_s": Rule(_rounded(1), live=True)},
     "eta_s": Rule(_eta, live=True),
     "servers": PerKey(
@@ -133,7 +160,6 @@ STATUS_RULES: dict[str, Any] = {
             "failures": TALLY,
         }
     ),
-    "last_error": Rule(newest),
 }
 
 
@@ -153,5 +179,8 @@ def merge_summaries(parts: list[Doc], elapsed: float, exit_code: int) -> Doc:
 
 def merge_statuses(every: Iterable[Doc], live: Iterable[Doc]) -> Doc:
     """One status.json from the parts' snapshots; `live`: those of the parts still running (or all)."""
+    every = list(every)
+    merged = merge(every, list(live) or every, STATUS_RULES)
     by_age = sorted(every, key=lambda s: float(s.get("updated", 0)))
-    return merge(by_age, list(live) or by_age, STATUS_RULES)
+    merged["last_error"] = newest([s.get("last_error") for s in by_age])  # the newest text per reason
+    return merged

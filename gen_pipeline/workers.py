@@ -26,7 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from typing import Any
 
 import orjson
@@ -39,12 +38,10 @@ from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EX
 from .runtime import STOP_SIGNALS, say
 from .status import STATUS
 from .store import SUMMARY, repair_all, write_json_atomic
+from .summary import merge_summaries
 
 # The exit code of the whole run is the most serious of the workers'.
 SEVERITY = [EXIT_ERROR, EXIT_OUTPUT, EXIT_OUTAGE, EXIT_INTERRUPTED, EXIT_INCOMPLETE, EXIT_OK]
-COUNTERS: tuple[str, ...] = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens")
-COUNTERS += ("truncated_in_reasoning",)
-TALLIES = ("skipped", "failed", "finish_reasons")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -82,55 +79,6 @@ def merged_exit_code(codes: list[int]) -> int:
     """The most serious exit code; a worker killed by a signal counts as interrupted."""
     known = [c if c >= 0 else EXIT_INTERRUPTED for c in codes]
     return next((c for c in SEVERITY if c in known), EXIT_ERROR)
-
-
-def merge_summaries(parts: list[dict[str, Any]], elapsed: float, exit_code: int) -> dict[str, Any]:
-    """One summary from the workers' summaries."""
-    merged: dict[str, Any] = {k: sum(p.get(k, 0) for p in parts) for k in COUNTERS}
-    for key in TALLIES:
-        merged[key] = dict(sum((Counter(p.get(key, {})) for p in parts), Counter()))
-    drift: Counter[str] = sum((Counter(p["token_drift"]["by_offset"]) for p in parts if "token_drift" in p), Counter())
-    merged["token_drift"] = {
-        "compared": sum(p.get("token_drift", {}).get("compared", 0) for p in parts),
-        "differed": sum(drift.values()),
-        "by_offset": dict(drift),
-    }
-    merged["servers"] = _merge_servers([p.get("servers", {}) for p in parts])
-    split = [p["reasoning_tokens"] for p in parts if p.get("reasoning_tokens")]
-    merged["reasoning_tokens"] = {k: sum(v[k] for v in split) for k in split[0]} if split else None
-    merged["samples"] = max((p.get("samples", 1) for p in parts), default=1)
-    merged.update(
-        exit_code=exit_code,
-        workers=len(parts),
-        stop_reason="; ".join(sorted({p["stop_reason"] for p in parts if p.get("stop_reason")})) or None,
-        elapsed_s=round(elapsed, 2),
-        requests_per_s=round(merged["completed"] / max(elapsed, 1e-9), 2),
-        output_tokens_per_s=round(merged["output_tokens"] / max(elapsed, 1e-9), 1),
-        learned_offset=max((p.get("learned_offset", 0) for p in parts), default=0),
-        # each worker keeps its own cursor; the merged one is where every worker's reading began
-        input_cursor=min((p["input_cursor"] for p in parts), key=lambda c: c["line"])
-        if parts and all(p.get("input_cursor") for p in parts)
-        else None,
-        warnings=sorted({w for p in parts for w in p.get("warnings", [])}),
-    )
-    return merged
-
-
-def _merge_servers(views: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for view in views:
-        for url, v in view.items():
-            m = out.setdefault(url, {"requests": 0, "completions": 0, "failures": Counter(), "output_tokens": 0,
-                                     "capacity": 0, "out_of_service_s": 0.0, "mean_latency_s": None})  # fmt: skip
-            for k in ("requests", "completions", "output_tokens", "capacity"):
-                m[k] += v.get(k) or 0
-            m["failures"] += Counter(v.get("failures") or {})
-            m["out_of_service_s"] = max(m["out_of_service_s"], v.get("out_of_service_s") or 0.0)
-            if v.get("mean_latency_s") is not None:
-                m["mean_latency_s"] = max(m["mean_latency_s"] or 0.0, v["mean_latency_s"])
-    for m in out.values():
-        m["failures"] = dict(m["failures"])
-    return out
 
 
 async def _settle(config: RunConfig) -> None:

@@ -16,7 +16,7 @@ from procs import PY, env, generate, sim_fleet, wait_for_lines
 from gen_pipeline.progress import format_summary
 from gen_pipeline.status import STALE_AFTER, STATUS, describe_run, write_status
 from gen_pipeline.store import LOCK, MANIFEST, SUMMARY, write_json_atomic
-from gen_pipeline.workers import merge_summaries
+from gen_pipeline.summary import merge_summaries
 
 NOW = 1_700_000_000.0
 A, B = "http://h:30000", "http://h:30001"

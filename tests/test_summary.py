@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
+from e2e import run_sim
 
-from gen_pipeline.summary import merge_statuses, merge_summaries
+from gen_pipeline.summary import DERIVED, STATUS_RULES, SUMMARY_RULES, PerKey, merge_statuses, merge_summaries
 
 
 def _summary(**fields: Any) -> dict[str, Any]:
@@ -76,3 +78,28 @@ def test_an_unknown_eta_of_any_running_part_makes_the_run_eta_unknown() -> None:
     parts = [{"updated": 1.0, "state": "running", "eta_s": 5.0}, {"updated": 2.0, "state": "running", "eta_s": None}]
     assert merge_statuses(parts, parts)["eta_s"] is None
     assert merge_statuses(parts[:1], parts[:1])["eta_s"] == 5.0
+
+
+def _keys(doc: dict[str, Any], rules: dict[str, Any], where: str = "") -> set[str]:
+    """Every field of `doc` (nested, servers by URL) that `rules` has no rule for."""
+    missing = set()
+    for key, value in doc.items():
+        rule = rules.get(key)
+        if rule is None:
+            missing.add(where + key)
+        elif isinstance(rule, dict):
+            missing |= _keys(value or {}, rule, f"{where}{key}.")
+        elif isinstance(rule, PerKey):
+            for view in (value or {}).values():
+                missing |= _keys(view, rule.rules, f"{where}{key}.*.")
+    return missing
+
+
+def test_every_field_a_run_writes_has_a_merge_rule(write_jsonl, tmp_path):
+    """A field added to summary.json or status.json without a rule would vanish from a --workers run's merge."""
+    rows = [{"id": i, "prompt": f"question {i}"} for i in range(20)]
+    outcome, _ = run_sim(write_jsonl(rows), tmp_path / "out", {"n_ports": 2})
+    assert outcome.exit_code == 0
+    assert _keys(outcome.summary, SUMMARY_RULES) - DERIVED == set()
+    status = orjson.loads((tmp_path / "out" / "status.json").read_bytes())
+    assert _keys(status, STATUS_RULES) - {"pid", "last_error"} == set()
