@@ -266,9 +266,9 @@ class RunConfig:
         return -(-total // self.shard[1]) if self.shard else total
 
     @property
-    def file_suffix(self) -> str:
-        """The suffix of this process's own output, ledger, status and summary files."""
-        return f"-{self.shard[0]:05d}" if self.shard else ""
+    def worker(self) -> int | None:
+        """The worker number of this process under --workers (None: the run's single writer)."""
+        return self.shard[0] if self.shard else None
 
     def mine(self, key: int) -> bool:
         """Whether the row with this id key belongs to this process."""

@@ -28,8 +28,9 @@ import orjson
 from .errors import ConfigError
 from .formats import jsonl_rows
 from .records import id_key
+from .report import completion_files
+from .rundir import MANIFEST, RunDir
 from .samples import record_sample, sample_key
-from .store import FAILURES, MANIFEST, shard_files
 
 DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model")
 DEFAULT_SHARD_ROWS = 100_000
@@ -104,11 +105,6 @@ class ExportStats:
         self.finish_reasons[str(obj.get("finish_reason"))] += 1
         self.prompt_tokens += obj.get("prompt_tokens") or 0
         self.completion_tokens += obj.get("completion_tokens") or 0
-
-
-def completion_files(run: Path) -> list[Path]:
-    """The output files of a run: completions.jsonl and any per-worker shards."""
-    return sorted(run.glob("completions*.jsonl"))
 
 
 def _is_completion(obj: Any) -> bool:
@@ -219,7 +215,7 @@ def ledger_counts(runs: tuple[Path, ...], done: set[int]) -> Counter[str]:
     """Ledger reasons (newest per id) of the ids that have no completion."""
     last: dict[int, tuple[float, str]] = {}
     for run in runs:
-        for obj in (o for path in shard_files(run, FAILURES) for o in jsonl_rows(path)):
+        for obj in (o for path in RunDir(run).failure_files() for o in jsonl_rows(path)):
             sample = record_sample(obj) if isinstance(obj, dict) else None
             if isinstance(obj, dict) and obj.get("id") is not None and "reason" in obj and sample is not None:
                 key, when = sample_key(id_key(obj["id"]), sample), float(obj.get("time") or 0.0)

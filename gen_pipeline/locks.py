@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 
 from .errors import ConfigError, OutputError
+from .rundir import RunDir
 
-LOCK = ".lock"
-SHARD_LOCK = ".lock-{index:05d}"
 ACQUIRE_RETRY = 0.2  # seconds acquire keeps trying while a probe holds the lock for an instant
 RETRY_STEP = 0.01
 # A worker whose parent was just killed dies within milliseconds (the parent-death signal), but after the
@@ -73,7 +72,7 @@ class DirLock(FileLock):
     """One owner per run directory."""
 
     def __init__(self, out: Path) -> None:
-        super().__init__(out / LOCK)
+        super().__init__(RunDir(out).lock_path)
 
     def refusal(self, holder: str) -> str:
         return f"{self.path.parent} is in use by {holder}"
@@ -83,7 +82,7 @@ class ShardLock(FileLock):
     """One writer per shard file: worker `index` of `count` holds it while it writes its files."""
 
     def __init__(self, out: Path, index: int, count: int) -> None:
-        super().__init__(out / SHARD_LOCK.format(index=index), f" (shard {index}/{count})")
+        super().__init__(RunDir(out).writer(index).lock, f" (shard {index}/{count})")
         self.index = index
 
     def refusal(self, holder: str) -> str:

@@ -33,13 +33,12 @@ from .pacing import queue_margin
 from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from .requests import RequestPath
+from .rundir import RunDir
 from .runtime import STOP_SIGNALS, say
 from .samples import pending, row_reason
 from .source import BadRow, PromptSource, Skipped, skipped
-from .status import STATUS, write_status
+from .status import write_status
 from .store import (
-    COMPLETIONS,
-    SUMMARY,
     DirLock,
     ResumeState,
     RunWriter,
@@ -402,8 +401,8 @@ class Runner:
     def write_status(self, state: str) -> None:
         """Replace status.json with a snapshot (a failure to write it never stops the run)."""
         with contextlib.suppress(OutputError):
-            name = STATUS.replace(".json", f"{self.config.file_suffix}.json")
-            write_status(self.config.out / name, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
+            path = RunDir(self.config.out).writer(self.config.worker).status
+            write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
 
     async def _monitor(self) -> None:
         progress = Progress(self.config.progress)
@@ -726,8 +725,8 @@ async def _run_locked(
     pool = build_pool(config, fleet)
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
-    found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
-    writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
+    found = resume.files.get(RunDir(config.out).writer(config.worker).completions.name)
+    writer = RunWriter(config.out, config.fsync_interval, config.worker, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
     keeper = (
         None
@@ -768,7 +767,7 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     summary = _summary(runner, fleet, exit_code)
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
-        write_json_atomic(config.out / SUMMARY.replace(".json", f"{config.file_suffix}.json"), summary)
+        write_json_atomic(RunDir(config.out).writer(config.worker).summary, summary)
     return Outcome(summary, exit_code, str(runner.fatal) if runner.fatal is not None else None)
 
 

@@ -28,7 +28,7 @@ import orjson
 from .errors import ConfigError, OutputError
 from .formats import FORMATS, InvalidRowError, RowConverter, jsonl_rows, open_source
 from .records import PERMANENT_REASONS, id_key
-from .store import FAILURES, MANIFEST, shard_files, write_json_atomic
+from .rundir import RunDir, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +176,10 @@ def exclusion_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise ConfigError(f"--exclude {path}: no such file or directory")
-    run = sorted(path.glob("completions*.jsonl"))
-    if run or (path / FAILURES).exists() or (path / MANIFEST).exists():
-        return [*run, *shard_files(path, FAILURES)]
+    rundir = RunDir(path)
+    run = rundir.completion_files()
+    if run or rundir.failure_files() or rundir.manifest.exists():
+        return [*run, *RunDir(path).failure_files()]
     return sorted(path.glob("*.jsonl"))
 
 

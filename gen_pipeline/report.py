@@ -21,7 +21,8 @@ from typing import Any
 import orjson
 
 from .errors import ConfigError
-from .store import FAILURES, MANIFEST, SUMMARY, iter_json_lines, shard_files
+from .rundir import MANIFEST, SUMMARY, RunDir
+from .store import iter_json_lines
 
 INSTALL_HINT = "plots need matplotlib: pip install 'gen-pipeline[report]'"
 
@@ -69,7 +70,7 @@ class Completions:
 
 def completion_files(run: Path) -> list[Path]:
     """completions.jsonl and any per-worker shards."""
-    return sorted(run.glob("completions*.jsonl"))
+    return RunDir(run).completion_files()
 
 
 def read_completions(run: Path) -> Completions:
@@ -95,7 +96,7 @@ def ledger_reasons(run: Path) -> Counter[str]:
     """Ledger reasons, the newest entry per (id, sample) deciding (bad rows without an id count once each)."""
     newest: dict[tuple[str, Any], tuple[float, str]] = {}
     anonymous: Counter[str] = Counter()
-    for _, obj in (x for path in shard_files(run, FAILURES) for x in iter_json_lines(path)):
+    for _, obj in (x for path in RunDir(run).failure_files() for x in iter_json_lines(path)):
         if obj is None or "reason" not in obj:
             continue
         if obj.get("id") is None:

@@ -2,7 +2,8 @@
 
     DIR/
       manifest.json             the settings that make two runs comparable; resuming with others is refused
-      .lock                     held (flock) by the process that runs here
+      .lock                     held (flock) by the process that runs here (the parent under --workers)
+      .lock-KKKKK               held by worker K while it writes its files
       completions.jsonl         a single-process run's output: one line per finished prompt
       failures.jsonl            its ledger: one line per failure; the newest entry per id decides
       status.json summary.json  its live snapshot and its last figures
@@ -11,21 +12,20 @@
 
 Every set of files one process appends to is a `Writer`; nothing outside this module builds a file name,
 so a new layout (claimed shards, one folder each) is a new `Writer` constructor here and nowhere else.
+The locks themselves (flock, who holds them) are locks.py's.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from .errors import ConfigError, OutputError
+from .errors import OutputError
 
 MANIFEST = "manifest.json"
 LOCK = ".lock"
@@ -46,6 +46,7 @@ class Writer:
     failures: Path
     status: Path
     summary: Path
+    lock: Path  # held while the files are written
     worker: int | None = None  # None: the run's only writer (or the parent of --workers)
 
 
@@ -65,7 +66,7 @@ class RunDir:
         """The files of the run's single writer, or of worker `worker` of `--workers K`."""
         tag = "" if worker is None else f"-{worker:05d}"
         c, f, st, su = (self.root / n.replace(".", f"{tag}.", 1) for n in (COMPLETIONS, FAILURES, STATUS, SUMMARY))
-        return Writer(c, f, st, su, worker)
+        return Writer(c, f, st, su, self.root / f"{LOCK}{tag}", worker)
 
     def completion_files(self) -> list[Path]:
         """Every output file that exists, the single writer's first, then the workers' by number."""
@@ -96,10 +97,6 @@ class RunDir:
                 found[int(match[2])] = path
         return found
 
-    def write_json(self, path: Path, obj: Any) -> None:
-        """Replace one of this directory's JSON files in one step."""
-        write_json_atomic(path, obj)
-
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Replace a JSON file in one step, so a crash leaves the old or the new one whole."""
@@ -109,31 +106,3 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc}") from exc
-
-
-class FileLock:
-    """An exclusive flock on one file that names its holder; the kernel drops it when the holder dies."""
-
-    def __init__(self, path: Path, what: str) -> None:
-        self.path = path
-        self.what = what  # how the refusal names what is locked: "DIR", "shard 3 of DIR"
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock or raise ConfigError naming who holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise ConfigError(f"{self.what} is in use by {holder}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-        self.fd = fd
-
-    def release(self) -> None:
-        """Let go of the lock (closing the file drops it)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None

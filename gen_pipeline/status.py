@@ -51,21 +51,18 @@ than .lock are an earlier run's (one with more workers) and are left out.
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .locks import LOCK, SHARD_LOCK, holder, is_held
+from .locks import holder, is_held
 from .progress import format_summary
 from .report import completion_files, ledger_reasons, read_json
-from .store import MANIFEST, SUMMARY, write_json_atomic
+from .rundir import LOCK, MANIFEST, STATUS, SUMMARY, RunDir, write_json_atomic
 from .summary import merge_statuses
 
-STATUS = "status.json"
-WORKER_STATUS = re.compile(r"status-(\d{5})\.json")  # written by `generate --workers K`, one per worker
 STALE_AFTER = 30.0  # seconds without an update before a run counts as not running (when no lock tells)
 EXIT_RUNNING_OR_OK = 0
 EXIT_NOT_RUNNING = 3  # crashed, killed, stopped or finished badly: the run wants the same command again
@@ -254,12 +251,12 @@ class Worker:
 def read_workers(run: Path, now: float) -> list[Worker]:
     """The workers of the newest --workers run, by index (none for a single-process run)."""
     workers = []
-    for path in sorted(run.glob("status-*.json")):
-        match, status = WORKER_STATUS.fullmatch(path.name), read_json(path)
-        if match is not None and status is not None:
-            summary = run / SUMMARY.replace(".json", f"-{match[1]}.json")
-            alive = is_held(run / SHARD_LOCK.format(index=int(match[1])))
-            workers.append(Worker(int(match[1]), status, run_state(status, _mtime(summary), now, alive)))
+    rundir = RunDir(run)
+    for index, path in sorted(rundir.worker_status_files().items()):
+        if (status := read_json(path)) is not None:
+            files = rundir.writer(index)
+            alive = is_held(files.lock)
+            workers.append(Worker(index, status, run_state(status, _mtime(files.summary), now, alive)))
     # generate writes .lock when it starts; once one worker has reported since, older files are an earlier run's
     started = _mtime(run / LOCK)
     return [w for w in workers if started is None or w.updated >= started] or workers

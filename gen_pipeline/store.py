@@ -1,13 +1,8 @@
-"""The run directory: the output file is the checkpoint.
+"""The output file is the checkpoint: appending lines, reading them back on resume, the manifest check.
 
-    completions.jsonl   one line per finished prompt (append-only, flushed per line)
-    failures.jsonl      the ledger: one line per failure; the newest entry per id decides
-    manifest.json       the settings that make two runs comparable; resuming with others is refused
-    summary.json        the last run's figures
-    .lock               held (flock) by the one process writing here (locks.py, with the shard locks)
-
-On open, existing lines are scanned into compact key sets; a torn last line (a crash mid-write) is
-moved aside into `<file>.torn`, never parsed as data.
+Which files there are is rundir.py's (RunDir); who may write them, locks.py's. On open, existing lines
+are scanned into compact key sets; a torn last line (a crash mid-write) is moved aside into `<file>.torn`,
+never parsed as data.
 """
 
 from __future__ import annotations
@@ -26,15 +21,12 @@ import orjson
 
 from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, merge_sorted
 from .errors import ManifestMismatchError, OutputError
-from .locks import LOCK as LOCK  # re-exported: the run directory's lock lives in locks.py
 from .locks import DirLock as DirLock
 from .records import PERMANENT_REASONS, Completion, Failure, id_key
+from .rundir import COMPLETIONS, FAILURES, LOCK, MANIFEST, SUMMARY, RunDir, write_json_atomic
 from .samples import record_sample, row_reason, sample_key
 
-COMPLETIONS = "completions.jsonl"
-FAILURES = "failures.jsonl"
-MANIFEST = "manifest.json"
-SUMMARY = "summary.json"
+__all__ = ["COMPLETIONS", "FAILURES", "LOCK", "MANIFEST", "SUMMARY", "DirLock", "write_json_atomic"]  # re-exported
 # Settings that change what a completion means; a resume must not mix them.
 MANIFEST_KEYS = ("model", "tokenizer", "context_length", "sampling", "system_prompt")
 
@@ -148,15 +140,10 @@ class ResumeState:
         return SettledRows(self, retry)
 
 
-def shard_files(out: Path, name: str) -> list[Path]:
-    """`completions.jsonl` and the per-worker `completions-KKKKK.jsonl` (likewise for the ledger)."""
-    stem = name.removesuffix(".jsonl")
-    return sorted(p for p in [out / name, *out.glob(f"{stem}-*.jsonl")] if p.exists())
-
-
 def repair_all(out: Path) -> int:
     """Repair the torn tail of every output and ledger file; the bytes moved aside."""
-    return sum(repair_tail(p) for name in (COMPLETIONS, FAILURES) for p in shard_files(out, name))
+    run = RunDir(out)
+    return sum(repair_tail(p) for p in [*run.completion_files(), *run.failure_files()])
 
 
 def scan(
@@ -174,7 +161,7 @@ def scan(
     if repair:
         state.torn_bytes = repair_all(out)
     done = array("Q")
-    for path in shard_files(out, COMPLETIONS):
+    for path in RunDir(out).completion_files():
         found = completion_keys(path, save_index)
         state.files[path.name] = found
         state.corrupt_lines += [f"{path.name}:{n}" for n in found.corrupt]
@@ -184,7 +171,7 @@ def scan(
     state.done = KeySet(done, presorted=True)
     del done
     newest: dict[int, float] = {}
-    for path in shard_files(out, FAILURES):
+    for path in RunDir(out).failure_files():
         for n, obj in iter_json_lines(path):
             if obj is None or "reason" not in obj:
                 state.corrupt_lines.append(f"{path.name}:{n}")
@@ -201,7 +188,7 @@ def scan(
 
 def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool = True) -> None:
     """Refuse to resume a run made with other settings (unless forced); then record ours (if `write`)."""
-    path = out / MANIFEST
+    path = RunDir(out).manifest
     if path.exists() and not force:
         old = orjson.loads(path.read_bytes())
         diffs = [f"{k}: {old.get(k)!r} -> {manifest.get(k)!r}" for k in MANIFEST_KEYS if old.get(k) != manifest.get(k)]
@@ -213,21 +200,14 @@ def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool
         write_json_atomic(path, manifest)
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Replace a JSON file in one step, so a crash leaves the old or the new one whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc}") from exc
-
-
 class RunWriter:
     """Appends completions and ledger entries, one flushed line per write, fsync on an interval (in a thread)."""
 
-    def __init__(self, out: Path, fsync_interval: float, suffix: str = "", found: FileKeys | None = None) -> None:
-        """`found`: what the resume scan read of our completions file, to keep its index current."""
+    def __init__(
+        self, out: Path, fsync_interval: float, worker: int | None = None, found: FileKeys | None = None
+    ) -> None:
+        """The files of `worker` (None: the single writer); `found`: what the resume scan read of our
+        completions file, to keep its index current."""
         self.fsync_interval = fsync_interval
         self._files: dict[str, IO[bytes]] = {}
         self._last_sync = time.monotonic()
@@ -235,8 +215,8 @@ class RunWriter:
         self._out = out
         self._fsync_thread: ThreadPoolExecutor | None = None
         self._fsyncing: Future[None] | None = None
-        for name in (COMPLETIONS, FAILURES):
-            path = out / name.replace(".jsonl", f"{suffix}.jsonl")
+        files = RunDir(out).writer(worker)
+        for name, path in ((COMPLETIONS, files.completions), (FAILURES, files.failures)):
             try:
                 self._files[name] = path.open("ab")
             except OSError as exc:

@@ -35,9 +35,9 @@ from .config import API_KEY_ENV, RunConfig
 from .errors import OutputError
 from .locks import DirLock, ShardLock, refuse_shard_writers
 from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, Outcome, run
+from .rundir import RunDir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
-from .status import STATUS
-from .store import SUMMARY, repair_all, write_json_atomic
+from .store import repair_all
 from .summary import merge_summaries
 
 # The exit code of the whole run is the most serious of the workers'.
@@ -108,9 +108,8 @@ def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
 
 def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
     k, start = config.workers, time.monotonic()
-    for pattern in (SUMMARY.replace(".json", "-*.json"), STATUS.replace(".json", "-*.json")):
-        for stale in config.out.glob(pattern):
-            stale.unlink()  # a worker that dies early must not be reported with an old run's figures
+    for stale in RunDir(config.out).stale_worker_reports():
+        stale.unlink()  # a worker that dies early must not be reported with an old run's figures
     # Only we hold the write end (os.pipe is close-on-exec): the workers see end of file when we die.
     # Started from the main thread: the parent-death signal follows the thread that started a child.
     alive_r, alive_w = os.pipe()
@@ -150,7 +149,7 @@ def _merge(config: RunConfig, codes: list[int], elapsed: float) -> Outcome:
     if lost:  # it died before its summary: its error is on stderr above, its rows are not counted here
         summary["warnings"].append(f"no summary from {', '.join(lost)}; see the errors above")
     try:
-        write_json_atomic(config.out / SUMMARY, summary)
+        write_json_atomic(RunDir(config.out).writer().summary, summary)
     except OutputError as exc:
         summary["warnings"].append(str(exc))
         # a worker that could not write said why on stderr; else this is the cause
@@ -160,7 +159,7 @@ def _merge(config: RunConfig, codes: list[int], elapsed: float) -> Outcome:
 
 
 def _read_summary(config: RunConfig, index: int) -> dict[str, Any] | None:
-    path = config.out / SUMMARY.replace(".json", f"-{index:05d}.json")
+    path = RunDir(config.out).writer(index).summary
     try:
         return dict(orjson.loads(path.read_bytes()))
     except (OSError, orjson.JSONDecodeError):

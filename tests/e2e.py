@@ -15,8 +15,8 @@ import orjson
 
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.pipeline import Outcome, run_async
+from gen_pipeline.rundir import RunDir
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-from gen_pipeline.store import COMPLETIONS, FAILURES, shard_files
 
 
 def prompts(n: int, words: int = 20, start: int = 0) -> list[dict[str, Any]]:
@@ -75,9 +75,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def check_invariant(input_ids: list[Any], out: Path) -> dict[str, Any]:
     """Every id once in the output, or else in the ledger; never twice in the output (all shard files)."""
-    done = Counter(str(r["id"]) for path in shard_files(out, COMPLETIONS) for r in read_jsonl(path))
+    done = Counter(str(r["id"]) for path in RunDir(out).completion_files() for r in read_jsonl(path))
     dupes = {k: v for k, v in done.items() if v > 1}
-    ledger = {str(r["id"]) for path in shard_files(out, FAILURES) for r in read_jsonl(path) if r["id"] is not None}
+    ledger = {str(r["id"]) for path in RunDir(out).failure_files() for r in read_jsonl(path) if r["id"] is not None}
     lost = [i for i in map(str, input_ids) if i not in done and i not in ledger]
     assert not dupes, f"duplicated ids in output: {dupes}"
     assert not lost, f"ids neither in output nor ledger: {lost[:10]}"

@@ -413,7 +413,7 @@ def test_workers_split_samples_and_resume(write_jsonl, tmp_path):
         first = run_generate(path, out, servers, "--workers", "2", "--samples", "3")
         second = run_generate(path, out, servers, "--samples", "4")
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    from gen_pipeline.store import COMPLETIONS, shard_files
+    from gen_pipeline.rundir import RunDir
 
-    keys = [(r["id"], r["sample"]) for p in shard_files(out, COMPLETIONS) for r in read_jsonl(p)]
+    keys = [(r["id"], r["sample"]) for p in RunDir(out).completion_files() for r in read_jsonl(p)]
     assert len(keys) == len(set(keys)) == 160
