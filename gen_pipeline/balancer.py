@@ -10,7 +10,7 @@ import contextlib
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from . import health, pacing
@@ -118,7 +118,7 @@ class ServerPool:
         """The available server with a free running slot that would finish a request first (then the one with
         the shortest queue; ties: least loaded, fewest requests), avoiding `exclude` while any other server is
         healthy and, near the end, servers far slower than the rest of the fleet. `prefer` (the server whose
-        prefix cache holds this prompt) whenever it has a free running slot."""
+        prefix cache holds this prompt) alone while it is in service: a lease waits for a slot there."""
         now = self.clock()
         # Wait for a busy healthy server rather than go back to one that just failed.
         avoid = exclude if exclude and any(s.url not in exclude and now >= s.down_until for s in self.servers) else ()
@@ -131,12 +131,19 @@ class ServerPool:
             for i, s in enumerate(self.servers)
             if s.url not in avoid and s.available(now) and not (tail and s.in_flight >= s.capacity)
         )
-        if prefer is not None:  # first while it has a free running slot (a stable sort keeps the others' order)
-            candidates.sort(key=lambda c: not (self.servers[c[-1]].url == prefer and not c[0]))
+        if (held := self._preferred(prefer, avoid, now)) is not None:  # its prefix cache holds the prompt
+            return held if any(self.servers[i] is held for *_, i in candidates) else None  # else wait for it
         for *_, i in candidates:
             server = self.servers[i]
             if not tail or not self._too_late(server, latency, now, waiting):
                 return server
+        return None
+
+    def _preferred(self, prefer: str | None, avoid: Collection[str], now: float) -> ServerState | None:
+        """The server a lease prefers, while it is in service and not to be avoided (None: no preference)."""
+        for s in self.servers:
+            if s.url == prefer and s.url not in avoid and now >= s.down_until:
+                return s
         return None
 
     def _latencies(self) -> dict[str, float]:
@@ -183,7 +190,7 @@ class ServerPool:
 
     async def _wait_for_server(self, lease: Lease) -> ServerState:
         # No await between the pick and taking the slot: no other task can take it in between.
-        server = self.pick(lease.exclude, prefer=lease.prefer) or await self._wait(lease.exclude)
+        server = self.pick(lease.exclude, prefer=lease.prefer) or await self._wait(lease.exclude, lease.prefer)
         self.waiting_since = None
         now = self.last_dispatch = lease.started = self.clock()
         if server.in_flight == 0:
@@ -194,11 +201,11 @@ class ServerPool:
         server.trial_in_flight += lease.trial
         return server
 
-    async def _wait(self, exclude: frozenset[str]) -> ServerState:
+    async def _wait(self, exclude: frozenset[str], prefer: str | None = None) -> ServerState:
         self._waiters += 1
         try:
             async with self._changed:
-                while (server := self.pick(exclude, waiting=True)) is None:
+                while (server := self.pick(exclude, waiting=True, prefer=prefer)) is None:
                     if not self.healthy() and self.waiting_since is None:
                         self.waiting_since = self.clock()
                     now = self.clock()

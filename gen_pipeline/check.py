@@ -45,19 +45,12 @@ from .findings import drift_problem
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
 from .inputfile import check_input
 from .oversize import SizeFloor
-from .pipeline import (
-    BatchReader,
-    first_lines,
-    fit_open_files,
-    manifest_for,
-    open_file_limit,
-    resolve,
-    with_system_prompt,
-)
 from .progress import RunStats
+from .reader import BatchReader, first_lines, with_system_prompt
 from .records import Prompt
 from .report import distribution
 from .requests import request_body
+from .setup import fit_open_files, manifest_for, open_file_limit, resolve
 from .source import BadRow, PromptSource, Skipped
 from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
 from .tokens import TokenCounter, load_counter

@@ -32,6 +32,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# How `generate` ends (cli.py's docstring says what each means; 3, 4, 5 and 130 leave a resumable directory).
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
+EXIT_OUTAGE = 4
+EXIT_OUTPUT = 5
+EXIT_INTERRUPTED = 130
+
 
 class PipelineError(Exception):
     """Base class for every error gen-pipeline raises."""

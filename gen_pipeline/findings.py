@@ -6,6 +6,7 @@ The fleet's own disagreements (models, context lengths) are `fleet.FleetInfo.pro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from .config import DEFAULT_SAFETY_MARGIN, MAX_LEARNED_OFFSET
 
@@ -45,3 +46,26 @@ def early_drift_problem(drift: Mapping[int, int], tokenizer: str) -> str | None:
         if problem is None
         else f"{problem}; stopped early (the manifest records this tokenizer: rerun with --force once it is fixed)"
     )
+
+
+def drift_warning(view: Mapping[str, Any]) -> str | None:
+    """The end-of-run warning when the servers counted other prompt tokens than we did (None: they agreed)."""
+    if view["differed"]:
+        return (
+            f"the server counted different prompt tokens than we did for {view['differed']} of "
+            f"{view['compared']} rows {view['by_offset']}: the tokenizer or chat template is "
+            "probably not the server's"
+        )
+    return None
+
+
+def over_length_advice(failed: Mapping[str, int], view: Mapping[str, Any]) -> str | None:
+    """Rows skipped as over_length on a count the servers contradict must not stay skipped unnoticed."""
+    skipped = failed.get("over_length", 0)
+    if skipped and view["differed"]:
+        return (
+            f"{skipped} row(s) were skipped as over_length on our token count, which the servers' counts "
+            "contradict (see the drift warning): once --tokenizer matches the servers', run again with "
+            "--retry-failed over_length to send them"
+        )
+    return None

@@ -1,7 +1,7 @@
 """How a process stops: stop signals outside the run loop, and standard streams that never raise.
 
 `generate` owns SIGINT, SIGTERM and SIGHUP from its first line: until the run loop takes them over
-(pipeline._install_signals) and again after it, one of them prints one line and exits 130 at once. Nothing
+(install_run_handlers) and again after it, one of them prints one line and exits 130 at once. Nothing
 is lost by that: before the loop nothing has been sent, after it the summary is written, and anything
 between is what kill -9 would leave (torn tails are repaired on resume).
 
@@ -12,6 +12,7 @@ later write, and the interpreter's last flush, succeed silently.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -19,7 +20,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-EXIT_INTERRUPTED = 130
+from .errors import EXIT_INTERRUPTED
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 Handler = Callable[[int, Any], Any] | int | signal.Handlers | None
 
@@ -101,3 +103,37 @@ def restore_handlers(previous: dict[int, Handler]) -> None:
     """Put back the handlers `install_stop_handlers` replaced."""
     for sig, handler in previous.items():
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def install_run_handlers(
+    request_stop: Callable[[str], None], sync: Callable[[], None], grace_period: float
+) -> Callable[[], None]:
+    """While the run loop runs: SIGINT, SIGTERM and SIGHUP stop the run first, then say so (a closed stream
+    cannot lose the stop); a second Ctrl-C syncs the output and exits at once. Returns what puts the
+    handlers from before back."""
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    seen: list[str] = []
+
+    def on_signal(signame: str) -> None:
+        seen.append(signame)
+        if len(seen) > 1:
+            if signame != "SIGINT":
+                return  # the same stop again: systemd signals the unit's group, and a wrapper passes it on too
+            with contextlib.suppress(Exception):
+                sync()
+            os._exit(EXIT_INTERRUPTED)
+        request_stop(f"interrupted by {signame}")
+        say(
+            f"\n{signame}: stopping; in-flight requests get {grace_period:.0f} s "
+            "(press Ctrl-C again to exit now; the output stays resumable)"
+        )
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    return restore

@@ -184,3 +184,35 @@ def merge_statuses(every: Iterable[Doc], live: Iterable[Doc]) -> Doc:
     by_age = sorted(every, key=lambda s: float(s.get("updated", 0)))
     merged["last_error"] = newest([s.get("last_error") for s in by_age])  # the newest text per reason
     return merged
+
+
+def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> Doc:
+    """One process's summary.json from its RunStats and ServerPool (the caller adds what only it knows:
+    stop_reason, input_cursor, samples, learned_offset)."""
+    t = stats.elapsed()
+    tail = pool.tail_seconds()
+    return {
+        "exit_code": exit_code,
+        "stop_reason": None,
+        "read": stats.read,
+        "completed": stats.completed,
+        "skipped": dict(stats.skipped),
+        "failed": dict(stats.failed),
+        "repeats_dropped": stats.repeats,
+        "input_cursor": None,
+        "requests": stats.requests,
+        "input_tokens": stats.input_tokens,
+        "output_tokens": stats.output_tokens,
+        "elapsed_s": round(t, 2),
+        "requests_per_s": round(stats.completed / t, 2),
+        "output_tokens_per_s": round(stats.output_tokens / t, 1),
+        "finish_reasons": dict(stats.finish_reasons),
+        "samples": 1,
+        "truncated_in_reasoning": stats.truncated_in_reasoning,
+        "reasoning_tokens": stats.reasoning_view(),
+        "token_drift": stats.drift_view(),
+        "learned_offset": 0,
+        "servers": pool.views(),
+        "tail_s": None if tail is None else round(tail, 2),
+        "warnings": warnings,
+    }

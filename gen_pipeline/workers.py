@@ -32,9 +32,9 @@ import orjson
 
 from .client import Client, open_transport
 from .config import API_KEY_ENV, RunConfig
-from .errors import OutputError
+from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .locks import DirLock, ShardLock, refuse_shard_writers
-from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, Outcome, run
+from .pipeline import Outcome, run
 from .rundir import RunDir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
 from .store import repair_all
@@ -82,7 +82,7 @@ def merged_exit_code(codes: list[int]) -> int:
 
 
 async def _settle(config: RunConfig) -> None:
-    from .pipeline import settle_settings
+    from .setup import settle_settings
 
     async with open_transport(config.api_key, config.http_client) as transport:
         await settle_settings(config, Client(transport))

@@ -16,8 +16,8 @@ from conftest import FakeCounter
 from e2e import prompts
 
 from gen_pipeline.config import RunConfig
-from gen_pipeline.pipeline import BatchReader
 from gen_pipeline.progress import RunStats, snapshot
+from gen_pipeline.reader import BatchReader
 from gen_pipeline.records import Prompt
 from gen_pipeline.store import ResumeState
 

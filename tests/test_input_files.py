@@ -16,8 +16,8 @@ from gen_pipeline import cursor, source
 from gen_pipeline.cli import main
 from gen_pipeline.config import RunConfig
 from gen_pipeline.errors import InputError
-from gen_pipeline.pipeline import BatchReader
 from gen_pipeline.progress import RunStats
+from gen_pipeline.reader import BatchReader
 from gen_pipeline.records import Prompt
 from gen_pipeline.source import BadRow, PromptSource
 from gen_pipeline.store import ResumeState

@@ -182,8 +182,8 @@ def test_rows_the_chat_template_refuses_become_bad_input(write_jsonl, tmp_path):
     from conftest import FakeCounter
 
     from gen_pipeline.config import RunConfig
-    from gen_pipeline.pipeline import BatchReader
     from gen_pipeline.progress import RunStats
+    from gen_pipeline.reader import BatchReader
     from gen_pipeline.source import BadRow, Skipped
     from gen_pipeline.store import ResumeState
 
@@ -213,7 +213,7 @@ def test_pool_fits_the_open_file_limit(tmp_path):
     smaller shares (with a warning) instead of connections that fail and get blamed on the servers."""
     from gen_pipeline.config import RunConfig, parse_servers
     from gen_pipeline.fleet import FleetInfo, ServerInfo
-    from gen_pipeline.pipeline import RESERVED_FILES, build_pool
+    from gen_pipeline.setup import RESERVED_FILES, build_pool
 
     servers = parse_servers("127.0.0.1:30000-30007")
     config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path / "out", servers=servers)

@@ -9,7 +9,7 @@ import pytest
 from conftest import QWEN3
 
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.pipeline import chat_template_hash
+from gen_pipeline.setup import chat_template_hash
 from gen_pipeline.tokens import (
     TINY_TOKENIZER,
     FastTokenCounter,

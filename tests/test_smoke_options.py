@@ -15,8 +15,8 @@ from gen_pipeline.check import run_check
 from gen_pipeline.cli import build_parser, config_from_args
 from gen_pipeline.config import RunConfig, read_system_prompt
 from gen_pipeline.errors import ConfigError, ManifestMismatchError
-from gen_pipeline.pipeline import BatchReader
 from gen_pipeline.progress import RunStats
+from gen_pipeline.reader import BatchReader
 from gen_pipeline.records import Prompt
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.source import BadRow

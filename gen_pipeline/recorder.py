@@ -1,0 +1,107 @@
+"""Where a settled row goes: one line in the output or the ledger, and the run's figures with it.
+
+The Runner decides what to send; the Recorder writes what came of it. A write that fails (disk full, I/O
+error) stops the run through `stop` and is kept in `fatal`: what is on disk stays valid, nothing after it is
+written. The first rows compared with the servers' counts are judged here too, since it is their figures
+that show a tokenizer the servers do not use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .config import RunConfig
+from .dispatch import Sent
+from .errors import EXIT_ERROR, EXIT_OUTPUT, OutputError
+from .findings import DRIFT_EVIDENCE, early_drift_problem
+from .progress import RunStats
+from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
+from .runtime import say
+from .source import BadRow, Skipped
+from .store import RunWriter
+
+
+class Recorder:
+    """Writes each outcome once and counts it; `stop(reason, exit_code)` ends the run on a failed write."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        writer: RunWriter,
+        stats: RunStats,
+        tokenizer: str,
+        stop: Callable[[str, int], None],
+        warnings: list[str],
+    ) -> None:
+        self.config, self.writer, self.stats, self.tokenizer = config, writer, stats, tokenizer
+        self.stop, self.warnings = stop, warnings
+        self.fatal: OutputError | None = None
+        self.drift_judged = False  # the first rows' token drift was judged (early_drift_problem)
+
+    def unsent(self, item: BadRow | Skipped) -> None:
+        """Rows that need no request: skipped (settled earlier; `count` of them) or bad input."""
+        if isinstance(item, Skipped):
+            self.stats.read += item.count
+            self.stats.skipped[item.reason] += item.count
+        else:
+            self.stats.read += 1
+            self.failure(Failure(item.id, item.line, "bad_input", item.detail))
+
+    def sent(self, prompt: Prompt, sent: Sent) -> bool:
+        """Write what one prompt's requests came to; True when a sample failed for a transient reason."""
+        transient = False
+        for outcome in sent.outcomes:
+            if isinstance(outcome, Failure):
+                self.failure(outcome)
+                transient = transient or outcome.reason in TRANSIENT_REASONS
+            else:
+                self._write(self.writer.write_completion, outcome)
+                self._count(outcome)
+        self.stats.output_tokens += sent.output_tokens
+        if sent.reasoning_tokens is not None:
+            self.stats.reasoning_tokens += sent.reasoning_tokens
+            self.stats.reasoned_output_tokens += sent.output_tokens
+        if any(isinstance(o, Completion) for o in sent.outcomes):
+            self.stats.input_tokens += prompt.input_tokens  # once: one request with n, or a cached prefix
+        return transient
+
+    def failure(self, failure: Failure) -> None:
+        """One ledger line, and the reason's count and newest detail."""
+        failure.source = self.config.input.name
+        self._write(self.writer.write_failure, failure)
+        self.stats.failed[failure.reason] += 1
+        self.stats.last_error[failure.reason] = f"{failure.server or failure.source}: {failure.detail}"[:300]
+
+    def _count(self, outcome: Completion) -> None:
+        """Add one written completion to the run's figures."""
+        self.stats.completed += 1
+        self.stats.finish_reasons[str(outcome.finish_reason)] += 1
+        if outcome.extra.get("truncated_in") == "reasoning":
+            self.stats.truncated_in_reasoning += 1
+        if outcome.prompt_tokens is not None:
+            self.stats.drift[outcome.prompt_tokens - outcome.input_tokens] += 1
+            if not self.drift_judged:
+                self._judge_drift()
+
+    def _judge_drift(self) -> None:
+        """Stop, unless --force, when every one of the first rows compared drifted unlearnably."""
+        if sum(self.stats.drift.values()) < DRIFT_EVIDENCE:
+            return
+        self.drift_judged = True
+        problem = early_drift_problem(self.stats.drift, self.tokenizer)
+        if problem is None:
+            return
+        if self.config.force:
+            self.warnings.append(f"PROBLEM ignored (--force): {problem}")
+            return
+        say(f"PROBLEM: {problem}")
+        self.stop(f"PROBLEM: {problem}", EXIT_ERROR)
+
+    def _write(self, write: Any, record: Any) -> None:
+        try:
+            write(record)
+        except OutputError as exc:
+            self.fatal = exc
+            self.stop(str(exc), EXIT_OUTPUT)
+            raise

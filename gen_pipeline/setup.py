@@ -1,0 +1,197 @@
+"""Setting a run up: discover the fleet, resolve model, context and tokenizer, size the pool, settle
+the manifest, and find where the input resumes. `generate`, `check` and the parent of `--workers` share it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from . import __version__, cursor
+from .balancer import ServerPool, ServerState
+from .client import Client
+from .config import RunConfig
+from .cursor import Resumed
+from .errors import ConfigError, PreflightError
+from .fleet import FleetInfo, discover
+from .pacing import queue_margin
+from .store import ResumeState, check_manifest, scan
+from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
+
+log = logging.getLogger("gen_pipeline")
+
+
+# File descriptors kept for everything but request sockets: output, ledger, input, index, tokenizer files,
+# the event loop's own, worker pipes.
+RESERVED_FILES = 64
+
+
+T = TypeVar("T")
+
+
+def chat_template_hash(counter: TemplateIdentity) -> str | None:
+    template = counter.chat_template
+    return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
+
+
+def manifest_for(config: RunConfig, model: str, ctx: int, counter: TemplateIdentity) -> dict[str, Any]:
+    """The settings recorded with the run (never the API key)."""
+    return {
+        "model": model,
+        "tokenizer": counter.name,
+        "chat_template_sha256": chat_template_hash(counter),
+        "context_length": ctx,
+        "sampling": config.sampling,
+        "max_tokens": config.max_tokens,
+        "min_tokens": config.min_tokens,
+        "safety_margin": config.safety_margin,
+        "samples": config.samples,
+        "thinking_budget": config.thinking_budget,
+        "system_prompt": config.system_prompt,
+        "servers": list(config.servers),
+        "input": str(config.input),
+        "gen_pipeline_version": __version__,
+    }
+
+
+def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
+    """Model name, context length and tokenizer: the flags when given, else what the fleet says."""
+    model = config.model or next(iter(sorted(fleet.models())), None)
+    if not model:
+        raise ConfigError("the servers report no model id; pass --model")
+    contexts = fleet.context_lengths()
+    ctx = config.context_length or (min(contexts) if contexts else None)
+    if not ctx:
+        raise ConfigError("the servers report no context length; pass --context-length")
+    if config.context_length and contexts and config.context_length > min(contexts):
+        fleet.warnings.append(
+            f"--context-length {config.context_length} exceeds the smallest server context "
+            f"{min(contexts)}; expect context 400s"
+        )
+    tokenizer = config.tokenizer or next((s.tokenizer_path for s in fleet.servers if s.tokenizer_path), None)
+    if not tokenizer:
+        raise ConfigError("the servers report no tokenizer_path; pass --tokenizer")
+    return model, ctx, tokenizer
+
+
+def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = None) -> ServerPool:
+    """One slot per request each server runs at once; servers down at start begin out of service.
+
+    Every request in flight holds a socket: when the servers take more than this process's open-file limit
+    allows (`ulimit -n`, read when `open_files` is None), every server's share shrinks to fit, with a
+    warning, instead of failing connections that would then be blamed on the servers.
+    """
+    reported = {s.url: s.max_running_requests for s in fleet.servers}
+    wanted = {url: config.capacity_for(reported.get(url)) for url in config.servers}
+    capacities, warning = fit_open_files(wanted, open_file_limit() if open_files is None else open_files)
+    if warning is not None:
+        fleet.warnings.append(warning)
+        log.warning("%s", warning)
+    margin = {url: _margin(config, reported.get(url), c, warning) for url, c in capacities.items()}
+    pool = ServerPool(ServerState(url, capacity, margin[url]) for url, capacity in capacities.items())
+    for server in pool.servers:
+        if server.url in fleet.down:
+            pool.mark_down(server)
+    return pool
+
+
+def _margin(config: RunConfig, reported: int | None, capacity: int, warning: str | None) -> int:
+    """Requests to queue beyond `capacity`: only where the server's own running slots set it (it queues the
+    rest), and none when open files are short."""
+    if warning is not None:
+        return 0
+    if config.queue_margin is not None:
+        return config.queue_margin
+    return 0 if config.concurrency or reported is None else queue_margin(capacity)
+
+
+def fit_open_files(capacities: dict[str, int], limit: int) -> tuple[dict[str, int], str | None]:
+    """Each server's share of in-flight requests scaled down to fit `limit` open files, and the warning
+    that says so (None when everything fits)."""
+    sockets = max(len(capacities), limit - RESERVED_FILES)
+    wanted = sum(capacities.values())
+    if wanted <= sockets:
+        return capacities, None
+    fitted = {url: max(1, c * sockets // wanted) for url, c in capacities.items()}
+    return fitted, (
+        f"the servers take {wanted} requests at once but the open-file limit (ulimit -n) is {limit}: "
+        f"keeping {sum(fitted.values())} in flight; raise the limit to use them all"
+    )
+
+
+def open_file_limit() -> int:
+    """This process's soft limit on open files (sockets included); very large where there is none."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return 1 << 20
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
+    """Refuse, unless --force, a fleet `check` calls a PROBLEM; print the warnings now, not only at the end."""
+    problems = fleet.problems()
+    if problems and not config.force:
+        raise PreflightError(problems)
+    fleet.warnings.extend(f"PROBLEM ignored (--force): {p}" for p in problems)
+    if config.shard is None:  # a worker's parent has printed them
+        for warning in fleet.warnings:
+            log.warning("warning: %s", warning)
+
+
+async def settle_manifest(
+    config: RunConfig, client: Client, counter: TokenCounter | None = None, during_load: Callable[[], T] | None = None
+) -> tuple[FleetInfo, str, int, TokenCounter, T | None]:
+    """Discover the fleet, load the tokenizer, and refuse (or record) the run's settings.
+
+    `during_load()` (the resume scan) runs in another thread beside the tokenizer's load, and its result is
+    returned. They take turns rather than overlap: tokenizers 0.23 holds the GIL for the whole load (~0.75 s
+    for Qwen3's tokenizer.json; from_file, from_str and from_buffer alike), so only the scan's waits on the
+    disk run beside it.
+    """
+    fleet = await discover(client, config.servers, config.startup_timeout)
+    model, ctx, tokenizer = resolve(config, fleet)
+    start_findings(config, fleet)
+    background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
+    try:
+        if counter is None:
+            counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader)
+        manifest = manifest_for(config, model, ctx, counter)
+        check_manifest(config.out, manifest, config.force, write=config.shard is None)
+        extra = await background if background is not None else None
+    except BaseException:
+        if background is not None:
+            background.cancel()
+        raise
+    return fleet, model, ctx, counter, extra
+
+
+async def settle_settings(config: RunConfig, client: Client) -> None:
+    """settle_manifest for the parent of `--workers K`: the tokenizer's vocabulary is left to the workers."""
+    fleet = await discover(client, config.servers, config.startup_timeout)
+    model, ctx, tokenizer = resolve(config, fleet)
+    start_findings(config, fleet)
+    identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
+    check_manifest(config.out, manifest_for(config, model, ctx, identity), config.force, write=True)
+
+
+def resume_state(config: RunConfig) -> ResumeState:
+    """What earlier runs settled; a worker reads only its own ids and leaves repairs to its parent."""
+    worker = config.shard is not None
+    state = scan(config.out, repair=False, mine=config.mine if worker else None)
+    state.samples = config.samples
+    return state
+
+
+def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
+    """What earlier runs settled, and the input cursor when it still holds (where reading starts).
+
+    A --limit run reads from the top and keeps no cursor: its N lines are counted from the first.
+    """
+    state = resume_state(config)
+    if config.limit is not None:
+        return state, None
+    return state, cursor.load(config.out, config.input, config.shard, config.retry_failed, state)
