@@ -12,7 +12,8 @@ from .errors import (
     PipelineError,
     RequestError,
 )
-from .pipeline import Outcome, run
+from .pipeline import run
+from .summary import Outcome
 
 __all__ = [
     "ConfigError",

@@ -30,7 +30,8 @@ from typing import Any
 
 from .config import API_KEY_ENV, DEFAULT_SERVERS, RunConfig, build_config
 from .errors import ConfigError
-from .pipeline import Outcome, run_async
+from .pipeline import run_async
+from .summary import Outcome
 
 
 def api_config(input: str | Path, out: str | Path, servers: str | Sequence[str], options: dict[str, Any]) -> RunConfig:

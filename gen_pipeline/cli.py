@@ -212,8 +212,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .pipeline import describe, run
+    from .pipeline import run
     from .runtime import quiet_streams, say
+    from .summary import describe
 
     config = config_from_args(args)
     with quiet_streams():  # a closed stdout or stderr must not lose a stop, nor the summary on disk
@@ -227,7 +228,7 @@ def _generate(args: argparse.Namespace) -> int:
             outcome = run_workers(config, args.argv)
         else:
             outcome = run(config)
-        print(describe(outcome, config))
+        print(describe(outcome, config.out))
         if outcome.error is not None:
             say(f"error: {outcome.error}")
     return outcome.exit_code

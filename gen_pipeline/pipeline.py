@@ -22,7 +22,6 @@ from .errors import (
     EXIT_INCOMPLETE,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_OUTAGE,
     EXIT_OUTPUT,
     ConfigError,
     OutputError,
@@ -31,7 +30,7 @@ from .findings import drift_warning, over_length_advice
 from .fleet import FleetInfo
 from .inputfile import check_input
 from .locks import refuse_shard_writers
-from .progress import Progress, RunStats, format_summary, snapshot
+from .progress import RunStats, snapshot, watch_run
 from .reader import BatchReader
 from .recorder import Recorder
 from .records import TRANSIENT_REASONS, Failure, Prompt
@@ -47,22 +46,11 @@ from .store import (
     repair_all,
     write_json_atomic,
 )
-from .summary import run_summary
+from .summary import Outcome, run_summary
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner, dispatch_budget
 
 log = logging.getLogger("gen_pipeline")
-
-STATUS_INTERVAL = 2.0
-
-
-@dataclass
-class Outcome:
-    """How a run ended."""
-
-    summary: dict[str, Any]
-    exit_code: int
-    error: str | None = None  # why the output could not be written: one line for stderr
 
 
 @dataclass
@@ -103,7 +91,7 @@ class Runner:
         workers = self.pool.worker_count()
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
-        monitor = asyncio.create_task(self._monitor())
+        monitor = asyncio.create_task(watch_run(self))
         prober = asyncio.create_task(health.watch(self.pool, self.client)) if self.client else monitor
         producer = asyncio.create_task(self._produce(queue, workers))
         try:
@@ -194,27 +182,6 @@ class Runner:
         with contextlib.suppress(OutputError):
             path = RunDir(self.config.out).writer(self.config.worker).status
             write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
-
-    async def _monitor(self) -> None:
-        progress = Progress(self.config.progress)
-        last_status = 0.0
-        try:
-            while True:
-                if time.monotonic() - last_status >= STATUS_INTERVAL:
-                    last_status = time.monotonic()
-                    self.write_status("stopping" if self.stopping.is_set() else "running")
-                if self.keeper is not None and self.keeper.due():
-                    self.save_cursor()
-                outage = self.pool.outage_seconds()
-                up = f"servers up {len(self.pool.healthy())}/{len(self.pool.servers)}"
-                extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
-                progress.update(self.stats, extra)
-                if outage > self.config.outage_timeout:
-                    self.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
-                await asyncio.sleep(0.5)
-        finally:
-            progress.update(self.stats)
-            progress.close()
 
 
 def _raise_first_failure(done: set[asyncio.Task[Any]]) -> None:
@@ -325,11 +292,3 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
 def run(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:
     """Run `generate` to completion (or a clean stop) and return its summary and exit code."""
     return asyncio.run(run_async(config, counter))
-
-
-def describe(outcome: Outcome, config: RunConfig) -> str:
-    """What to print at the end of a run."""
-    text = format_summary(outcome.summary)
-    if outcome.exit_code in (EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_INCOMPLETE, EXIT_OUTPUT):
-        text += f"\nto resume, run the same command again (output in {config.out})"
-    return text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -11,9 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import EXIT_OUTAGE
+
 log = logging.getLogger("gen_pipeline")
 
 LOG_INTERVAL = 30.0
+STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
 # The ETA's rate is measured over this much recent history (all of it early in a run): long enough to
 # smooth the ups and downs of generation lengths, short enough to follow a server going down.
 ETA_WINDOW = 120.0
@@ -220,3 +224,27 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
     lines.extend(f"WARNING: {w}" for w in summary["warnings"])
     return "\n".join(lines)
+
+
+async def watch_run(runner: Any) -> None:
+    """While a Runner runs: the progress display, status.json every STATUS_INTERVAL, the input cursor when
+    due, and the stop after --outage-timeout with no usable server."""
+    progress = Progress(runner.config.progress)
+    last_status = 0.0
+    try:
+        while True:
+            if time.monotonic() - last_status >= STATUS_INTERVAL:
+                last_status = time.monotonic()
+                runner.write_status("stopping" if runner.stopping.is_set() else "running")
+            if runner.keeper is not None and runner.keeper.due():
+                runner.save_cursor()
+            outage = runner.pool.outage_seconds()
+            up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
+            extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
+            progress.update(runner.stats, extra)
+            if outage > runner.config.outage_timeout:
+                runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
+            await asyncio.sleep(0.5)
+    finally:
+        progress.update(runner.stats)
+        progress.close()

@@ -11,9 +11,22 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_OUTPUT
+from .progress import format_summary
+
 Doc = dict[str, Any]
+
+
+@dataclass
+class Outcome:
+    """How a run ended."""
+
+    summary: dict[str, Any]
+    exit_code: int
+    error: str | None = None  # why the output could not be written: one line for stderr
 
 
 @dataclass(frozen=True)
@@ -216,3 +229,11 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "tail_s": None if tail is None else round(tail, 2),
         "warnings": warnings,
     }
+
+
+def describe(outcome: Outcome, out: Path) -> str:
+    """What to print at the end of a run."""
+    text = format_summary(outcome.summary)
+    if outcome.exit_code in (EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_INCOMPLETE, EXIT_OUTPUT):
+        text += f"\nto resume, run the same command again (output in {out})"
+    return text

@@ -34,11 +34,11 @@ from .client import Client, open_transport
 from .config import API_KEY_ENV, RunConfig
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .locks import DirLock, ShardLock, refuse_shard_writers
-from .pipeline import Outcome, run
+from .pipeline import run
 from .rundir import RunDir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
 from .store import repair_all
-from .summary import merge_summaries
+from .summary import Outcome, merge_summaries
 
 # The exit code of the whole run is the most serious of the workers'.
 SEVERITY = [EXIT_ERROR, EXIT_OUTPUT, EXIT_OUTAGE, EXIT_INTERRUPTED, EXIT_INCOMPLETE, EXIT_OK]

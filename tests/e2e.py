@@ -14,9 +14,10 @@ from typing import Any
 import orjson
 
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.pipeline import Outcome, run_async
+from gen_pipeline.pipeline import run_async
 from gen_pipeline.rundir import RunDir
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+from gen_pipeline.summary import Outcome
 
 
 def prompts(n: int, words: int = 20, start: int = 0) -> list[dict[str, Any]]:
