@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import orjson
+
 from . import __version__, cursor, health
 from .balancer import ServerPool, ServerState
 from .client import Client, open_transport
@@ -24,7 +26,7 @@ from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
 from .dispatch import SampleDispatch, Sent, thinking_fields
 from .errors import ConfigError, OutputError, PipelineError, PreflightError
-from .findings import DRIFT_EVIDENCE, early_drift_problem
+from .findings import DRIFT_EVIDENCE, drift_cause, early_drift_problem
 from .fleet import FleetInfo, discover
 from .inputfile import check_input
 from .oversize import SizeFloor
@@ -47,6 +49,7 @@ from .store import (
 )
 from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
 from .tokens.budget import OffsetLearner, dispatch_budget
+from .tokens.conversation import SERVER_KINDS, ChatInput, Conversation, shapes
 
 log = logging.getLogger("gen_pipeline")
 # File descriptors kept for everything but request sockets: output, ledger, input, index, tokenizer files,
@@ -93,7 +96,7 @@ class BatchReader:
         self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
-        self.limit, self.system_prompt = config.limit, config.system_prompt
+        self.limit, self.config = config.limit, config
         self.items: Iterator[Prompt | BadRow | Skipped] = first_lines(self.source, self.limit)
         self.counter = counter
         self.resume = resume
@@ -124,7 +127,7 @@ class BatchReader:
                 continue
             out.append(settled)
             if isinstance(settled, Prompt):
-                prompts.append(with_system_prompt(settled, self.system_prompt))
+                prompts.append(shaped(settled, self.config))
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats
@@ -166,7 +169,7 @@ class BatchReader:
 
     def _too_long(self, p: Prompt) -> bool:
         """Whether the row's size alone proves it over_length; then its input_tokens is that floor."""
-        floor = self.floor.tokens_over(p.messages, self.fit) if self.fit is not None else None
+        floor = self.floor.tokens_over(conversation(p), self.fit) if self.fit is not None else None
         if floor is None:
             return False
         p.input_tokens, p.at_least = floor, True
@@ -176,7 +179,7 @@ class BatchReader:
         """Set each prompt's input_tokens; return why counting failed, by id() of the prompt."""
         failed: dict[int, str] = {}
         prompts = [p for p in prompts if not self._too_long(p)]
-        counts = self.counter.count([p.messages for p in prompts]) if prompts else []
+        counts = self.counter.count([conversation(p) for p in prompts]) if prompts else []
         for p, n in zip(prompts, counts, strict=True):
             if isinstance(n, int):
                 p.input_tokens = n
@@ -200,6 +203,24 @@ def first_lines(source: PromptSource, limit: int | None) -> Generator[Prompt | B
                 break
     finally:
         items.close()  # type: ignore[attr-defined]  # PromptSource.__iter__ is a generator
+
+
+def shaped(prompt: Prompt, config: RunConfig) -> Prompt:
+    """The row as it is counted and sent: --system-prompt put first, and the run's tools and
+    chat_template_kwargs where the row has none of its own (a row's own value replaces the run's)."""
+    with_system_prompt(prompt, config.system_prompt)
+    if prompt.tools is None:
+        prompt.tools = config.tools
+    if prompt.template_kwargs is None:
+        prompt.template_kwargs = config.chat_template_kwargs
+    return prompt
+
+
+def conversation(prompt: Prompt) -> ChatInput:
+    """What the template renders for a row: its messages, with its tools and template kwargs if any."""
+    if prompt.tools is None and not prompt.template_kwargs:
+        return prompt.messages
+    return Conversation(prompt.messages, prompt.tools, prompt.template_kwargs or {})
 
 
 def with_system_prompt(prompt: Prompt, text: str | None) -> Prompt:
@@ -325,13 +346,14 @@ class Runner:
                 continue
             sent = await dispatch.generate(prompt, budget, prompt.pending or (0,))
             transient = False
+            kinds = shapes(conversation(prompt))
             for outcome in sent.outcomes:
                 if isinstance(outcome, Failure):
                     self._record_failure(outcome)
                     transient = transient or outcome.reason in TRANSIENT_REASONS
                 else:
                     self._write(self.writer.write_completion, outcome)
-                    self._count(outcome)
+                    self._count(outcome, kinds)
             self._count_usage(sent)
             if any(isinstance(o, Completion) for o in sent.outcomes):
                 self.stats.input_tokens += prompt.input_tokens  # once: one request with n, or a cached prefix
@@ -346,14 +368,15 @@ class Runner:
             self.stats.reasoning_tokens += sent.reasoning_tokens
             self.stats.reasoned_output_tokens += sent.output_tokens
 
-    def _count(self, outcome: Completion) -> None:
-        """Add one written completion to the run's figures."""
+    def _count(self, outcome: Completion, kinds: frozenset[str] = frozenset()) -> None:
+        """Add one written completion to the run's figures (`kinds`: its request's shapes)."""
         self.stats.completed += 1
         self.stats.finish_reasons[str(outcome.finish_reason)] += 1
         if outcome.extra.get("truncated_in") == "reasoning":
             self.stats.truncated_in_reasoning += 1
+        self.stats.server_cut += cut_by_server(outcome)
         if outcome.prompt_tokens is not None:
-            self.stats.drift[outcome.prompt_tokens - outcome.input_tokens] += 1
+            self.stats.note_drift(outcome.prompt_tokens - outcome.input_tokens, kinds)
             if not self.drift_judged:
                 self._judge_drift()
 
@@ -362,7 +385,7 @@ class Runner:
         if sum(self.stats.drift.values()) < DRIFT_EVIDENCE:
             return
         self.drift_judged = True
-        problem = early_drift_problem(self.stats.drift, self.counter.name)
+        problem = early_drift_problem(self.stats.drift, self.counter.name, self.stats.drift_shapes)
         if problem is None:
             return
         if self.config.force:
@@ -430,12 +453,24 @@ def chat_template_hash(counter: TemplateIdentity) -> str | None:
     return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
 
 
-def manifest_for(config: RunConfig, model: str, ctx: int, counter: TemplateIdentity) -> dict[str, Any]:
+def template_inputs_hash(config: RunConfig) -> str | None:
+    """A SHA-256 of the run's tools and chat_template_kwargs (canonical JSON); None when it has neither."""
+    if config.tools is None and config.chat_template_kwargs is None:
+        return None
+    inputs = {"tools": config.tools, "chat_template_kwargs": config.chat_template_kwargs}
+    return hashlib.sha256(orjson.dumps(inputs, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def manifest_for(
+    config: RunConfig, model: str, ctx: int, counter: TemplateIdentity, server_kind: str | None = None
+) -> dict[str, Any]:
     """The settings recorded with the run (never the API key)."""
     return {
         "model": model,
         "tokenizer": counter.name,
         "chat_template_sha256": chat_template_hash(counter),
+        "template_inputs_sha256": template_inputs_hash(config),
+        "server_kind": server_kind,
         "context_length": ctx,
         "sampling": config.sampling,
         "max_tokens": config.max_tokens,
@@ -468,6 +503,16 @@ def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
     if not tokenizer:
         raise ConfigError("the servers report no tokenizer_path; pass --tokenizer")
     return model, ctx, tokenizer
+
+
+def counting_kind(fleet: FleetInfo) -> str:
+    """The server kind whose message normalisation the count follows: the fleet's, else SGLang's (with a
+    warning when its servers are of several kinds: content parts may then count differently)."""
+    kinds = fleet.spread("kind")
+    if len(kinds) > 1:
+        fleet.warnings.append(f"servers of different kinds {kinds}: counting as {fleet.servers[0].kind} does")
+    kind = fleet.servers[0].kind if fleet.servers else None
+    return kind if kind in SERVER_KINDS else "sglang"
 
 
 def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = None) -> ServerPool:
@@ -537,6 +582,7 @@ def _summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]
         "truncated_in_reasoning": s.truncated_in_reasoning,
         "reasoning_tokens": s.reasoning_view(),
         "token_drift": s.drift_view(),
+        "cut_by_server": s.server_cut,
         "learned_offset": runner.path.learner.offset,
         "servers": {srv.url: srv.view() for srv in runner.pool.servers},
         "warnings": fleet.warnings + runner.warnings,
@@ -554,12 +600,30 @@ def _exit_code(runner: Runner) -> int:
 def _drift_warning(stats: RunStats) -> str | None:
     view = stats.drift_view()
     if view["differed"]:
+        cause = drift_cause(stats.drift_shapes, view["compared"], view["differed"])
         return (
             f"the server counted different prompt tokens than we did for {view['differed']} of "
-            f"{view['compared']} rows {view['by_offset']}: the tokenizer or chat template is "
-            "probably not the server's"
+            f"{view['compared']} rows {view['by_offset']}: {cause}"
         )
     return None
+
+
+def cut_by_server(done: Completion) -> bool:
+    """Whether the server cut this answer before the max_tokens we sent (finish_reason length with fewer
+    completion tokens): vLLM >= 0.33 and llama.cpp answer an input + max_tokens over their context that
+    way instead of refusing it. Our budget keeps within the context, so this means the server's context or
+    count is not ours. A choice of an answer with several (no usage of its own) is not judged."""
+    used = done.completion_tokens
+    return done.finish_reason == "length" and used is not None and used < done.max_tokens
+
+
+def _server_cut_warning(stats: RunStats) -> str | None:
+    if not stats.server_cut:
+        return None
+    return (
+        f"{stats.server_cut} answer(s) stopped with finish_reason length before their max_tokens: the servers "
+        "cut them at a context smaller than our budget assumed (check --context-length and the drift warning)"
+    )
 
 
 def _over_length_advice(stats: RunStats) -> str | None:
@@ -637,11 +701,12 @@ async def settle_manifest(
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
     start_findings(config, fleet)
+    kind = counting_kind(fleet)
     background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
     try:
         if counter is None:
-            counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader)
-        manifest = manifest_for(config, model, ctx, counter)
+            counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
+        manifest = manifest_for(config, model, ctx, counter, fleet.kind())
         check_manifest(config.out, manifest, config.force, write=config.shard is None)
         extra = await background if background is not None else None
     except BaseException:
@@ -657,7 +722,8 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     model, ctx, tokenizer = resolve(config, fleet)
     start_findings(config, fleet)
     identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
-    check_manifest(config.out, manifest_for(config, model, ctx, identity), config.force, write=True)
+    manifest = manifest_for(config, model, ctx, identity, fleet.kind())
+    check_manifest(config.out, manifest, config.force, write=True)
 
 
 def resume_state(config: RunConfig) -> ResumeState:
@@ -713,7 +779,7 @@ async def _run_locked(
     finally:
         writer.close()
         runner.save_cursor()
-    for warning in (_drift_warning(stats), _over_length_advice(stats)):
+    for warning in (_drift_warning(stats), _over_length_advice(stats), _server_cut_warning(stats)):
         if warning is not None:
             runner.warnings.append(warning)
     exit_code = _exit_code(runner)

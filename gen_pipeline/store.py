@@ -37,7 +37,7 @@ MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
 LOCK = ".lock"
 # Settings that change what a completion means; a resume must not mix them.
-MANIFEST_KEYS = ("model", "tokenizer", "context_length", "sampling", "system_prompt")
+MANIFEST_KEYS = ("model", "tokenizer", "context_length", "sampling", "system_prompt", "template_inputs_sha256")
 
 
 def repair_tail(path: Path) -> int:

@@ -27,13 +27,17 @@ HOST = "127.0.0.1"
 MODEL_NAME = "tiny-qwen3"
 
 
+# Requests with `tools` need a tool-call parser (vLLM refuses tool_choice "auto" without one); Qwen3's is hermes.
+TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
+
 def start(python: str, model: Path, port: int, run_dir: Path, max_model_len: int = 2048, timeout: float = 600) -> str:
     """Start the server; return its base URL once it answers, or raise RuntimeError with its log's tail."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / f"vllm-{port}.log"
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", HOST,
             "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", "bfloat16",
-            "--served-model-name", MODEL_NAME, "--disable-log-requests"]  # fmt: skip
+            "--served-model-name", MODEL_NAME, "--no-enable-log-requests", *TOOL_ARGS]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
