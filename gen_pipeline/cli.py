@@ -139,7 +139,7 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
     p.add_argument(
         "--chat-template-kwargs",
         metavar="JSON",
-        help='template switches for every row without its own, e.g. \'{"enable_thinking": false}\' (counted)',
+        help="template switches for every row without its own, e.g. '{\"enable_thinking\": false}' (counted)",
     )
     p.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
     p.add_argument(

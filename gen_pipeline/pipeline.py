@@ -761,8 +761,10 @@ async def _run_locked(
     found = resume.files.get(COMPLETIONS.replace(".jsonl", f"{config.file_suffix}.jsonl"))
     writer = RunWriter(config.out, config.fsync_interval, config.file_suffix, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
-    keeper = None if config.limit is not None else cursor.CursorKeeper(
-        config.out, config.input, config.shard, resumed, config.samples
+    keeper = (
+        None
+        if config.limit is not None
+        else cursor.CursorKeeper(config.out, config.input, config.shard, resumed, config.samples)
     )
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)

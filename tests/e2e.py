@@ -18,7 +18,6 @@ from gen_pipeline.pipeline import Outcome, run_async
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.store import COMPLETIONS, FAILURES, shard_files
 
-
 WEATHER_TOOL = {
     "type": "function",
     "function": {

@@ -126,9 +126,8 @@ def test_every_shape_is_counted_exactly_and_planned_as_generated(write_jsonl, tm
 
 def test_a_resume_with_other_template_inputs_is_refused(write_jsonl, tmp_path):
     """--chat-template-kwargs is in the manifest: another value is refused like another template."""
-    from gen_pipeline.store import check_manifest
-
     from gen_pipeline.pipeline import manifest_for
+    from gen_pipeline.store import check_manifest
     from gen_pipeline.tokens import FolderTemplate
 
     identity = FolderTemplate("tok", "{{ messages }}")

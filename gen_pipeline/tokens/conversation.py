@@ -138,7 +138,7 @@ def _vllm_fields(m: dict[str, Any]) -> dict[str, Any]:
 def _llamacpp_fields(m: dict[str, Any]) -> dict[str, Any]:
     """The fields llama.cpp (common/chat.cpp) parses a message into and gives the template: role, content,
     non-empty tool_calls, reasoning_content (not `reasoning`), tool_call_id and a string name."""
-    out = {k: m[k] for k in ("role", "content", "reasoning_content", "tool_call_id") if k in m}
+    out: dict[str, Any] = {k: m[k] for k in ("role", "content", "reasoning_content", "tool_call_id") if k in m}
     if m.get("tool_calls"):
         out["tool_calls"] = m["tool_calls"]
     if isinstance(m.get("name"), str):
