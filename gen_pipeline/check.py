@@ -46,15 +46,16 @@ from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
 from .inputfile import check_input
 from .oversize import SizeFloor
 from .progress import RunStats
-from .reader import BatchReader, first_lines, with_system_prompt
+from .reader import BatchReader, conversation, first_lines, shaped
 from .records import Prompt
 from .report import distribution
 from .requests import request_body
-from .setup import fit_open_files, manifest_for, open_file_limit, resolve
+from .setup import counting_kind, fit_open_files, manifest_for, open_file_limit, resolve
 from .source import BadRow, PromptSource, Skipped
 from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
 from .tokens import TokenCounter, load_counter
 from .tokens.budget import prompt_budget
+from .tokens.conversation import shapes
 
 log = logging.getLogger("gen_pipeline")
 
@@ -218,12 +219,12 @@ def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = P
     items = first_lines(PromptSource(config.input), config.limit)
     rows = (
         p
-        for p in (with_system_prompt(x, config.system_prompt) for x in items if isinstance(x, Prompt))
-        if floor.tokens_over(p.messages, fit) is None
+        for p in (shaped(x, config) for x in items if isinstance(x, Prompt))
+        if floor.tokens_over(conversation(p), fit) is None
     )
     picked: list[Prompt] = []
     for batch in iter(lambda: list(itertools.islice(rows, 4 * n)), []):
-        for p, count in zip(batch, counter.count([p.messages for p in batch]), strict=True):
+        for p, count in zip(batch, counter.count([conversation(p) for p in batch]), strict=True):
             if isinstance(count, int) and prompt_budget(config, ctx, count, p.max_tokens) is not None:
                 p.input_tokens = count
                 picked.append(p)
@@ -232,7 +233,9 @@ def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = P
     return picked[:n]
 
 
-async def _probe_count(client: Client, url: str, model: str, p: Prompt, config: RunConfig) -> int | str:
+async def _probe_count(
+    client: Client, url: str, model: str, p: Prompt, config: RunConfig
+) -> tuple[int, frozenset[str]] | str:
     body = request_body(config.sampling, p, model, max_tokens=1)
     try:
         result = await client.chat(url, body, config.timeout_for(1))
@@ -240,7 +243,7 @@ async def _probe_count(client: Client, url: str, model: str, p: Prompt, config: 
         return f"{url} id {p.id}: {exc}"
     if result.prompt_tokens is None:
         return f"{url} id {p.id}: the server reported no usage.prompt_tokens"
-    return result.prompt_tokens - p.input_tokens
+    return result.prompt_tokens - p.input_tokens, shapes(conversation(p))
 
 
 async def tokenizer_agreement(
@@ -249,7 +252,11 @@ async def tokenizer_agreement(
     """Every probe prompt to every server: the server's count minus ours, or the error."""
     pairs = [(u, p) for u in urls for p in prompts]
     results = await asyncio.gather(*(_probe_count(client, u, model, p, config) for u, p in pairs))
-    drift = Counter(r for r in results if isinstance(r, int))
+    stats = RunStats()
+    for r in results:
+        if not isinstance(r, str):
+            stats.note_drift(*r)
+    drift = stats.drift
     worst = max(drift, default=0)
     return {
         "probes": len(pairs),
@@ -258,6 +265,7 @@ async def tokenizer_agreement(
         "agree": set(drift) <= {0},
         "suggested_safety_margin": max(worst, 0) + DEFAULT_SAFETY_MARGIN if set(drift) - {0} else None,
         "errors": [r for r in results if isinstance(r, str)],
+        "shapes": dict(stats.drift_shapes),
     }
 
 
@@ -268,7 +276,7 @@ def tokenizer_findings(view: dict[str, Any], tokenizer: str, found: Findings) ->
         found.problems.append(f"no tokenizer probe succeeded: {errors[0]}")
     elif errors:
         found.warnings.append(f"{len(errors)} of {view['probes']} tokenizer probes failed: {errors[0]}")
-    if (problem := drift_problem(view["drift"], compared, tokenizer)) is not None:
+    if (problem := drift_problem(view["drift"], compared, tokenizer, shapes=view["shapes"])) is not None:
         found.problems.append(problem)
 
 
@@ -357,16 +365,17 @@ async def _fleet_and_probes(
         fleet = fleet_info(checks)
         try:
             model, ctx, tokenizer = resolve(config, fleet)
+            kind = counting_kind(fleet)
             loaded = (
                 counter
                 if counter is not None
-                else await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader)
+                else await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
             )
         except ConfigError as exc:
             found.problems.append(f"no budget plan: {exc}")
             return None
         found.warnings.extend(fleet.warnings)
-        report["settings"] = {"model": model, "context_length": ctx, "tokenizer": loaded.name}
+        report["settings"] = {"model": model, "context_length": ctx, "tokenizer": loaded.name, "server_kind": kind}
         up = [c.url for c in checks if c.info is not None]
         prompts = await asyncio.to_thread(first_prompts, config, loaded, ctx)
         if up and prompts:
@@ -386,7 +395,8 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
     if resolved is not None:
         loaded, model, ctx = resolved
         out = config.out if resume and config.out.is_dir() else None
-        manifest_findings(config, out, manifest_for(config, model, ctx, loaded), found)
+        manifest = manifest_for(config, model, ctx, loaded, report["settings"]["server_kind"])
+        manifest_findings(config, out, manifest, found)
         plan = await asyncio.to_thread(budget_plan, config, loaded, ctx, resume_state(out))
         report["plan"] = plan.view()
         plan_findings(plan, found)

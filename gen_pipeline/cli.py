@@ -136,6 +136,14 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
         help="the servers' thinking-token budget (SGLang thinking_budget, vLLM thinking_token_budget)",
     )
     p.add_argument("--sampling", help="JSON object of other request fields, e.g. '{\"top_k\": 20}'")
+    p.add_argument(
+        "--tools", metavar="FILE", help="a JSON file with an OpenAI tools list for every row without its own (counted)"
+    )
+    p.add_argument(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help="template switches for every row without its own, e.g. '{\"enable_thinking\": false}' (counted)",
+    )
     p.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
     p.add_argument(
         "--http-client",

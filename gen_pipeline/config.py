@@ -14,6 +14,7 @@ import orjson
 from .errors import ConfigError
 from .records import ALL_REASONS, MAX_SAMPLES
 from .samples import run_samples
+from .tokens.conversation import TEMPLATE_FIELDS, template_input_error
 
 # The tokenizer loader switch, read by the CLI only.
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
@@ -178,6 +179,8 @@ class RunConfig:
         thinking_budget: the server's thinking-token budget to send (None: none sent).
         limit: read only the first `limit` lines of the input (None: all of it).
         system_prompt: a system turn put first in every row that has none (counted and sent like the rest).
+        tools / chat_template_kwargs: the OpenAI tools list and template switches of every row that has
+            none of its own (rendered into the count and sent; ../shared/reference/server-api.md §1.6).
     """
 
     # input and output
@@ -203,6 +206,8 @@ class RunConfig:
     # rows
     limit: int | None = None
     system_prompt: str | None = None
+    tools: list[Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     # parallelism and retries
     concurrency: int | None = None
     queue_margin: int | None = None
@@ -253,6 +258,10 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if (error := template_input_error(self.tools, self.chat_template_kwargs)) is not None:
+            raise ConfigError(f"--tools/--chat-template-kwargs: {error}")
+        if not self.sampling.keys().isdisjoint(TEMPLATE_FIELDS):
+            raise ConfigError("tools and chat_template_kwargs are settings of their own, not sampling fields")
         reserved = {"model", "messages", "max_tokens", "max_completion_tokens", "stream"}
         if reserved & self.sampling.keys():
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
@@ -282,7 +291,10 @@ class RunConfig:
 
 
 # The options `generate` takes (its flags, `-` written `_`) that are not RunConfig fields as they stand.
-BUILT_OPTIONS = frozenset({"sampling", "temperature", "top_p", "seed", "max_attempts", "retry_failed", "system_prompt"})
+BUILT_OPTIONS = frozenset(
+    {"sampling", "temperature", "top_p", "seed", "max_attempts", "retry_failed", "system_prompt"}
+    | {"tools", "chat_template_kwargs"}
+)
 OPTIONS = BUILT_OPTIONS | {f.name for f in fields(RunConfig) if f.name != "retry"}
 
 
@@ -298,12 +310,16 @@ def build_config(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     retry_failed: str | Iterable[str] | None = None,
     system_prompt: str | None = None,
+    tools: str | Path | Sequence[Any] | None = None,
+    chat_template_kwargs: str | Mapping[str, Any] | None = None,
     **options: Any,
 ) -> RunConfig:
     """A RunConfig from `generate`'s options, written as its flags are (the CLI and the Python API share it).
 
     `servers` "host:lo-hi" or URLs; `sampling` a JSON object or its text; `retry_failed` "all" or a comma
-    list; `system_prompt` the text, or "@FILE" to read it from FILE. Other options are RunConfig fields.
+    list; `system_prompt` the text, or "@FILE" to read it from FILE; `tools` a JSON file's path or the
+    list; `chat_template_kwargs` a JSON object or its text (both may come inside `sampling` instead).
+    Other options are RunConfig fields.
     """
     unknown = options.keys() - OPTIONS
     if unknown:
@@ -311,6 +327,9 @@ def build_config(
     extra = {"temperature": temperature, "top_p": top_p, "seed": seed}
     fields = {**parse_sampling(sampling), **{k: v for k, v in extra.items() if v is not None}}
     options["sampling"], options["samples"] = run_samples(fields, options.get("samples"))  # n becomes samples
+    kwargs = parse_json_object(chat_template_kwargs, "--chat-template-kwargs")
+    given = {"tools": read_tools(tools), "chat_template_kwargs": kwargs}
+    options.update(lift_template_inputs(options["sampling"], given))
     return RunConfig(
         input=Path(input),
         out=Path(out),
@@ -334,6 +353,44 @@ def parse_sampling(spec: str | Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(spec, Mapping):
         raise ConfigError("--sampling must be a JSON object")
     return dict(spec)
+
+
+def read_tools(spec: str | Path | Sequence[Any] | None) -> list[Any] | None:
+    """--tools: a JSON file holding an OpenAI tools list (or the list itself)."""
+    if spec is None or not isinstance(spec, (str, Path)):
+        return None if spec is None else list(spec)
+    try:
+        value = orjson.loads(Path(spec).read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ConfigError(f"--tools {spec}: cannot read a JSON tools list: {exc}") from exc
+    if not isinstance(value, list):
+        raise ConfigError(f"--tools {spec}: the file must hold a JSON list of tools")
+    return value
+
+
+def parse_json_object(spec: str | Mapping[str, Any] | None, flag: str) -> dict[str, Any] | None:
+    """A flag's JSON object (or its text); None when not given."""
+    if spec is None or spec == "":
+        return None
+    if isinstance(spec, str):
+        try:
+            spec = orjson.loads(spec)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"{flag} is not valid JSON: {exc}") from exc
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{flag} must be a JSON object")
+    return dict(spec)
+
+
+def lift_template_inputs(sampling: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """tools and chat_template_kwargs from their flags or from --sampling (taken out of it, so they are
+    counted as well as sent); the sampling left, under "sampling"."""
+    out: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if k not in TEMPLATE_FIELDS}}
+    for name in TEMPLATE_FIELDS:
+        if given[name] is not None and sampling.get(name) is not None and given[name] != sampling[name]:
+            raise ConfigError(f"{name} is given both in --sampling and as its own flag; keep one")
+        out[name] = given[name] if given[name] is not None else sampling.get(name)
+    return out
 
 
 def read_system_prompt(spec: str | None) -> str | None:

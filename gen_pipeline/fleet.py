@@ -2,6 +2,9 @@
 
 SGLang puts the effective context length in `/v1/models` `max_model_len` and the tokenizer in
 `/model_info` `tokenizer_path`; llama.cpp puts the per-slot context in `/v1/models` `data[0].meta.n_ctx`.
+The server kind (sglang, vllm, llamacpp: it decides how content parts are joined before the template
+renders them) is the model card's `owned_by`; a server whose card does not say is SGLang when it has
+`/model_info` or `/server_info`, llama.cpp when it has `/props`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from .client import Client
 from .errors import AuthError, FleetError, RequestError, RetryableError
+from .tokens.conversation import SERVER_KINDS
 
 log = logging.getLogger("gen_pipeline")
 
@@ -30,7 +34,7 @@ class ServerInfo:
     context_length: int | None
     tokenizer_path: str | None = None
     max_running_requests: int | None = None
-    kind: str | None = None  # the model card's owned_by: "sglang", "vllm", ... (None: not said)
+    kind: str | None = None  # "sglang", "vllm" or "llamacpp" (server_kind), else the card's owned_by, or None
 
 
 @dataclass
@@ -46,6 +50,11 @@ class FleetInfo:
 
     def context_lengths(self) -> set[int]:
         return {s.context_length for s in self.servers if s.context_length}
+
+    def kind(self) -> str | None:
+        """The one server kind the fleet reports (None: none, or several)."""
+        kinds = self.spread("kind")
+        return next(iter(kinds)) if len(kinds) == 1 else None
 
     def spread(self, attr: str) -> dict[str, list[str]]:
         """The servers that answered, grouped by one ServerInfo field (servers that report none left out)."""
@@ -93,14 +102,29 @@ async def probe(client: Client, url: str) -> ServerInfo:
     info = await _optional(client, url, "/model_info")
     server = await _optional(client, url, "/server_info")
     running = server.get("max_running_requests")
+    kind = server_kind(card, info or server)
+    if kind is None and await _optional(client, url, "/props"):
+        kind = "llamacpp"
     return ServerInfo(
         url=url,
         model=card.get("id"),
         context_length=_card_context(card),
         tokenizer_path=info.get("tokenizer_path") or server.get("tokenizer_path"),
         max_running_requests=running if isinstance(running, int) and running > 0 else None,
-        kind=card.get("owned_by") if isinstance(card.get("owned_by"), str) else None,
+        kind=kind if kind is not None else _text(card.get("owned_by")),
     )
+
+
+def server_kind(card: dict[str, Any], sglang_info: dict[str, Any]) -> str | None:
+    """sglang, vllm or llamacpp from the model card's owned_by, else SGLang's own endpoints; None: unknown."""
+    owned = card.get("owned_by")
+    if owned in SERVER_KINDS:
+        return str(owned)
+    return "sglang" if sglang_info else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 async def _probe_all(client: Client, urls: tuple[str, ...]) -> tuple[list[ServerInfo], list[str]]:

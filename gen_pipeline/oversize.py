@@ -16,7 +16,7 @@ import json
 import unicodedata
 from typing import Any
 
-from .records import Messages
+from .tokens.conversation import ChatInput, Conversation
 
 UTF8_MAX = 4  # bytes of the longest UTF-8 character: a text of n characters has at most 4n bytes
 UNICODE_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
@@ -46,6 +46,19 @@ def longest_token_bytes(backend: Any) -> int | None:
     return max([regular, *(len(a.content.encode("utf-8")) for a in added)]) or None
 
 
+def text_chars(chat: ChatInput) -> int:
+    """The characters of a conversation's message text (string content and text parts)."""
+    messages = chat.messages if isinstance(chat, Conversation) else chat
+    chars = 0
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+    return chars
+
+
 class SizeFloor:
     """A lower bound on a prompt's token count from its size, for rows far too long to count."""
 
@@ -61,11 +74,11 @@ class SizeFloor:
             self._longest = longest_token_bytes(self.backend) if self.backend is not None else None
         return self._longest
 
-    def tokens_over(self, messages: Messages, fit: int) -> int | None:
+    def tokens_over(self, messages: ChatInput, fit: int) -> int | None:
         """A floor above `fit` on the prompt's tokens, or None when its size cannot prove one (count it)."""
         if self.backend is None:
             return None
-        chars = sum(len(m["content"]) for m in messages)
+        chars = text_chars(messages)
         if UTF8_MAX * chars <= fit or self.longest is None or UTF8_MAX * chars <= self.longest * fit:
             return None  # the usual row: too short for its size alone to say anything
         text = self._render(messages)
@@ -86,13 +99,12 @@ class SizeFloor:
             return unicodedata.normalize(form, text)
         return str(normalizer.normalize_str(text))
 
-    def _render(self, messages: Messages) -> str | None:
+    def _render(self, messages: ChatInput) -> str | None:
         """The chat prompt text, rendered as the counter does; None when it cannot be."""
         try:
             template = getattr(self.counter, "template", None)
             if template is not None:
                 return str(template.render(messages))
-            tok = self.counter.tokenizer
-            return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+            return str(self.counter.render(messages))  # HFTokenCounter: the server's view, then transformers
         except Exception:  # the counter reports a template failure itself, as bad_input
             return None

@@ -26,7 +26,7 @@ from .errors import (
     ConfigError,
     OutputError,
 )
-from .findings import drift_warning, over_length_advice
+from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
 from .inputfile import check_input
 from .locks import refuse_shard_writers
@@ -271,7 +271,9 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     finally:
         writer.close()
         runner.save_cursor()
-    for warning in (drift_warning(stats.drift_view()), over_length_advice(stats.failed, stats.drift_view())):
+    view = stats.drift_view()
+    warnings = drift_warning(view, stats.drift_shapes), over_length_advice(stats.failed, view)
+    for warning in (*warnings, server_cut_warning(stats.server_cut)):
         if warning is not None:
             runner.warnings.append(warning)
     exit_code = _exit_code(runner)

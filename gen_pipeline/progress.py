@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,9 @@ class RunStats:
     requests: int = 0
     in_flight: int = 0
     drift: Counter[int] = field(default_factory=Counter)  # server prompt_tokens - ours -> rows
+    # rows compared per request shape (tokens.conversation.SHAPES), and "<shape> drifted" for those that differed
+    drift_shapes: Counter[str] = field(default_factory=Counter)
+    server_cut: int = 0  # answers cut at the server's context before their max_tokens (finish_reason length)
     repeats: int = 0
     input_fraction: float = 0.0  # how much of the input file the reader has consumed
     handed_over: int = 0  # rows the reader has passed on (ahead of `read` by up to a batch), with input_fraction
@@ -104,6 +107,14 @@ class RunStats:
             return None
         answer = self.reasoned_output_tokens - self.reasoning_tokens
         return {"reasoning": self.reasoning_tokens, "answer": answer, "of_output": self.reasoned_output_tokens}
+
+    def note_drift(self, offset: int, shapes: Iterable[str]) -> None:
+        """One row compared with the server's count: its offset, under each of its request shapes."""
+        self.drift[offset] += 1
+        for shape in shapes:
+            self.drift_shapes[shape] += 1
+            if offset:
+                self.drift_shapes[f"{shape} drifted"] += 1
 
     def drift_view(self) -> dict[str, Any]:
         """How often the server's prompt count differed from ours, and by how much."""

@@ -15,6 +15,7 @@ from .samples import pending, row_reason
 from .source import BadRow, PromptSource, Skipped, skipped
 from .store import ResumeState
 from .tokens import TokenCounter
+from .tokens.conversation import ChatInput, Conversation
 
 log = logging.getLogger("gen_pipeline")
 
@@ -43,7 +44,7 @@ class BatchReader:
         self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
-        self.limit, self.system_prompt = config.limit, config.system_prompt
+        self.limit, self.config = config.limit, config
         self.items: Iterator[Prompt | BadRow | Skipped] = first_lines(self.source, self.limit)
         self.counter = counter
         self.resume = resume
@@ -74,7 +75,7 @@ class BatchReader:
                 continue
             out.append(settled)
             if isinstance(settled, Prompt):
-                prompts.append(with_system_prompt(settled, self.system_prompt))
+                prompts.append(shaped(settled, self.config))
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats
@@ -116,7 +117,7 @@ class BatchReader:
 
     def _too_long(self, p: Prompt) -> bool:
         """Whether the row's size alone proves it over_length; then its input_tokens is that floor."""
-        floor = self.floor.tokens_over(p.messages, self.fit) if self.fit is not None else None
+        floor = self.floor.tokens_over(conversation(p), self.fit) if self.fit is not None else None
         if floor is None:
             return False
         p.input_tokens, p.at_least = floor, True
@@ -126,7 +127,7 @@ class BatchReader:
         """Set each prompt's input_tokens; return why counting failed, by id() of the prompt."""
         failed: dict[int, str] = {}
         prompts = [p for p in prompts if not self._too_long(p)]
-        counts = self.counter.count([p.messages for p in prompts]) if prompts else []
+        counts = self.counter.count([conversation(p) for p in prompts]) if prompts else []
         for p, n in zip(prompts, counts, strict=True):
             if isinstance(n, int):
                 p.input_tokens = n
@@ -150,6 +151,24 @@ def first_lines(source: PromptSource, limit: int | None) -> Generator[Prompt | B
                 break
     finally:
         items.close()  # type: ignore[attr-defined]  # PromptSource.__iter__ is a generator
+
+
+def shaped(prompt: Prompt, config: RunConfig) -> Prompt:
+    """The row as it is counted and sent: --system-prompt put first, and the run's tools and
+    chat_template_kwargs where the row has none of its own (a row's own value replaces the run's)."""
+    with_system_prompt(prompt, config.system_prompt)
+    if prompt.tools is None:
+        prompt.tools = config.tools
+    if prompt.template_kwargs is None:
+        prompt.template_kwargs = config.chat_template_kwargs
+    return prompt
+
+
+def conversation(prompt: Prompt) -> ChatInput:
+    """What the template renders for a row: its messages, with its tools and template kwargs if any."""
+    if prompt.tools is None and not prompt.template_kwargs:
+        return prompt.messages
+    return Conversation(prompt.messages, prompt.tools, prompt.template_kwargs or {})
 
 
 def with_system_prompt(prompt: Prompt, text: str | None) -> Prompt:

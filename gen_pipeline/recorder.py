@@ -16,10 +16,12 @@ from .dispatch import Sent
 from .errors import EXIT_ERROR, EXIT_OUTPUT, OutputError
 from .findings import DRIFT_EVIDENCE, early_drift_problem
 from .progress import RunStats
+from .reader import conversation
 from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from .runtime import say
 from .source import BadRow, Skipped
 from .store import RunWriter
+from .tokens.conversation import shapes
 
 
 class Recorder:
@@ -51,13 +53,14 @@ class Recorder:
     def sent(self, prompt: Prompt, sent: Sent) -> bool:
         """Write what one prompt's requests came to; True when a sample failed for a transient reason."""
         transient = False
+        kinds = shapes(conversation(prompt))
         for outcome in sent.outcomes:
             if isinstance(outcome, Failure):
                 self.failure(outcome)
                 transient = transient or outcome.reason in TRANSIENT_REASONS
             else:
                 self._write(self.writer.write_completion, outcome)
-                self._count(outcome)
+                self._count(outcome, kinds)
         self.stats.output_tokens += sent.output_tokens
         if sent.reasoning_tokens is not None:
             self.stats.reasoning_tokens += sent.reasoning_tokens
@@ -73,14 +76,15 @@ class Recorder:
         self.stats.failed[failure.reason] += 1
         self.stats.last_error[failure.reason] = f"{failure.server or failure.source}: {failure.detail}"[:300]
 
-    def _count(self, outcome: Completion) -> None:
-        """Add one written completion to the run's figures."""
+    def _count(self, outcome: Completion, kinds: frozenset[str] = frozenset()) -> None:
+        """Add one written completion to the run's figures (`kinds`: its request's shapes)."""
         self.stats.completed += 1
         self.stats.finish_reasons[str(outcome.finish_reason)] += 1
         if outcome.extra.get("truncated_in") == "reasoning":
             self.stats.truncated_in_reasoning += 1
+        self.stats.server_cut += cut_by_server(outcome)
         if outcome.prompt_tokens is not None:
-            self.stats.drift[outcome.prompt_tokens - outcome.input_tokens] += 1
+            self.stats.note_drift(outcome.prompt_tokens - outcome.input_tokens, kinds)
             if not self.drift_judged:
                 self._judge_drift()
 
@@ -89,7 +93,7 @@ class Recorder:
         if sum(self.stats.drift.values()) < DRIFT_EVIDENCE:
             return
         self.drift_judged = True
-        problem = early_drift_problem(self.stats.drift, self.tokenizer)
+        problem = early_drift_problem(self.stats.drift, self.tokenizer, self.stats.drift_shapes)
         if problem is None:
             return
         if self.config.force:
@@ -105,3 +109,12 @@ class Recorder:
             self.fatal = exc
             self.stop(str(exc), EXIT_OUTPUT)
             raise
+
+
+def cut_by_server(done: Completion) -> bool:
+    """Whether the server cut this answer before the max_tokens we sent (finish_reason length with fewer
+    completion tokens): vLLM >= 0.33 and llama.cpp answer an input + max_tokens over their context that
+    way instead of refusing it. Our budget keeps within the context, so this means the server's context or
+    count is not ours. A choice of an answer with several (no usage of its own) is not judged."""
+    used = done.completion_tokens
+    return done.finish_reason == "length" and used is not None and used < done.max_tokens

@@ -27,15 +27,26 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def content_digest(messages: Messages) -> bytes:
-    """A 16-byte digest of the normalized conversation (roles included)."""
-    norm = [[m.get("role", ""), normalize_text(str(m.get("content", "")))] for m in messages]
-    return hashlib.blake2b(orjson.dumps(norm), digest_size=16).digest()
+def content_digest(messages: Messages, extra: dict[str, Any] | None = None) -> bytes:
+    """A 16-byte digest of the normalized conversation (roles included): a turn's other fields (tool
+    calls, name, ...) and the row's `extra` (its tools, template kwargs) count only when present, so a
+    plain row's digest stays what it always was."""
+    norm: list[Any] = [_turn(m) for m in messages]
+    if extra:
+        norm.append(extra)
+    return hashlib.blake2b(orjson.dumps(norm, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
 
 
-def content_id(messages: Messages) -> str:
-    """The stable id of a row that has none: a hex hash of its normalized messages."""
-    return id_from_digest(content_digest(messages))
+def _turn(m: dict[str, Any]) -> list[Any]:
+    """One turn as the digest sees it: role, normalized text, then its other fields when it has any."""
+    turn: list[Any] = [m.get("role", ""), normalize_text(str(m.get("content", "")))]
+    rest = {k: v for k, v in m.items() if k not in ("role", "content") and v is not None}
+    return [*turn, rest] if rest else turn
+
+
+def content_id(messages: Messages, extra: dict[str, Any] | None = None) -> str:
+    """The stable id of a row that has none: a hex hash of its normalized messages (and `extra`)."""
+    return id_from_digest(content_digest(messages, extra))
 
 
 def id_from_digest(digest: bytes) -> str:
@@ -116,6 +127,8 @@ class Prompt:
     samples: int | None = None  # the row's own samples count (None: the run's --samples)
     pending: tuple[int, ...] = ()  # the samples still owed, set by the reader (see samples.pending)
     at_least: bool = False  # input_tokens is a lower bound from the row's size: too long to be worth counting
+    tools: list[Any] | None = None  # the OpenAI tools the template gets: the row's own, else the run's
+    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, likewise
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:

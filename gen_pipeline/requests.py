@@ -30,8 +30,13 @@ from .tokens.budget import OffsetLearner, rebudget, room_needed
 
 
 def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_tokens: int) -> dict[str, Any]:
-    """Global sampling, then the row's own sampling, then the fixed fields."""
+    """Global sampling, then the row's own sampling, then what the template renders (the row's tools and
+    chat_template_kwargs, top-level as SGLang and vLLM take them), then the fixed fields."""
     body: dict[str, Any] = {**sampling, **(prompt.sampling or {})}
+    if prompt.tools is not None:
+        body["tools"] = prompt.tools
+    if prompt.template_kwargs:
+        body["chat_template_kwargs"] = prompt.template_kwargs
     body.update(model=model, messages=prompt.messages, max_tokens=max_tokens)
     return body
 

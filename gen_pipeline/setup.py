@@ -9,6 +9,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import orjson
+
 from . import __version__, cursor
 from .balancer import ServerPool, ServerState
 from .client import Client
@@ -19,6 +21,7 @@ from .fleet import FleetInfo, discover
 from .pacing import queue_margin
 from .store import ResumeState, check_manifest, scan
 from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
+from .tokens.conversation import SERVER_KINDS
 
 log = logging.getLogger("gen_pipeline")
 
@@ -36,12 +39,24 @@ def chat_template_hash(counter: TemplateIdentity) -> str | None:
     return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
 
 
-def manifest_for(config: RunConfig, model: str, ctx: int, counter: TemplateIdentity) -> dict[str, Any]:
+def template_inputs_hash(config: RunConfig) -> str | None:
+    """A SHA-256 of the run's tools and chat_template_kwargs (canonical JSON); None when it has neither."""
+    if config.tools is None and config.chat_template_kwargs is None:
+        return None
+    inputs = {"tools": config.tools, "chat_template_kwargs": config.chat_template_kwargs}
+    return hashlib.sha256(orjson.dumps(inputs, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def manifest_for(
+    config: RunConfig, model: str, ctx: int, counter: TemplateIdentity, server_kind: str | None = None
+) -> dict[str, Any]:
     """The settings recorded with the run (never the API key)."""
     return {
         "model": model,
         "tokenizer": counter.name,
         "chat_template_sha256": chat_template_hash(counter),
+        "template_inputs_sha256": template_inputs_hash(config),
+        "server_kind": server_kind,
         "context_length": ctx,
         "sampling": config.sampling,
         "max_tokens": config.max_tokens,
@@ -74,6 +89,16 @@ def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
     if not tokenizer:
         raise ConfigError("the servers report no tokenizer_path; pass --tokenizer")
     return model, ctx, tokenizer
+
+
+def counting_kind(fleet: FleetInfo) -> str:
+    """The server kind whose message normalisation the count follows: the fleet's, else SGLang's (with a
+    warning when its servers are of several kinds: content parts may then count differently)."""
+    kinds = fleet.spread("kind")
+    if len(kinds) > 1:
+        fleet.warnings.append(f"servers of different kinds {kinds}: counting as {fleet.servers[0].kind} does")
+    kind = fleet.servers[0].kind if fleet.servers else None
+    return kind if kind in SERVER_KINDS else "sglang"
 
 
 def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = None) -> ServerPool:
@@ -155,11 +180,12 @@ async def settle_manifest(
     fleet = await discover(client, config.servers, config.startup_timeout)
     model, ctx, tokenizer = resolve(config, fleet)
     start_findings(config, fleet)
+    kind = counting_kind(fleet)
     background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
     try:
         if counter is None:
-            counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader)
-        manifest = manifest_for(config, model, ctx, counter)
+            counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
+        manifest = manifest_for(config, model, ctx, counter, fleet.kind())
         check_manifest(config.out, manifest, config.force, write=config.shard is None)
         extra = await background if background is not None else None
     except BaseException:
@@ -175,7 +201,8 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     model, ctx, tokenizer = resolve(config, fleet)
     start_findings(config, fleet)
     identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
-    check_manifest(config.out, manifest_for(config, model, ctx, identity), config.force, write=True)
+    manifest = manifest_for(config, model, ctx, identity, fleet.kind())
+    check_manifest(config.out, manifest, config.force, write=True)
 
 
 def resume_state(config: RunConfig) -> ResumeState:

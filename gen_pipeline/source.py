@@ -18,13 +18,14 @@ from typing import Any, BinaryIO, Protocol
 import orjson
 
 from .donekeys import KeyMap
-from .errors import InputError
+from .errors import InputError, RequestShapeError
 from .inputfile import InputFile, strip_bom
 from .records import ROLES, Messages, Prompt, RowId, content_id, id_key, parsed_id, peek_key
 from .samples import row_samples
+from .tokens.conversation import TEMPLATE_FIELDS, content_texts, template_input_error
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
-_KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling", "samples"})
+_KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling", "samples", *TEMPLATE_FIELDS})
 # A line longer than this is a bad_input row, read in blocks and never held whole (a 20 MB row is fine).
 MAX_LINE_BYTES = 64 << 20
 # A pass from the top whose first this many rows are all bad stops: the file is not prompts JSONL.
@@ -63,20 +64,48 @@ def _messages(row: dict[str, Any]) -> Messages:
 
 
 def _check_message(i: int, m: Any) -> None:
+    """A turn servers accept: string content, text parts, or an assistant's tool calls without content."""
     if not isinstance(m, dict):
         raise RowError(f"messages[{i}] is not an object")
     if m.get("role") not in ROLES:
         raise RowError(f"messages[{i}] has unknown role {m.get('role')!r}")
+    calls = m.get("tool_calls")
+    if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list)):
+        raise RowError(f"messages[{i}] tool_calls must be a list, on an assistant turn")
     content = m.get("content")
-    if not isinstance(content, str):
-        raise RowError(f"messages[{i}] content must be a string, not {type(content).__name__}")
+    if content is None and calls:
+        return  # an assistant turn that only calls tools
+    if isinstance(content, list):
+        try:
+            content = "".join(content_texts(content))
+        except RequestShapeError as exc:  # multimodal content, a part without text
+            raise RowError(f"messages[{i}]: {exc}") from None
+    elif not isinstance(content, str):
+        raise RowError(f"messages[{i}] content must be a string or text parts, not {type(content).__name__}")
     if not content or content.isspace():  # isspace, unlike strip, copies nothing
         raise RowError(f"messages[{i}] content is empty")
 
 
-def _row_id(row: dict[str, Any], messages: Messages) -> RowId:
+def _template_inputs(row: dict[str, Any], sampling: dict[str, Any] | None) -> tuple[Any, Any, dict[str, Any] | None]:
+    """The row's tools and chat_template_kwargs, top-level or in its sampling (lifted out of it: they are
+    counted as well as sent), and the sampling without them."""
+    inner = sampling or {}
+    values = []
+    for name in TEMPLATE_FIELDS:
+        top, nested = row.get(name), inner.get(name)
+        if top is not None and nested is not None and top != nested:
+            raise RowError(f"{name} is set both at the top level and in sampling; keep one")
+        values.append(top if top is not None else nested)
+    if (error := template_input_error(*values)) is not None:
+        raise RowError(error)
+    if sampling is not None and not sampling.keys().isdisjoint(TEMPLATE_FIELDS):
+        sampling = {k: v for k, v in sampling.items() if k not in TEMPLATE_FIELDS}
+    return values[0], values[1], sampling
+
+
+def _row_id(row: dict[str, Any], messages: Messages, extra: dict[str, Any]) -> RowId:
     if "id" not in row or row["id"] is None:
-        return content_id(messages)
+        return content_id(messages, extra)
     rid = row["id"]
     if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
         raise RowError(f"id must be a non-empty string or a 64-bit integer, not {rid!r}")
@@ -110,14 +139,16 @@ def parse_row(raw: bytes, line: int) -> Prompt:
         raise RowError(f"row is a JSON {type(row).__name__}, not an object")
     messages = _messages(row)
     max_tokens, sampling = _options(row)
+    tools, template_kwargs, sampling = _template_inputs(row, sampling)
     try:
         sampling, samples = row_samples(row, sampling)
     except ValueError as exc:
         raise RowError(str(exc)) from None
     meta = {k: v for k, v in row.items() if k not in _KNOWN}
     derived = row.get("id") is None
-    prompt = Prompt(_row_id(row, messages), line, messages, max_tokens, sampling, meta, derived_id=derived)
-    prompt.samples = samples
+    extra = {k: v for k, v in zip(TEMPLATE_FIELDS, (tools, template_kwargs), strict=True) if v is not None}
+    prompt = Prompt(_row_id(row, messages, extra), line, messages, max_tokens, sampling, meta, derived_id=derived)
+    prompt.samples, prompt.tools, prompt.template_kwargs = samples, tools, template_kwargs
     return prompt
 
 

@@ -28,7 +28,7 @@ from .samples import record_sample, row_reason, sample_key
 
 __all__ = ["COMPLETIONS", "FAILURES", "LOCK", "MANIFEST", "SUMMARY", "DirLock", "write_json_atomic"]  # re-exported
 # Settings that change what a completion means; a resume must not mix them.
-MANIFEST_KEYS = ("model", "tokenizer", "context_length", "sampling", "system_prompt")
+MANIFEST_KEYS = ("model", "tokenizer", "context_length", "sampling", "system_prompt", "template_inputs_sha256")
 
 
 def repair_tail(path: Path) -> int:

@@ -126,7 +126,8 @@ def _reasoning(values: list[Any]) -> dict[str, int] | None:
 DERIVED = frozenset(
     {"exit_code", "workers", "elapsed_s", "requests_per_s", "output_tokens_per_s", "token_drift.differed"}
 )
-COUNTS = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens", "truncated_in_reasoning")
+COUNTS: tuple[str, ...] = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens")
+COUNTS += ("truncated_in_reasoning", "cut_by_server")
 
 SUMMARY_RULES: dict[str, Any] = {
     **dict.fromkeys(COUNTS, SUM),
@@ -224,6 +225,7 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "truncated_in_reasoning": stats.truncated_in_reasoning,
         "reasoning_tokens": stats.reasoning_view(),
         "token_drift": stats.drift_view(),
+        "cut_by_server": stats.server_cut,
         "learned_offset": 0,
         "servers": pool.views(),
         "tail_s": None if tail is None else round(tail, 2),

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from gen_pipeline.tokens import TINY_TOKENIZER, HFTokenCounter, load_tokenizer
+from gen_pipeline.tokens.conversation import Conversation
 
 QWEN3 = Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "qwen3"
 
@@ -24,9 +25,14 @@ class FakeCounter:
         self.overhead = overhead
         self.calls = 0
 
-    def count(self, conversations: Sequence[list[dict[str, Any]]]) -> list[int | str]:
+    def count(self, conversations: Sequence[Any]) -> list[int | str]:
         self.calls += 1
-        return [self.overhead + sum(len(m["content"].split()) for m in c) for c in conversations]
+        return [self.overhead + sum(len(str(m.get("content") or "").split()) for m in _turns(c)) for c in conversations]
+
+
+def _turns(chat: Any) -> Any:
+    """The messages of a plain message list or a Conversation."""
+    return chat.messages if isinstance(chat, Conversation) else chat
 
 
 @pytest.fixture

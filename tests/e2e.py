@@ -19,6 +19,49 @@ from gen_pipeline.rundir import RunDir
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.summary import Outcome
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def shape_rows(n: int) -> list[dict[str, Any]]:
+    """`n` rows of the shapes real servers take (issue 19): top-level tools, their own template kwargs,
+    text parts, and tool-call history (null content, string arguments, a tool turn, earlier reasoning)."""
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": f'{{"city": "C{i}"}}'},
+        }
+        shapes = [
+            {"messages": [{"role": "user", "content": f"weather in town {i}?"}], "tools": [WEATHER_TOOL]},
+            {"prompt": f"think about {i}", "chat_template_kwargs": {"enable_thinking": True}},
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": f"part {i}"}, {"type": "text", "text": "two"}],
+                    }
+                ]
+            },
+            {
+                "messages": [
+                    {"role": "user", "content": f"weather in C{i}?"},
+                    {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "look it up"},
+                    {"role": "tool", "tool_call_id": f"c{i}", "content": [{"type": "text", "text": "sunny"}]},
+                ],
+                "tools": [WEATHER_TOOL],
+            },
+        ]
+        rows.append({"id": f"shape-{i}", **shapes[i % len(shapes)]})
+    return rows
+
 
 def prompts(n: int, words: int = 20, start: int = 0) -> list[dict[str, Any]]:
     """`n` distinct chat rows of varying length."""

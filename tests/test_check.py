@@ -63,7 +63,7 @@ def _one_down() -> list[SimConfig]:
     [
         (_one_down, "1 of 3 servers down"),
         (_two_contexts, "different context lengths"),
-        (lambda: [sim(2, context_length=CTX, template_extra_tokens=5)], "tokenizer drift"),
+        (lambda: [sim(2, context_length=CTX, template_extra_tokens=5)], "token count drift"),
     ],
     ids=["one-port-down", "context-differs", "tokenizer-mismatch"],
 )

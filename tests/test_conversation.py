@@ -25,10 +25,10 @@ def user(content):
         ("llamacpp", "string", user([{"type": "text", "text": ""}, *PARTS]), user("a\nb")),  # no newline after ""
         ("sglang", "openai", user(PARTS), user([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])),
         ("sglang", "openai", {"role": "tool", "content": PARTS}, {"role": "tool", "content": "a b"}),
-        ("vllm", "openai", {"role": "tool", "content": PARTS[:1]}, {"role": "tool", "content": PARTS[:1]}),
+        ("vllm", "openai", {"role": "tool", "content": PARTS[:1]}, {"role": "tool", "content": "a"}),  # vLLM 0.32 joins
         ("sglang", "string", {"role": "user", "content": None, "name": None}, user("")),  # None content is ""
         ("sglang", "string", {"role": "user"}, user("")),
-        ("vllm", "string", {"role": "user", "content": None}, {"role": "user"}),
+        ("vllm", "string", {"role": "user", "content": None}, {"role": "user", "content": ""}),
         (
             "sglang",
             "string",
@@ -77,7 +77,7 @@ def test_a_final_assistant_turn_becomes_a_user_turn_on_sglang():
     """SGLang renders a trailing assistant text turn as a user turn (no continue_final_message)."""
     chat = [user("q"), {"role": "assistant", "content": "partial", "reasoning_content": "r"}]
     assert server_view(chat, server="sglang").messages[-1] == user("partial")
-    assert server_view(chat, server="vllm").messages[-1] == chat[-1]
+    assert server_view(chat, server="vllm").messages[-1]["role"] == "assistant"
 
 
 def test_a_conversation_carries_its_own_tools_and_kwargs():
@@ -105,3 +105,17 @@ def test_a_conversation_carries_its_own_tools_and_kwargs():
 def test_content_format_detection(source, expected):
     """A template that loops over message content (or names media) gets parts; the rest get strings."""
     assert content_format(compile_template(source).environment, source) == expected
+
+
+def test_vllm_keeps_the_message_and_tool_fields_it_knows():
+    """vLLM 0.32 passes `reasoning` (else `reasoning_content`) under both names, drops unknown fields, and
+    hands the template its pydantic dump of each tool (absent fields null, fixed key order)."""
+    turn = {"role": "assistant", "content": None, "reasoning": "r", "reasoning_content": "x", "extra": 1}
+    alone = {"role": "assistant", "content": "a", "reasoning_content": "x"}
+    assert server_view([alone], server="vllm").messages[0]["reasoning"] == "x"
+    tool = {"function": {"parameters": {}, "name": "f", "more": 2}}
+    view = server_view([user("q"), turn], tools=[tool], server="vllm")
+    assert view.messages[1] == {"role": "assistant", "content": "", "reasoning": "r", "reasoning_content": "r"}
+    assert view.tools == [{"type": "function", "function": {"name": "f", "description": None, "parameters": {}}}]
+    assert list(view.tools[0]["function"]) == ["name", "description", "parameters"]
+    assert server_view([user("q")], tools=[tool], server="sglang").tools == [tool]

@@ -99,8 +99,8 @@ def test_every_row_drifting_unlearnably_stops_the_run_early(write_jsonl, tmp_pat
     rows = prompts(400)
     out = tmp_path / "out"
     outcome = generate(write_jsonl(rows), out, {}, {}, counter=FakeCounter(), concurrency=2)
-    assert outcome.exit_code == 1 and outcome.summary["stop_reason"].startswith("PROBLEM: tokenizer drift")
-    assert "PROBLEM: tokenizer drift" in capsys.readouterr().err
+    assert outcome.exit_code == 1 and outcome.summary["stop_reason"].startswith("PROBLEM: token count drift")
+    assert "PROBLEM: token count drift" in capsys.readouterr().err
     assert outcome.summary["completed"] < 100
     check_invariant([r["id"] for r in read_jsonl(out / "completions.jsonl")], out)
 

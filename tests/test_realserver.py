@@ -14,9 +14,10 @@ import signal
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import QWEN3
-from e2e import check_invariant, prompts, read_jsonl
+from e2e import check_invariant, prompts, read_jsonl, shape_rows
 from procs import wait_for_lines
 
 from gen_pipeline.config import RetryPolicy, RunConfig
@@ -55,10 +56,12 @@ def tokenizer() -> str:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """Two llama-servers, 8 slots of 2048 tokens each, stopped after the module."""
+    """Two llama-servers (--jinja: the model's own template), 8 slots of 2048 tokens each, stopped after the module."""
     _require()
     run_dir = tmp_path_factory.mktemp("llama")
-    started = llama.start_fleet(MODEL, free_ports(2), run_dir, parallel=8, ctx_per_slot=CTX, log=lambda _: None)
+    started = llama.start_fleet(
+        MODEL, free_ports(2), run_dir, parallel=8, ctx_per_slot=CTX, extra_args=["--jinja"], log=lambda _: None
+    )
     try:
         yield started
     finally:
@@ -83,6 +86,20 @@ def test_generate_counts_exactly_and_skips_what_cannot_fit(servers, tokenizer, w
     [ledger] = read_jsonl(out / "failures.jsonl")
     assert ledger["id"] == "long" and ledger["attempts"] == 0 and ledger["input_tokens"] > CTX
     assert sum(v["requests"] for v in outcome.summary["servers"].values()) == 300
+
+
+def test_every_request_shape_counts_exactly(servers, tokenizer, write_jsonl, tmp_path):
+    """Tools, template kwargs (the run's and a row's own), text parts and tool-call history: every row done
+    with zero drift, counted as llama.cpp shapes messages (the server kind is recorded)."""
+    out = tmp_path / "out"
+    config = _config(write_jsonl([*shape_rows(16), *prompts(4)]), out, servers, tokenizer)
+    config = RunConfig(**{**config.__dict__, "chat_template_kwargs": {"enable_thinking": False}})
+    outcome = asyncio.run(asyncio.wait_for(run_async(config), 300))
+    assert outcome.exit_code == 0, outcome.summary
+    assert outcome.summary["completed"] == 20 and outcome.summary["failed"] == {}
+    assert outcome.summary["token_drift"] == {"compared": 20, "differed": 0, "by_offset": {}}
+    assert outcome.summary["cut_by_server"] == 0
+    assert orjson.loads((out / "manifest.json").read_bytes())["server_kind"] == "llamacpp"
 
 
 def test_forced_overflow_gets_the_real_400_and_is_ledgered(servers, tokenizer, write_jsonl, tmp_path):

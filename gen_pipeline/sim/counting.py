@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 
 from ..tokens import FastTokenCounter, HFTokenCounter
+from ..tokens.conversation import Conversation
 from . import sglang
 from .sglang import GenRequest
 
 LONG_TEXT_CHARS = 20_000  # count longer prompts in a thread so one does not stall every port
+
+
+def conversation(req: GenRequest) -> Conversation:
+    """A chat request as its template renders it: messages, tools and chat_template_kwargs."""
+    return Conversation(req.messages or [], req.tools, req.template_kwargs or {})
 
 
 class ServerCounter:
@@ -33,10 +39,11 @@ class ServerCounter:
                 return len(await asyncio.to_thread(self.prompt_ids, req))
             return len(self.prompt_ids(req))
         size = sum(len(str(m.get("content", ""))) for m in req.messages)
+        chat = [conversation(req)]
         if size > LONG_TEXT_CHARS:
-            counted = await asyncio.to_thread(self.chat_counter.count, [req.messages])
+            counted = await asyncio.to_thread(self.chat_counter.count, chat)
         else:
-            counted = self.chat_counter.count([req.messages])
+            counted = self.chat_counter.count(chat)
         if isinstance(counted[0], str):
             raise sglang.bad_request(counted[0], "BadRequest")
         return counted[0] + self.extra
@@ -44,7 +51,7 @@ class ServerCounter:
     async def chat_ids(self, req: GenRequest) -> list[int]:
         """The ids a chat request is encoded to (the extra template tokens appear as id 0)."""
         try:
-            text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
+            text = self.counter.render(conversation(req))
         except Exception as exc:  # jinja raise_exception() and type errors in the template
             raise sglang.bad_request(f"chat template failed: {exc}", "BadRequest") from exc
         encoded = await asyncio.to_thread(self.tokenizer, text, add_special_tokens=False)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PipelineError
+from ..tokens.conversation import template_input_error
 from .config import SimConfig
 
 QUEUE_FULL = "The request queue is full."
@@ -42,6 +43,8 @@ class GenRequest:
     stop: tuple[str, ...]
     messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
+    tools: list[Any] | None = None  # what the chat template renders beside the messages (server-api.md §1.6)
+    template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +94,11 @@ def _int_field(payload: dict[str, Any], key: str) -> int | None:
 
 
 def _normalize_message(message: Any) -> dict[str, Any]:
-    """SGLang's message normalisation: None content -> "", text-part lists flattened."""
+    """The request's message as pydantic validates it; the counter applies SGLang's normalisation
+    (None content -> "", text parts joined, tool-call arguments parsed: tokens/conversation.py)."""
     if not isinstance(message, dict) or "role" not in message:
         raise bad_request("messages: each message must be an object with a role", "Bad Request")
-    content = message.get("content")
-    if content is None:
-        content = ""
-    elif isinstance(content, list):
-        content = " ".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return {**message, "content": content}
+    return message
 
 
 def parse_chat(payload: Any, served: str) -> GenRequest:
@@ -114,11 +113,16 @@ def parse_chat(payload: Any, served: str) -> GenRequest:
         )
     if not messages:
         raise bad_request("Messages cannot be empty.")
+    tools, kwargs = payload.get("tools"), payload.get("chat_template_kwargs")
+    if (error := template_input_error(tools, kwargs)) is not None:
+        raise bad_request(f"1 validation error for ChatCompletionRequest\n{error}", "Bad Request")
     return GenRequest(
         model=str(payload.get("model") or served),
         max_new=_int_field(payload, "max_completion_tokens") or _int_field(payload, "max_tokens"),
         stop=_stops(payload),
         messages=[_normalize_message(m) for m in messages],
+        tools=tools if tools and payload.get("tool_choice") != "none" else None,  # SGLang renders none then
+        template_kwargs=kwargs or None,
     )
 
 

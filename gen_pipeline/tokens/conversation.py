@@ -4,13 +4,15 @@ shapes them before it calls `apply_chat_template(messages, tools=..., add_genera
 
 A conversation is a plain message list or a `Conversation` (messages, tools, template kwargs); counters
 and the renderer take either. `server_view` applies what the server does to the messages first:
-- content None or absent becomes "" (SGLang);
+- content None or absent becomes "";
 - content given as a list of parts: the text parts (`text`, `input_text`) are joined into one string for a
   "string"-format template, with one space on SGLang and a newline on vLLM and llama.cpp; an
   "openai"-format template (it loops over `message['content']`, or names image/audio/video/vision) gets
   the list back as `{"type": "text", "text": ...}` parts. Any other part is an RequestShapeError
   ("multimodal content is not supported"): this client counts text only;
-- SGLang joins a tool turn's text parts into one string for every template;
+- SGLang and vLLM join a tool turn's text parts into one string for every template;
+- vLLM and llama.cpp keep only the fields they know of a message (`_vllm_fields`, `_llamacpp_fields`)
+  and of each tool (`server_tools`); content None becomes "" (vLLM: [] for an "openai"-format template);
 - an assistant turn's `tool_calls[].function.arguments` given as a JSON string is parsed into the object
   the templates expect (SGLang and vLLM); arguments that are not a JSON object are an RequestShapeError;
 - SGLang turns a final assistant turn with text content into a user turn (no continue_final_message here);
@@ -56,6 +58,18 @@ class ServerView:
     template_kwargs: dict[str, Any]
 
 
+TEMPLATE_FIELDS = ("tools", "chat_template_kwargs")  # request fields the template sees beside the messages
+
+
+def template_input_error(tools: Any, template_kwargs: Any) -> str | None:
+    """Why a request's tools or chat_template_kwargs cannot be rendered (as a server would refuse them)."""
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        return "tools must be a list of objects (OpenAI tools)"
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        return "chat_template_kwargs must be an object"
+    return None
+
+
 def server_view(
     chat: ChatInput,
     tools: Any = None,
@@ -71,7 +85,7 @@ def server_view(
     messages = [_message(m, content_format, server) for m in chat]
     if server == "sglang" and messages and _is_text_assistant(messages[-1]):
         messages[-1] = {"role": "user", "content": messages[-1]["content"]}
-    return ServerView(messages, None if tools is None else list(tools), dict(template_kwargs or {}))
+    return ServerView(messages, None if tools is None else server_tools(tools, server), dict(template_kwargs or {}))
 
 
 def flat_tools(view: ServerView, server: str) -> ServerView | None:
@@ -86,19 +100,77 @@ def _message(m: Any, content_format: str, server: str) -> Any:
     """One message as the server hands it to the template."""
     if not isinstance(m, dict):
         return m  # the template input check refuses it, as transformers does
-    m = dict(m)
+    m = _vllm_fields(m) if server == "vllm" else _llamacpp_fields(m) if server == "llamacpp" else dict(m)
     content = m.get("content")
-    if content is None and server == "sglang":
-        m["content"] = ""
+    if content is None:
+        m["content"] = [] if content_format == "openai" and server == "vllm" else ""
     elif isinstance(content, list):
         texts = _texts(content)
-        if content_format == "openai" and not (server == "sglang" and m.get("role") == "tool"):
+        if content_format == "openai" and not (server in ("sglang", "vllm") and m.get("role") == "tool"):
             m["content"] = [{"type": "text", "text": t} for t in texts]
         else:
             m["content"] = _join(texts, server)
     if isinstance(m.get("tool_calls"), list) and server in ("sglang", "vllm"):
         m["tool_calls"] = [_tool_call(c) for c in m["tool_calls"]]
     return {k: v for k, v in m.items() if v is not None}
+
+
+def _vllm_fields(m: dict[str, Any]) -> dict[str, Any]:
+    """The fields vLLM (0.32: chat_completion/protocol.py, renderers/chat_utils.py) keeps of a message:
+    role, content, an assistant's non-empty tool_calls and `reasoning` (a `reasoning_content` is renamed
+    so where there is no `reasoning`; the template gets it under both names), a tool turn's tool_call_id,
+    and a string name."""
+    role = m.get("role")
+    out: dict[str, Any] = {"role": role, "content": m.get("content")}
+    reasoning = m.get("reasoning") if m.get("reasoning") is not None else m.get("reasoning_content")
+    if role == "assistant":
+        if m.get("tool_calls"):
+            out["tool_calls"] = list(m["tool_calls"])
+        if reasoning is not None:
+            out["reasoning"] = out["reasoning_content"] = reasoning
+    if role == "tool" and "tool_call_id" in m:
+        out["tool_call_id"] = m["tool_call_id"]
+    if isinstance(m.get("name"), str):
+        out["name"] = m["name"]
+    return out
+
+
+def _llamacpp_fields(m: dict[str, Any]) -> dict[str, Any]:
+    """The fields llama.cpp (common/chat.cpp) parses a message into and gives the template: role, content,
+    non-empty tool_calls, reasoning_content (not `reasoning`), tool_call_id and a string name."""
+    out: dict[str, Any] = {k: m[k] for k in ("role", "content", "reasoning_content", "tool_call_id") if k in m}
+    if m.get("tool_calls"):
+        out["tool_calls"] = m["tool_calls"]
+    if isinstance(m.get("name"), str):
+        out["name"] = m["name"]
+    return out
+
+
+def server_tools(tools: list[Any], server: str) -> list[Any]:
+    """The tools as the server hands them to the template: vLLM dumps its pydantic model of each, so the
+    template sees {"type", "function": {"name", "description", "parameters"[, "strict"]}} in that order,
+    absent fields as null and other fields dropped; llama.cpp rebuilds the same shape with an absent
+    description as "" and no other field; SGLang passes them as given."""
+    if server == "sglang":
+        return list(tools)
+    out = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            out.append(tool)
+            continue
+        dumped = {k: function.get(k) for k in ("name", "description", "parameters")}
+        if server == "llamacpp" and dumped["description"] is None:
+            dumped["description"] = ""
+        if function.get("strict") is not None and server == "vllm":
+            dumped["strict"] = function["strict"]
+        out.append({"type": tool.get("type", "function"), "function": dumped})
+    return out
+
+
+def content_texts(parts: list[Any]) -> list[str]:
+    """The text of each content part; an image, audio or other part is an RequestShapeError."""
+    return _texts(parts)
 
 
 def _texts(parts: list[Any]) -> list[str]:
@@ -141,6 +213,29 @@ def _tool_call(call: Any) -> Any:
 
 def _is_text_assistant(m: Any) -> bool:
     return isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("content"), str)
+
+
+# What a request can carry beyond plain string turns, by the name drift messages give it.
+SHAPES = ("tools", "chat_template_kwargs", "content parts", "tool calls", "tool turns", "reasoning_content", "name")
+
+
+def shapes(chat: ChatInput) -> frozenset[str]:
+    """The SHAPES one request has (none for plain string turns): what a drift message can blame."""
+    found: set[str] = set()
+    if isinstance(chat, Conversation):
+        found.update(n for n, v in (("tools", chat.tools), ("chat_template_kwargs", chat.template_kwargs)) if v)
+        chat = chat.messages
+    for m in chat:
+        if not isinstance(m, dict):
+            continue
+        if isinstance(m.get("content"), list):
+            found.add("content parts")
+        if m.get("tool_calls"):
+            found.add("tool calls")
+        if m.get("role") == "tool":
+            found.add("tool turns")
+        found.update(k for k in ("reasoning_content", "name") if m.get(k) is not None)
+    return frozenset(found)
 
 
 def content_format(env: Any, source: str) -> str:

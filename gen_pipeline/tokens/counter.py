@@ -240,10 +240,10 @@ def _light_folder(name_or_path: str, loader: str) -> tuple[str, dict[str, str]] 
         raise ConfigError(f"cannot read tokenizer folder {name_or_path!r}: {exc}") from exc
 
 
-def _template(name_or_path: str, parts: tuple[str, dict[str, str]]) -> ChatTemplate | None:
+def _template(name_or_path: str, parts: tuple[str, dict[str, str]], server: str = "sglang") -> ChatTemplate | None:
     """The folder's template compiled by us, or None when only transformers compiles it."""
     try:
-        return ChatTemplate(*parts, fallback=TransformersFallback(name_or_path))
+        return ChatTemplate(*parts, server=server, fallback=TransformersFallback(name_or_path))
     except Exception as exc:
         if transformers_compiles(parts[0]):
             log.info("chat template of %s: rendered by transformers (%s)", name_or_path, exc)
@@ -262,12 +262,13 @@ def transformers_compiles(source: str) -> bool:
     return True
 
 
-def load_counter(name_or_path: str, loader: str = "auto") -> TokenCounter:
-    """The client's token counter: the light loader when the folder allows it, else transformers."""
+def load_counter(name_or_path: str, loader: str = "auto", server: str = "sglang") -> TokenCounter:
+    """The client's token counter: the light loader when the folder allows it, else transformers.
+    `server` is the kind of server whose normalisation of messages it counts (SERVER_KINDS)."""
     parts = _light_folder(name_or_path, loader)
-    template = _template(name_or_path, parts) if parts is not None else None
+    template = _template(name_or_path, parts, server) if parts is not None else None
     if template is None:
-        return load_tokenizer(name_or_path)
+        return load_tokenizer(name_or_path, server)
     from tokenizers import Tokenizer
 
     try:
@@ -290,7 +291,7 @@ def template_identity(name_or_path: str, loader: str = "auto") -> TemplateIdenti
     return FolderTemplate(name_or_path, template.source)
 
 
-def load_tokenizer(name_or_path: str) -> HFTokenCounter:
+def load_tokenizer(name_or_path: str, server: str = "sglang") -> HFTokenCounter:
     """Load a tokenizer from a local folder or a hub name (the hub is tried only for non-paths)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer
@@ -299,4 +300,4 @@ def load_tokenizer(name_or_path: str) -> HFTokenCounter:
         tok = AutoTokenizer.from_pretrained(name_or_path)
     except Exception as exc:
         raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
-    return HFTokenCounter(tok, name_or_path)
+    return HFTokenCounter(tok, name_or_path, server)

@@ -25,6 +25,12 @@ from pathlib import Path
 
 HOST = "127.0.0.1"
 MODEL_NAME = "tiny-qwen3"
+# Popen handles of the servers this process started: kept so they are reaped, not left to warn when collected.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+# Requests with `tools` need a tool-call parser (vLLM refuses tool_choice "auto" without one); Qwen3's is hermes.
+TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 
 
 def start(python: str, model: Path, port: int, run_dir: Path, max_model_len: int = 2048, timeout: float = 600) -> str:
@@ -33,11 +39,12 @@ def start(python: str, model: Path, port: int, run_dir: Path, max_model_len: int
     log = run_dir / f"vllm-{port}.log"
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", HOST,
             "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", "bfloat16",
-            "--served-model-name", MODEL_NAME]  # fmt: skip
+            "--served-model-name", MODEL_NAME, "--no-enable-log-requests", *TOOL_ARGS]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip
+    _CHILDREN[proc.pid] = proc
     (run_dir / f"vllm-{port}.pid").write_text(f"{proc.pid}\n")
     url = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout
@@ -64,12 +71,18 @@ def stop(run_dir: Path, timeout: float = 20) -> None:
                 time.sleep(0.2)
             if _alive(pid):
                 os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
+        proc = _CHILDREN.pop(pid, None)
+        if proc is not None:
+            proc.wait(timeout)
+        else:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
         pid_file.unlink()
 
 
 def _alive(pid: int) -> bool:
+    if pid in _CHILDREN:
+        return _CHILDREN[pid].poll() is None
     with contextlib.suppress(ChildProcessError):
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False
