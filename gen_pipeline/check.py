@@ -37,10 +37,10 @@ from typing import Any
 import orjson
 
 from .cli import add_run_flags, config_from_args
-from .client import Client, open_transport
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
+from .http.client import Client, open_transport
 from .pipeline import BatchReader, fit_open_files, manifest_for, open_file_limit, resolve
 from .progress import RunStats
 from .records import Prompt

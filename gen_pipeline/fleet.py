@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Client
 from .errors import AuthError, FleetError, RequestError, RetryableError
+from .http.client import Client
 
 log = logging.getLogger("gen_pipeline")
 

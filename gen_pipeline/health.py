@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from .balancer import ServerPool, ServerState
-from .client import Client
 from .errors import RequestError
+from .http.client import Client
 
 PROBE_INTERVAL = 1.0
 PROBE_TIMEOUT = 3.0

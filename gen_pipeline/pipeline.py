@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 from . import __version__, cursor, health
 from .balancer import ServerPool, ServerState
-from .client import Client, open_transport
 from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
 from .errors import ConfigError, OutputError, PipelineError
 from .fleet import FleetInfo, discover
+from .http.client import Client, open_transport
 from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath

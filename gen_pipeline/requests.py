@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .balancer import ServerPool
-from .client import ChatResult, Client
 from .config import RunConfig
 from .errors import AuthError, ContextOverflowError, FleetError, RequestError
+from .http.client import ChatResult, Client
 from .progress import RunStats
 from .records import Completion, Failure, Prompt
 from .retry import OffsetLearner, rebudget, with_transport_retries

@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from .client import Client, open_transport
 from .config import RunConfig
+from .http.client import Client, open_transport
 from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, Outcome
 from .status import STATUS
 from .store import SUMMARY, DirLock, repair_all, write_json_atomic

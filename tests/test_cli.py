@@ -177,7 +177,7 @@ def test_generate_imports_neither_aiohttp_nor_the_simulator():
     code = (
         "import sys\n"
         "from gen_pipeline.cli import _command, build_parser\n"
-        "from gen_pipeline.client import open_transport\n"
+        "from gen_pipeline.http.client import open_transport\n"
         "import gen_pipeline.pipeline, gen_pipeline.workers\n"
         "build_parser(_command(['generate', '-i', 'x', '-o', 'y'])).parse_args(['generate', '-i', 'x', '-o', 'y'])\n"
         "open_transport()\n"

@@ -9,8 +9,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gen_pipeline.aiohttp_transport import map_errors
-from gen_pipeline.client import HTTP_CLIENTS, Client, open_transport, parse_chat, status_error
 from gen_pipeline.errors import (
     AuthError,
     BadRequestError,
@@ -21,6 +19,8 @@ from gen_pipeline.errors import (
     RequestTimeout,
     ServerError,
 )
+from gen_pipeline.http.client import HTTP_CLIENTS, Client, open_transport, parse_chat, status_error
+from gen_pipeline.http.transport import map_errors
 
 
 @pytest.mark.parametrize(
@@ -183,7 +183,7 @@ def test_a_full_file_table_is_not_blamed_on_the_server(kind):
 
     code = """
 import asyncio, resource, sys
-from gen_pipeline.client import open_transport
+from gen_pipeline.http.client import open_transport
 from gen_pipeline.errors import ConnectionLostError
 
 async def main():

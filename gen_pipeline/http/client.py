@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from .errors import (
+from ..errors import (
     AuthError,
     BadRequestError,
     ContextOverflowError,
@@ -22,11 +22,11 @@ from .errors import (
     RequestTimeout,
     ServerError,
 )
-from .http11 import Http11Transport, Response
+from ..http11 import Http11Transport, Response
 from .overflow import error_message, parse_overflow
 
 if TYPE_CHECKING:
-    from .aiohttp_transport import AiohttpTransport
+    from .transport import AiohttpTransport
 
 HTTP_CLIENTS = ("httptools", "aiohttp")
 
@@ -117,7 +117,7 @@ class Transport(Protocol):
 def open_transport(api_key: str | None = None, kind: str = "httptools") -> Http11Transport | AiohttpTransport:
     """The run's transport, used as `async with open_transport(...) as transport`."""
     if kind == "aiohttp":
-        from .aiohttp_transport import AiohttpTransport  # imported only when asked for: 0.3 s per process
+        from .transport import AiohttpTransport  # imported only when asked for: 0.3 s per process
 
         return AiohttpTransport(api_key)
     return Http11Transport(api_key)

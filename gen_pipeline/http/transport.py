@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import aiohttp
 
-from .errors import ConnectionLostError, RequestError, RequestTimeout
-from .http11 import KEEPALIVE_TIMEOUT, Response, connect_failure, describe
+from ..errors import ConnectionLostError, RequestError, RequestTimeout
+from ..http11 import KEEPALIVE_TIMEOUT, Response, connect_failure, describe
 
 
 @contextlib.contextmanager
