@@ -40,7 +40,7 @@ from .cli import add_run_flags, config_from_args
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
-from .http.client import Client, open_transport
+from .http import Client, open_transport
 from .pipeline import BatchReader, fit_open_files, manifest_for, open_file_limit, resolve
 from .progress import RunStats
 from .records import Prompt
@@ -349,7 +349,7 @@ def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any],
 async def _fleet_and_probes(
     config: RunConfig, counter: TokenCounter | None, report: dict[str, Any], found: Findings
 ) -> tuple[TokenCounter, str, int] | None:
-    async with open_transport(config.api_key, config.http_client) as transport:
+    async with open_transport(config.api_key) as transport:
         client = Client(transport)
         checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
         report["fleet"] = [c.view(config) for c in checks]

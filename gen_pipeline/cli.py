@@ -111,12 +111,6 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling", help="JSON object of other request fields, e.g. '{\"top_k\": 20}'")
     p.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
     p.add_argument(
-        "--http-client",
-        choices=["httptools", "aiohttp"],
-        default="httptools",
-        help="HTTP stack: our keep-alive pool parsed by httptools (default), or aiohttp",
-    )
-    p.add_argument(
         "--concurrency",
         type=int,
         help=f"requests in flight per server (default: the server's max_running_requests, else {DEFAULT_CONCURRENCY})",
@@ -190,7 +184,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         context_length=args.context_length,
         model=args.model,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        http_client=args.http_client,
         max_tokens=args.max_tokens,
         min_tokens=args.min_tokens,
         safety_margin=args.safety_margin,

@@ -11,7 +11,7 @@ import asyncio
 
 from .balancer import ServerPool, ServerState
 from .errors import RequestError
-from .http.client import Client
+from .http import Client
 
 PROBE_INTERVAL = 1.0
 PROBE_TIMEOUT = 3.0

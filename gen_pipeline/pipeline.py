@@ -23,7 +23,7 @@ from .config import RunConfig
 from .cursor import CursorKeeper, Mark, MarkTracker, Resumed, mark_of
 from .errors import ConfigError, OutputError, PipelineError
 from .fleet import FleetInfo, discover
-from .http.client import Client, open_transport
+from .http import Client, open_transport
 from .progress import Progress, RunStats, format_summary, snapshot
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
@@ -495,7 +495,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None) -> O
     if config.shard is None:  # a worker process runs under its parent's lock
         lock.acquire()
     try:
-        async with open_transport(config.api_key, config.http_client) as transport:
+        async with open_transport(config.api_key) as transport:
             return await _run_locked(config, Client(transport), counter)
     finally:
         lock.release()

@@ -14,8 +14,8 @@ from typing import Any
 
 from .balancer import ServerPool
 from .config import RunConfig
-from .errors import AuthError, ContextOverflowError, FleetError, RequestError
-from .http.client import ChatResult, Client
+from .errors import AuthError, ContextOverflowError, EndpointError, FleetError, RequestError
+from .http import ChatResult, Client
 from .progress import RunStats
 from .records import Completion, Failure, Prompt
 from .retry import OffsetLearner, rebudget, with_transport_retries
@@ -80,6 +80,8 @@ class RequestPath:
                 continue
             except AuthError as exc:
                 raise FleetError(f"{exc.server} refused the API key: {exc}") from exc
+            except EndpointError as exc:  # a wrong --servers entry, not this row's fault: no ledger entry
+                raise FleetError(str(exc)) from exc
             except RequestError as exc:
                 error = exc
                 break

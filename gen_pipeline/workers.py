@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from .config import RunConfig
-from .http.client import Client, open_transport
+from .http import Client, open_transport
 from .pipeline import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, Outcome
 from .status import STATUS
 from .store import SUMMARY, DirLock, repair_all, write_json_atomic
@@ -93,7 +93,7 @@ def _merge_servers(views: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str
 async def _settle(config: RunConfig) -> None:
     from .pipeline import settle_settings
 
-    async with open_transport(config.api_key, config.http_client) as transport:
+    async with open_transport(config.api_key) as transport:
         await settle_settings(config, Client(transport))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gen_pipeline.errors import BadRequestError, ContextOverflowError
-from gen_pipeline.http.client import status_error
+from gen_pipeline.http import status_error
 from gen_pipeline.http.overflow import error_message, parse_overflow
 
 
