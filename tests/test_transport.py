@@ -147,6 +147,38 @@ def test_many_timeouts_each_fire_and_successes_are_left_alone():
     serve(odd_ones_hang, check)
 
 
+def test_a_later_request_with_an_earlier_deadline_times_out_first():
+    """The shared timer is set again for a deadline earlier than the one it waits for."""
+
+    async def check(t, url):
+        slow = asyncio.ensure_future(t.request("GET", url, "/x", 60))
+        await asyncio.sleep(0.05)
+        with pytest.raises(RequestTimeout):
+            await t.request("GET", url, "/x", 0.2)
+        assert not slow.done()  # its own deadline is still ahead
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+
+    serve(never_answers, check)
+
+
+def test_a_cancellation_at_the_deadline_is_not_taken_for_a_timeout():
+    """The task cancelled by someone else as its deadline passes is cancelled, not timed out."""
+
+    async def check(t, url):
+        task = asyncio.ensure_future(t.request("GET", url, "/x", 5))
+        await asyncio.sleep(0.1)
+        deadlines = t._deadlines
+        deadlines._due[task] = 0.0  # the deadline passes now, in this very step...
+        deadlines._fire(asyncio.get_running_loop())
+        task.cancel()  # ...and the run is being stopped
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    serve(never_answers, check)
+
+
 def test_a_cancelled_request_stays_cancelled():
     """Cancelling a request (a run's grace period ending) is not mapped to a timeout or any error of ours."""
 

@@ -2,12 +2,12 @@
 place where foreign exceptions (aiohttp's, the socket's, the URL parser's, timeouts) become ours.
 
 A request is sent once: redirects are not followed (a 3xx is an answer, and the client says what it means),
-the body is read up to a cap and no further, and the whole exchange, connecting included, has a deadline.
+the body is read up to a cap and no further, and the whole exchange, connecting included, has a deadline
+(deadlines.py: one shared timer, not an asyncio.timeout per request).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 from collections.abc import Iterator, Mapping
@@ -24,6 +24,7 @@ from ..errors import (
     RequestTimeout,
     ResponseTooLargeError,
 )
+from .deadlines import Deadlines
 
 # SGLang and vLLM (uvicorn) close idle keep-alive sockets after 5 s; drop ours first so a request never
 # goes out on a socket the server is about to close.
@@ -95,6 +96,7 @@ class AiohttpTransport:
         timeout = aiohttp.ClientTimeout(total=None)  # each request has its own deadline
         self.session = aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout)
         self.max_body = max_body
+        self._deadlines = Deadlines()
 
     async def __aenter__(self) -> AiohttpTransport:
         return self
@@ -107,9 +109,16 @@ class AiohttpTransport:
 
     async def request(self, method: str, server: str, path: str, timeout: float, body: bytes | None = None) -> Response:
         """One request to `server + path`; RequestTimeout after `timeout` s, connecting included."""
-        with map_errors(server, server + path):
-            async with asyncio.timeout(timeout):
-                return await self._send(method, server, server + path, body)
+        task = self._deadlines.enter(timeout)
+        try:
+            with map_errors(server, server + path):
+                answer = await self._send(method, server, server + path, body)
+        except BaseException as exc:  # a cancellation at our deadline is a timeout; any other goes on
+            if self._deadlines.leave(task):
+                raise RequestTimeout("request timed out", server=server) from exc
+            raise
+        self._deadlines.leave(task)
+        return answer
 
     async def _send(self, method: str, server: str, url: str, body: bytes | None) -> Response:
         """Send once (no redirect followed) and read the whole answer."""
