@@ -12,9 +12,9 @@ client being measured. Printed, one table:
   - peak RSS (MB) of the client process;
   - sim CPU ms/req: the simulator's user+sys CPU meanwhile (Linux /proc), divided by the same rows;
   - for gen-pipeline only: exact Qwen3 chat-template counting, output and ledger on, as in production.
-`--workers 2` is measured too (CPU and RSS include both workers and the parent), one run with
-`--fsync-interval 3600` (no fsync during the run) shows what the default fsync every second costs, and one
-with `--http-client aiohttp` what our own HTTP/1.1 transport (the default) saves over aiohttp's client.
+`--workers 2` is measured too (CPU and RSS include both workers and the parent), and one run with
+`--fsync-interval 3600` (no fsync during the run) shows what the default fsync every second costs. Both
+clients send with aiohttp, so the CPU ratio of gen-pipeline to the bare script is what the rest costs.
 Each client also runs over 20 rows: that run's CPU and wall are its start-up cost (imports, tokenizer, fleet
 discovery; for `-w 2` a parent and two workers), printed with the CPU per request and the req/s after it.
 Then: tokenize + budget rate (prompts/s, in-process, batches of 256); the event loop's lag (a 1 ms ticker)
@@ -273,8 +273,6 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         # right after the default run, so that both see the same machine
         nofsync = generate_cmd(short, tmp / "nofsync", servers, "--fsync-interval", "3600")
         r["nofsync"] = timed_against(sim.pid, nofsync)
-        via_aiohttp = generate_cmd(short, tmp / "aiohttp", servers, "--http-client", "aiohttp")
-        r["aiohttp"] = timed_against(sim.pid, via_aiohttp)
         # wait4 counts the workers too: a parent's rusage includes the children it waited for
         r["ours2"] = timed_against(sim.pid, generate_cmd(short, tmp / "ours2", servers, "--workers", "2"))
         # the same clients over a few rows: their start-up cost, so that the per-request cost after it shows
@@ -329,7 +327,6 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
     )
     table = [("bare script", bare, n), ("gen-pipeline", ours, n), ("gen-pipeline -w 2", ours2, n)]
     table.append(("gen-pipeline, fsync never", nofsync, n))
-    table.append(("gen-pipeline, aiohttp client", r["aiohttp"], n))
     if "full" in r:
         table.append((f"gen-pipeline, big {r['full_rows']:,} rows", r["full"], r["full_rows"]))
     print_table(table, "sim CPU ms/req")

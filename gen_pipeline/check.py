@@ -38,11 +38,11 @@ from typing import Any
 import orjson
 
 from .cli import add_run_flags, config_from_args
-from .client import Client, open_transport
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .findings import drift_problem
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
+from .http import Client, open_transport
 from .inputfile import check_input
 from .oversize import SizeFloor
 from .progress import RunStats
@@ -357,7 +357,7 @@ def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any],
 async def _fleet_and_probes(
     config: RunConfig, counter: TokenCounter | None, report: dict[str, Any], found: Findings
 ) -> tuple[TokenCounter, str, int] | None:
-    async with open_transport(config.api_key, config.http_client) as transport:
+    async with open_transport(config.api_key) as transport:
         client = Client(transport)
         checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
         report["fleet"] = [c.view(config) for c in checks]

@@ -146,12 +146,6 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
     )
     p.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
     p.add_argument(
-        "--http-client",
-        choices=["httptools", "aiohttp"],
-        default="httptools",
-        help="HTTP stack: our keep-alive pool parsed by httptools (default), or aiohttp",
-    )
-    p.add_argument(
         "--concurrency",
         type=int,
         help=f"requests in flight per server (default: the server's max_running_requests, else {DEFAULT_CONCURRENCY})",

@@ -35,6 +35,8 @@ MAX_RETRY_AFTER = 60.0
 # A request's default timeout: a fixed part plus a part per token it may generate.
 BASE_REQUEST_TIMEOUT = 120.0
 TIMEOUT_PER_TOKEN = 0.1
+# A response body larger than this is an error (ResponseTooLargeError), never read further into memory.
+MAX_RESPONSE_BYTES = 64 * 2**20
 DEFAULT_STARTUP_TIMEOUT = 120.0
 DEFAULT_GRACE_PERIOD = 10.0
 DEFAULT_FSYNC_INTERVAL = 1.0
@@ -169,7 +171,6 @@ class RunConfig:
         model: the model name to send; None means the id the servers report.
         sampling: extra request fields (temperature, top_p, seed, ...); rows may override them.
         api_key: sent as a Bearer token; never written anywhere.
-        http_client: "httptools" (our keep-alive HTTP/1.1 pool, the default) or "aiohttp".
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
         progress: "auto" (a bar on a terminal, log lines otherwise), "bar", "log" or "off".
@@ -193,7 +194,6 @@ class RunConfig:
     context_length: int | None = None
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
-    http_client: str = "httptools"
     # budget
     max_tokens: int = DEFAULT_MAX_TOKENS
     min_tokens: int = DEFAULT_MIN_TOKENS
@@ -244,7 +244,6 @@ class RunConfig:
             (self.queue_margin is None or self.queue_margin >= 0, "--queue-margin must be at least 0"),
             (self.context_length is None or self.context_length > 0, "bad --context-length"),
             (self.request_timeout is None or self.request_timeout > 0, "bad --request-timeout"),
-            (self.http_client in ("httptools", "aiohttp"), "--http-client must be httptools or aiohttp"),
             (self.tokenize_batch >= 1, "bad tokenize batch size"),
             (self.tokenizer_loader in ("auto", "transformers"), f"{LOADER_ENV} must be auto or transformers"),
             (self.progress in ("auto", "bar", "log", "off"), "--progress: auto, bar, log or off"),

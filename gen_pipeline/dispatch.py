@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import ChatResult
 from .config import RunConfig
 from .errors import ConfigError
 from .fleet import FleetInfo
+from .http import ChatResult
 from .records import Completion, Failure, Prompt
 from .requests import RequestPath, Track
 from .samples import sample_key, sample_seed, truncated_in

@@ -15,13 +15,16 @@
         │   ├── RequestTimeout       no complete answer within the request timeout      -> "timeout"
         │   ├── OverloadedError      429, or 503 such as "The request queue is full."   -> "server_error"
         │   ├── ServerError          500, 502, 504 and any other 5xx; malformed 200     -> "server_error"
+        │   │   └── ResponseTooLargeError  a body over the cap (MAX_RESPONSE_BYTES, 64 MiB)  -> "server_error"
         │   ├── EmptyCompletionError a 200 with no content and no reasoning             -> "empty_completion"
         │   └── WrongModelError      a 200 whose `model` names another model            -> "wrong_model"
         ├── BudgetError              the request must change before it can succeed
         │   └── ContextOverflowError a 400 that states the context limit and counts     -> "context_overflow"
         └── FatalRequestError        resending cannot help
             ├── BadRequestError      any other 4xx                                      -> "bad_request"
-            └── AuthError            401/403: the API key is wrong; stops the whole run
+            ├── AuthError            401/403: the API key is wrong; stops the whole run
+            └── EndpointError        a 3xx, a 404 or a URL that cannot be sent: the --servers entry is
+                                     wrong; stops the whole run (a fleet problem, never a ledger entry)
 
 `reason` on each request error is the ledger reason a final failure of that kind is written under.
 EmptyCompletionError and WrongModelError count against the server and move the row elsewhere like a 5xx;
@@ -135,6 +138,10 @@ class ServerError(RetryableError):
     """The server failed (5xx) or answered with something that is not a completion."""
 
 
+class ResponseTooLargeError(ServerError):
+    """The response body is larger than we read (a proxy's page, a runaway server): never buffered whole."""
+
+
 class EmptyCompletionError(RetryableError):
     """A 200 whose message has no content and no reasoning: not a completion."""
 
@@ -196,3 +203,11 @@ class BadRequestError(FatalRequestError):
 
 class AuthError(FatalRequestError):
     """The server refused our credentials; every other request will fail the same way."""
+
+
+class EndpointError(FatalRequestError):
+    """The URL leads nowhere we can send to (a redirect, a 404, not a valid URL); `url` is the one requested."""
+
+    def __init__(self, message: str, *, server: str = "", status: int | None = None, url: str = "") -> None:
+        super().__init__(message, server=server, status=status)
+        self.url = url

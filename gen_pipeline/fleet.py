@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Client
-from .errors import AuthError, FleetError, RequestError, RetryableError
+from .errors import AuthError, EndpointError, FleetError, RequestError, RetryableError
+from .http import Client
 from .tokens.conversation import SERVER_KINDS
 
 log = logging.getLogger("gen_pipeline")
@@ -133,6 +133,8 @@ async def _probe_all(client: Client, urls: tuple[str, ...]) -> tuple[list[Server
     for url, result in zip(urls, results, strict=True):
         if isinstance(result, AuthError):
             raise FleetError(f"{url} refused the API key ({result}); check --api-key")
+        if isinstance(result, EndpointError):
+            raise FleetError(str(result))
         if isinstance(result, BaseException):
             if not isinstance(result, RequestError):
                 raise result

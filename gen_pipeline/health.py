@@ -23,7 +23,7 @@ from .errors import ConnectError, OverloadedError, RequestError, RequestTimeout,
 
 if TYPE_CHECKING:
     from .balancer import ServerPool, ServerState
-    from .client import Client
+    from .http import Client
 
 PROBE_INTERVAL = 1.0
 PROBE_TIMEOUT = 3.0

@@ -14,7 +14,6 @@ from typing import Any
 
 from . import cursor, health
 from .balancer import ServerPool
-from .client import Client, open_transport
 from .config import RunConfig
 from .cursor import CursorKeeper, MarkTracker
 from .dispatch import SampleDispatch, thinking_fields
@@ -28,6 +27,7 @@ from .errors import (
 )
 from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
+from .http import Client, open_transport
 from .inputfile import check_input
 from .locks import refuse_shard_writers
 from .progress import RunStats, snapshot, watch_run
@@ -214,7 +214,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     try:
         if config.shard is None:  # an earlier --workers run's worker would write beside us
             await asyncio.to_thread(refuse_shard_writers, config.out)
-        async with open_transport(config.api_key, config.http_client) as transport:
+        async with open_transport(config.api_key) as transport:
             return await _run_locked(config, Client(transport), counter, handle_signals)
     finally:
         lock.release()

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .balancer import ServerPool
-from .client import ChatResult, Client
 from .config import RunConfig
 from .errors import (
     AuthError,
     ContextOverflowError,
     EmptyCompletionError,
+    EndpointError,
     FleetError,
     RequestError,
     WrongModelError,
 )
+from .http import ChatResult, Client
 from .progress import RunStats
 from .records import Completion, Failure, Prompt
 from .retry import with_transport_retries
@@ -123,6 +124,8 @@ class RequestPath:
                 continue
             except AuthError as exc:
                 raise FleetError(f"{exc.server} refused the API key: {exc}") from exc
+            except EndpointError as exc:  # a wrong --servers entry, not this row's fault: no ledger entry
+                raise FleetError(str(exc)) from exc
             except RequestError as exc:
                 error = exc
                 break

@@ -13,11 +13,11 @@ import orjson
 
 from . import __version__, cursor
 from .balancer import ServerPool, ServerState
-from .client import Client
 from .config import RunConfig
 from .cursor import Resumed
 from .errors import ConfigError, PreflightError
 from .fleet import FleetInfo, discover
+from .http import Client
 from .pacing import queue_margin
 from .store import ResumeState, check_manifest, scan
 from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity

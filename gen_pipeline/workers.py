@@ -30,9 +30,9 @@ from typing import Any
 
 import orjson
 
-from .client import Client, open_transport
 from .config import API_KEY_ENV, RunConfig
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
+from .http import Client, open_transport
 from .locks import DirLock, ShardLock, refuse_shard_writers
 from .pipeline import run
 from .rundir import RunDir, write_json_atomic
@@ -84,7 +84,7 @@ def merged_exit_code(codes: list[int]) -> int:
 async def _settle(config: RunConfig) -> None:
     from .setup import settle_settings
 
-    async with open_transport(config.api_key, config.http_client) as transport:
+    async with open_transport(config.api_key) as transport:
         await settle_settings(config, Client(transport))
 
 

@@ -1,26 +1,24 @@
-"""The HTTP layer: statuses and aiohttp errors map to our error tree, once."""
+"""The HTTP client: statuses map to our error tree in one table, and 200 bodies are checked."""
 
 from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gen_pipeline.aiohttp_transport import map_errors
-from gen_pipeline.client import HTTP_CLIENTS, Client, open_transport, parse_chat, status_error
 from gen_pipeline.errors import (
     AuthError,
     BadRequestError,
     ConnectError,
-    ConnectionLostError,
+    EndpointError,
+    FatalRequestError,
     OverloadedError,
-    RequestError,
     RequestTimeout,
     ServerError,
 )
+from gen_pipeline.http import Client, open_transport, parse_chat, status_error
 
 
 @pytest.mark.parametrize(
@@ -29,7 +27,8 @@ from gen_pipeline.errors import (
         (400, BadRequestError, "bad_request"),
         (401, AuthError, "bad_request"),
         (403, AuthError, "bad_request"),
-        (404, BadRequestError, "bad_request"),
+        (405, BadRequestError, "bad_request"),
+        (422, BadRequestError, "bad_request"),
         (408, RequestTimeout, "timeout"),
         (429, OverloadedError, "server_error"),
         (500, ServerError, "server_error"),
@@ -51,44 +50,15 @@ def test_retry_after_is_read():
     assert isinstance(err, OverloadedError) and err.retry_after == 3.0
 
 
-def _conn_key():
-    from aiohttp.client_reqrep import ConnectionKey
-
-    return ConnectionKey("h", 1, False, True, None, None, None)
-
-
-@pytest.mark.parametrize(
-    ("exc", "cls"),
-    [
-        (aiohttp.ClientConnectorError(_conn_key(), OSError(111, "refused")), ConnectError),
-        (aiohttp.ServerDisconnectedError(), ConnectionLostError),
-        (aiohttp.ClientPayloadError("cut"), ConnectionLostError),
-        (aiohttp.ClientOSError(104, "reset"), ConnectionLostError),
-        (aiohttp.ServerTimeoutError("slow"), RequestTimeout),
-        (TimeoutError(), RequestTimeout),
-        (ConnectionResetError(), ConnectionLostError),
-        (aiohttp.ClientResponseError(None, (), status=500), ConnectionLostError),  # type: ignore[arg-type]
-    ],
-)
-def test_foreign_errors_map(exc, cls):
-    """Every aiohttp and socket error we can meet becomes one of ours, chained."""
-    with pytest.raises(cls) as info, map_errors("http://s"):
-        raise exc
-    assert info.value.__cause__ is exc
-
-
-def test_every_aiohttp_client_error_is_mapped():
-    """Meta-test: every public aiohttp.ClientError subclass maps to a RequestError."""
-    classes = {
-        obj
-        for name in dir(aiohttp)
-        if isinstance(obj := getattr(aiohttp, name), type) and issubclass(obj, aiohttp.ClientError)
-    }
-    assert len(classes) > 10
-    for cls in classes:
-        exc = cls.__new__(cls)  # construction signatures differ; mapping looks only at the type
-        with pytest.raises(RequestError), map_errors("s"):
-            raise exc
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308, 404])
+def test_a_redirect_or_a_404_is_an_endpoint_error_naming_the_url(status):
+    """A 3xx or a 404 says the URL is wrong, not the row: EndpointError (fatal), with the URL and any Location."""
+    headers = {"location": "https://login.example/"} if status != 404 else {}
+    err = status_error(status, "<html>", "http://s:1", headers, "POST http://s:1/v1/chat/completions")
+    assert type(err) is EndpointError and isinstance(err, FatalRequestError)
+    assert err.status == status and err.server == "http://s:1" and err.url == "http://s:1/v1/chat/completions"
+    assert f"POST http://s:1/v1/chat/completions answered HTTP {status}" in str(err)
+    assert ("to https://login.example/" in str(err)) == (status != 404)
 
 
 def test_malformed_200_is_a_server_error():
@@ -125,19 +95,19 @@ def test_a_200_with_a_field_of_the_wrong_type_is_a_server_error(message, finish,
         parse_chat({"choices": [{"message": message, "finish_reason": finish}], "usage": usage}, "s")
 
 
-async def _with_server(handler, check, kind):
+async def _with_server(handler, check):
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
-    async with TestServer(app, host="127.0.0.1") as server, open_transport("k", kind) as transport:
+    async with TestServer(app, host="127.0.0.1") as server, open_transport("k") as transport:
         return await check(Client(transport), str(server.make_url("")).rstrip("/"))
 
 
-@pytest.mark.parametrize("kind", HTTP_CLIENTS)
-def test_chat_over_real_socket_sends_bearer_and_json(kind):
+def test_chat_over_real_socket_sends_bearer_and_json():
     """A chat request carries the key and JSON body; a 200 becomes a ChatResult."""
     seen = {}
 
     async def handler(request):
+        seen["agent"] = request.headers.get("User-Agent")
         seen["auth"] = request.headers.get("Authorization")
         seen["ctype"] = request.headers.get("Content-Type")
         seen["body"] = await request.json()
@@ -151,14 +121,14 @@ def test_chat_over_real_socket_sends_bearer_and_json(kind):
     async def check(client, url):
         return await client.chat(url, {"messages": [], "max_tokens": 2}, 5)
 
-    result = asyncio.run(asyncio.wait_for(_with_server(handler, check, kind), 10))
+    result = asyncio.run(asyncio.wait_for(_with_server(handler, check), 10))
     assert result.finish_reason == "length" and result.completion_tokens == 2
     assert seen["auth"] == "Bearer k" and seen["ctype"] == "application/json"
+    assert seen["agent"].startswith("gen-pipeline/")
     assert seen["body"]["max_tokens"] == 2
 
 
-@pytest.mark.parametrize("kind", HTTP_CLIENTS)
-def test_timeout_and_refused_over_real_sockets(kind):
+def test_timeout_and_refused_over_real_sockets():
     """A hung server times out; a closed port is refused."""
 
     async def handler(request):
@@ -171,11 +141,29 @@ def test_timeout_and_refused_over_real_sockets(kind):
         with pytest.raises(ConnectError):
             await client.chat("http://127.0.0.1:1", {}, 2)
 
-    asyncio.run(asyncio.wait_for(_with_server(handler, check, kind), 10))
+    asyncio.run(asyncio.wait_for(_with_server(handler, check), 10))
 
 
-@pytest.mark.parametrize("kind", HTTP_CLIENTS)
-def test_a_full_file_table_is_not_blamed_on_the_server(kind):
+def test_a_redirect_is_not_followed():
+    """A 302 is returned as an EndpointError: the request is never re-sent to where it points."""
+    hits = []
+
+    async def handler(request):
+        hits.append(request.path)
+        if request.path == "/v1/chat/completions":
+            raise web.HTTPFound("/elsewhere")
+        return web.json_response({"choices": [{"message": {"content": "followed"}}]})
+
+    async def check(client, url):
+        with pytest.raises(EndpointError, match="answered HTTP 302 to /elsewhere") as caught:
+            await client.chat(url, {}, 5)
+        assert caught.value.url == url + "/v1/chat/completions"
+
+    asyncio.run(asyncio.wait_for(_with_server(handler, check), 10))
+    assert hits == ["/v1/chat/completions"]
+
+
+def test_a_full_file_table_is_not_blamed_on_the_server():
     """EMFILE when opening a socket is our limit (ulimit -n): ConnectionLostError, not ConnectError (which
     takes a server out of rotation at once)."""
     import subprocess
@@ -183,7 +171,7 @@ def test_a_full_file_table_is_not_blamed_on_the_server(kind):
 
     code = """
 import asyncio, resource, sys
-from gen_pipeline.client import open_transport
+from gen_pipeline.http import open_transport
 from gen_pipeline.errors import ConnectionLostError
 
 async def main():
@@ -192,7 +180,7 @@ async def main():
     srv = await asyncio.start_server(hold, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    async with open_transport(None, sys.argv[1]) as t:
+    async with open_transport(None) as t:
         results = await asyncio.gather(*(t.request("GET", url, "/x", 2) for _ in range(80)), return_exceptions=True)
     lost = [r for r in results if isinstance(r, ConnectionLostError) and "ulimit -n" in str(r)]
     print(len(lost), sorted({type(r).__name__ for r in results}))
@@ -200,7 +188,7 @@ async def main():
 
 asyncio.run(main())
 """
-    out = subprocess.run([sys.executable, "-c", code, kind], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     count, kinds = out.stdout.split(" ", 1)
     assert int(count) > 0 and "ConnectError" not in kinds, out.stdout

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gen_pipeline.client import status_error
 from gen_pipeline.errors import BadRequestError, ContextOverflowError
-from gen_pipeline.overflow import error_message, parse_overflow
+from gen_pipeline.http import status_error
+from gen_pipeline.http.overflow import error_message, parse_overflow
 
 
 def sglang(message: str) -> dict:
@@ -210,7 +210,7 @@ def test_other_400_is_a_bad_request():
 
 def test_patterns_are_mutually_exclusive():
     """No message of one format is matched by another format's pattern."""
-    from gen_pipeline.overflow import CTX_ERROR_PATTERNS
+    from gen_pipeline.http.overflow import CTX_ERROR_PATTERNS
 
     for pattern, body, _ in CASES:
         if pattern == "llamacpp.fields":

@@ -145,12 +145,11 @@ def test_changed_settings_refused(write_jsonl, tmp_path):
     assert forced.exit_code == 0
 
 
-@pytest.mark.parametrize("http_client", ["httptools", "aiohttp"])
-def test_flaky_and_dead_servers_are_routed_around(write_jsonl, tmp_path, http_client):
-    """A dead port and a flaky one cost retries, never rows; retries go to another server (both transports)."""
+def test_flaky_and_dead_servers_are_routed_around(write_jsonl, tmp_path):
+    """A dead port and a flaky one cost retries, never rows; retries go to another server."""
     rows = prompts(300)
     out = tmp_path / "out"
-    outcome, _ = run_sim(write_jsonl(rows), out, {"n_ports": 4, "p500": 0.1, "seed": 3}, http_client=http_client)
+    outcome, _ = run_sim(write_jsonl(rows), out, {"n_ports": 4, "p500": 0.1, "seed": 3})
     assert outcome.exit_code == 0
     check_invariant([r["id"] for r in rows], out)
     lines = read_jsonl(out / "completions.jsonl")

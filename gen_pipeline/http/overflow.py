@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import OverflowCounts
+from ..errors import OverflowCounts
 
 CTX_ERROR_PATTERNS: dict[str, re.Pattern[str]] = {
     name: re.compile(pattern)

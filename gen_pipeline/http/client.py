@@ -1,34 +1,29 @@
 """The HTTP layer: one request to one server, and the only place that turns HTTP statuses into our
 errors. It knows nothing about retries or balancing.
 
-Bytes move through a transport (`open_transport`): our own HTTP/1.1 pool (http11.py, the default) or
-an aiohttp session (`--http-client aiohttp`). Each transport maps its own failures to our error tree in
-one place; `Client` reads the status and body the same way for both.
+Bytes move through a transport (transport.py: one aiohttp session), which maps its own failures to our
+error tree; `Client` reads the status and the body.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import orjson
 
-from .errors import (
+from ..errors import (
     AuthError,
     BadRequestError,
     ContextOverflowError,
+    EndpointError,
     OverloadedError,
     RequestError,
     RequestTimeout,
     ServerError,
 )
-from .http11 import Http11Transport, Response
 from .overflow import error_message, parse_overflow
-
-if TYPE_CHECKING:
-    from .aiohttp_transport import AiohttpTransport
-
-HTTP_CLIENTS = ("httptools", "aiohttp")
+from .transport import Response
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +51,11 @@ def _retry_after(headers: Any) -> float | None:
         return None  # an HTTP-date: fall back to our own backoff
 
 
-def status_error(status: int, body: Any, server: str, headers: Any = None) -> RequestError:
-    """The error for a non-200 answer: a table from status code to class."""
+def status_error(status: int, body: Any, server: str, headers: Any = None, request: str = "") -> RequestError:
+    """The error for a non-200 answer to `request` ("POST url"): a table from status code to class."""
     message = f"HTTP {status}: {error_message(body)}"
+    if 300 <= status < 400 or status == 404:
+        return _endpoint_error(status, server, headers, request)
     if status == 400:
         counts = parse_overflow(body)
         if counts is not None:
@@ -73,6 +70,14 @@ def status_error(status: int, body: Any, server: str, headers: Any = None) -> Re
     if status >= 500:
         return ServerError(message, server=server, status=status)
     return BadRequestError(message, server=server, status=status)
+
+
+def _endpoint_error(status: int, server: str, headers: Any, request: str) -> EndpointError:
+    """A redirect or a 404: this URL does not lead to the server's API (a wrong path, a proxy in between)."""
+    location = headers.get("location") if headers is not None else None
+    went = f" to {location}" if location else ""
+    message = f"{request or server} answered HTTP {status}{went}: --servers must name each server's base URL"
+    return EndpointError(message, server=server, status=status, url=request.partition(" ")[2])
 
 
 def parse_chat(body: Any, server: str) -> ChatResult:
@@ -140,15 +145,6 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-def open_transport(api_key: str | None = None, kind: str = "httptools") -> Http11Transport | AiohttpTransport:
-    """The run's transport, used as `async with open_transport(...) as transport`."""
-    if kind == "aiohttp":
-        from .aiohttp_transport import AiohttpTransport  # imported only when asked for: 0.3 s per process
-
-        return AiohttpTransport(api_key)
-    return Http11Transport(api_key)
-
-
 class Client:
     """Sends single requests to single servers and returns results or raises our errors."""
 
@@ -157,18 +153,17 @@ class Client:
 
     async def chat(self, server: str, payload: dict[str, Any], timeout: float) -> ChatResult:
         """POST one chat completion."""
-        status, raw, headers = await self.transport.request(
-            "POST", server, "/v1/chat/completions", timeout, orjson.dumps(payload)
-        )
-        body = _decode(raw)
-        if status != 200:
-            raise status_error(status, body, server, headers)
+        body = await self._call("POST", server, "/v1/chat/completions", timeout, orjson.dumps(payload))
         return parse_chat(body, server)
 
     async def get_json(self, server: str, path: str, timeout: float = 10.0) -> Any:
         """GET a JSON document (discovery and health)."""
-        status, raw, headers = await self.transport.request("GET", server, path, timeout)
+        return await self._call("GET", server, path, timeout)
+
+    async def _call(self, method: str, server: str, path: str, timeout: float, payload: bytes | None = None) -> Any:
+        """One request; the decoded body of a 200, or the status's error."""
+        status, raw, headers = await self.transport.request(method, server, path, timeout, payload)
         body = _decode(raw)
         if status != 200:
-            raise status_error(status, body, server, headers)
+            raise status_error(status, body, server, headers, f"{method} {server}{path}")
         return body
