@@ -15,7 +15,8 @@ from .progress import RunStats
 from .reader import BatchReader
 from .records import Prompt
 from .report import distribution
-from .source import BadRow, Skipped
+from .rows import BadRow
+from .source import Skipped
 from .store import ResumeState
 from .tokens import TokenCounter
 from .tokens.budget import prompt_budget

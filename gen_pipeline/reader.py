@@ -11,8 +11,9 @@ from .cursor import Mark, Resumed, mark_of
 from .oversize import SizeFloor
 from .progress import RunStats
 from .records import Prompt
+from .rows import BadRow
 from .samples import pending, row_reason
-from .source import BadRow, PromptSource, Skipped, skipped
+from .source import PromptSource, Skipped, skipped
 from .store import ResumeState
 from .tokens import TokenCounter
 from .tokens.conversation import ChatInput, Conversation

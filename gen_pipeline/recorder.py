@@ -18,8 +18,9 @@ from .findings import DRIFT_EVIDENCE, early_drift_problem
 from .progress import RunStats
 from .reader import conversation
 from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
+from .rows import BadRow
 from .runtime import say
-from .source import BadRow, Skipped
+from .source import Skipped
 from .store import RunWriter
 from .tokens.conversation import shapes
 

@@ -16,7 +16,8 @@ from gen_pipeline import cursor
 from gen_pipeline.cursor import CursorKeeper, MarkTracker, mark_of
 from gen_pipeline.donekeys import KeySet
 from gen_pipeline.progress import format_summary
-from gen_pipeline.source import BadRow, PromptSource, Skipped
+from gen_pipeline.rows import BadRow
+from gen_pipeline.source import PromptSource, Skipped
 from gen_pipeline.store import ResumeState
 
 NAME = "prompts.jsonl"

@@ -19,7 +19,8 @@ from gen_pipeline.errors import InputError
 from gen_pipeline.progress import RunStats
 from gen_pipeline.reader import BatchReader
 from gen_pipeline.records import Prompt
-from gen_pipeline.source import BadRow, PromptSource
+from gen_pipeline.rows import BadRow
+from gen_pipeline.source import PromptSource
 from gen_pipeline.store import ResumeState
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
 from gen_pipeline.tokens.budget import prompt_budget

@@ -183,7 +183,8 @@ def test_rows_the_chat_template_refuses_become_bad_input(write_jsonl, tmp_path):
     from gen_pipeline.config import RunConfig
     from gen_pipeline.progress import RunStats
     from gen_pipeline.reader import BatchReader
-    from gen_pipeline.source import BadRow, Skipped
+    from gen_pipeline.rows import BadRow
+    from gen_pipeline.source import Skipped
     from gen_pipeline.store import ResumeState
 
     class Refusing(FakeCounter):

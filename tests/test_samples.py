@@ -20,8 +20,8 @@ from gen_pipeline.donekeys import line_key
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.pipeline import run_async
 from gen_pipeline.records import id_key
+from gen_pipeline.rows import RowError, parse_row
 from gen_pipeline.samples import line_sample, sample_key, sample_seed, truncated_in
-from gen_pipeline.source import RowError, parse_row
 
 
 def test_sample_zero_keeps_the_id_key_and_other_samples_differ():

@@ -18,8 +18,8 @@ from gen_pipeline.errors import ConfigError, ManifestMismatchError
 from gen_pipeline.progress import RunStats
 from gen_pipeline.reader import BatchReader
 from gen_pipeline.records import Prompt
+from gen_pipeline.rows import BadRow
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-from gen_pipeline.source import BadRow
 from gen_pipeline.store import ResumeState
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
 

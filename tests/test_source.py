@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gen_pipeline.records import content_id
-from gen_pipeline.source import BadRow, PromptSource
+from gen_pipeline.rows import BadRow
+from gen_pipeline.source import PromptSource
 
 GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
 

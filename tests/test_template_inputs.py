@@ -20,8 +20,8 @@ from gen_pipeline.findings import TEMPLATE_BLAME, drift_cause
 from gen_pipeline.pipeline import run_async
 from gen_pipeline.recorder import cut_by_server
 from gen_pipeline.records import Completion
+from gen_pipeline.rows import RowError, parse_row
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-from gen_pipeline.source import RowError, parse_row
 from gen_pipeline.tokens import load_counter
 from gen_pipeline.tokens.conversation import Conversation
 

@@ -1,0 +1,162 @@
+"""One prompt row: validated, given its id and its options, or refused with the reason (`bad_input`).
+
+What a row may hold is the README's "Input format"; the message shapes servers accept are
+tokens.conversation's to judge, so that the count and the request agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .errors import RequestShapeError
+from .records import ROLES, Messages, Prompt, RowId, content_id
+from .samples import row_samples
+from .tokens.conversation import TEMPLATE_FIELDS, content_texts, template_input_error
+
+RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
+
+
+_KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling", "samples", *TEMPLATE_FIELDS})
+
+
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """A line that cannot be sent, with a one-line explanation."""
+
+    line: int
+    detail: str
+    id: RowId | None = None
+
+
+class RowError(ValueError):
+    """Why a row is invalid (becomes a `bad_input` ledger entry)."""
+
+
+def _messages(row: dict[str, Any]) -> Messages:
+    if "messages" in row and "prompt" in row:
+        raise RowError("row has both messages and prompt; keep one")
+    if "prompt" in row:
+        prompt = row["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RowError("prompt must be a non-empty string")
+        return [{"role": "user", "content": prompt}]
+    messages = row.get("messages")
+    if messages is None:
+        raise RowError("row has neither messages nor prompt")
+    if not isinstance(messages, list) or not messages:
+        raise RowError("messages must be a non-empty list")
+    for i, m in enumerate(messages):
+        _check_message(i, m)
+    return messages
+
+
+def _check_message(i: int, m: Any) -> None:
+    """A turn servers accept: string content, text parts, or an assistant's tool calls without content."""
+    if not isinstance(m, dict):
+        raise RowError(f"messages[{i}] is not an object")
+    if m.get("role") not in ROLES:
+        raise RowError(f"messages[{i}] has unknown role {m.get('role')!r}")
+    calls = m.get("tool_calls")
+    if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list)):
+        raise RowError(f"messages[{i}] tool_calls must be a list, on an assistant turn")
+    content = m.get("content")
+    if content is None and calls:
+        return  # an assistant turn that only calls tools
+    if isinstance(content, list):
+        try:
+            content = "".join(content_texts(content))
+        except RequestShapeError as exc:  # multimodal content, a part without text
+            raise RowError(f"messages[{i}]: {exc}") from None
+    elif not isinstance(content, str):
+        raise RowError(f"messages[{i}] content must be a string or text parts, not {type(content).__name__}")
+    if not content or content.isspace():  # isspace, unlike strip, copies nothing
+        raise RowError(f"messages[{i}] content is empty")
+
+
+def _template_inputs(row: dict[str, Any], sampling: dict[str, Any] | None) -> tuple[Any, Any, dict[str, Any] | None]:
+    """The row's tools and chat_template_kwargs, top-level or in its sampling (lifted out of it: they are
+    counted as well as sent), and the sampling without them."""
+    inner = sampling or {}
+    values = []
+    for name in TEMPLATE_FIELDS:
+        top, nested = row.get(name), inner.get(name)
+        if top is not None and nested is not None and top != nested:
+            raise RowError(f"{name} is set both at the top level and in sampling; keep one")
+        values.append(top if top is not None else nested)
+    if (error := template_input_error(*values)) is not None:
+        raise RowError(error)
+    if sampling is not None and not sampling.keys().isdisjoint(TEMPLATE_FIELDS):
+        sampling = {k: v for k, v in sampling.items() if k not in TEMPLATE_FIELDS}
+    return values[0], values[1], sampling
+
+
+def _row_id(row: dict[str, Any], messages: Messages, extra: dict[str, Any]) -> RowId:
+    if "id" not in row or row["id"] is None:
+        return content_id(messages, extra)
+    rid = row["id"]
+    if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
+        raise RowError(f"id must be a non-empty string or a 64-bit integer, not {rid!r}")
+    return rid
+
+
+def _options(row: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
+    max_tokens = row.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise RowError(f"max_tokens must be a positive integer, not {max_tokens!r}")
+    sampling = row.get("sampling")
+    if sampling is not None:
+        if not isinstance(sampling, dict):
+            raise RowError("sampling must be an object")
+        if RESERVED_SAMPLING & sampling.keys():
+            raise RowError(f"sampling may not set {sorted(RESERVED_SAMPLING & sampling.keys())}")
+    return max_tokens, sampling
+
+
+def parse_row(raw: bytes, line: int) -> Prompt:
+    """One JSONL line as a validated Prompt, or RowError."""
+    try:
+        row = orjson.loads(raw)  # orjson checks UTF-8 itself; decoding first would copy every row
+    except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise RowError(f"invalid UTF-8 at byte {bad.start}") from bad
+        raise RowError(f"invalid JSON: {exc}") from exc
+    if not isinstance(row, dict):
+        raise RowError(f"row is a JSON {type(row).__name__}, not an object")
+    messages = _messages(row)
+    max_tokens, sampling = _options(row)
+    tools, template_kwargs, sampling = _template_inputs(row, sampling)
+    try:
+        sampling, samples = row_samples(row, sampling)
+    except ValueError as exc:
+        raise RowError(str(exc)) from None
+    meta = {k: v for k, v in row.items() if k not in _KNOWN}
+    derived = row.get("id") is None
+    extra = {k: v for k, v in zip(TEMPLATE_FIELDS, (tools, template_kwargs), strict=True) if v is not None}
+    prompt = Prompt(_row_id(row, messages, extra), line, messages, max_tokens, sampling, meta, derived_id=derived)
+    prompt.samples, prompt.tools, prompt.template_kwargs = samples, tools, template_kwargs
+    return prompt
+
+
+def own_samples(raw: bytes) -> bool:
+    """Whether a row may set its own samples count (a "samples" key, or "n" in its sampling)."""
+    return b'"samples"' in raw or b'"n"' in raw
+
+
+def same_content(a: bytes, b: bytes) -> bool:
+    """Whether two lines with the same id are one row ("a repeat"): the same bytes, or the same JSON
+    object (key order and spacing aside). An id-less row's id is its normalized messages, so two such
+    rows with one id always are. Only called for rows whose id came before (rare)."""
+    if a == b:
+        return True
+    try:
+        x, y = orjson.loads(a), orjson.loads(b)
+    except orjson.JSONDecodeError:
+        return False
+    if isinstance(x, dict) and isinstance(y, dict) and x.get("id") is None and y.get("id") is None:
+        return True  # the same derived id: the same normalized messages
+    return bool(x == y)
