@@ -91,8 +91,9 @@ class BatchReader:
         stats: RunStats,
         resumed: Resumed | None = None,
         context_length: int | None = None,
+        mine: Callable[[int], bool] | None = None,  # a claimer's held shards (else a static worker's shard)
     ) -> None:
-        mine = config.mine if config.shard else None
+        mine = mine or (config.mine if config.shard else None)
         start = resumed.start if resumed else None
         self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
         self.carried = dict(resumed.tallies) if resumed else {}
@@ -455,6 +456,7 @@ def manifest_for(config: RunConfig, model: str, ctx: int, counter: TemplateIdent
         "servers": list(config.servers),
         "input": str(config.input),
         "gen_pipeline_version": __version__,
+        **({"shards": config.shards} if config.shards is not None else {}),
     }
 
 
@@ -646,6 +648,10 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
         raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
     config.out.mkdir(parents=True, exist_ok=True)
+    from . import claimrun
+
+    if claimrun.claimed(config):  # claimed shards: many processes share the directory (claims.py)
+        return await claimrun.run_claimer(config, counter, handle_signals)
     lock = DirLock(config.out)
     if config.shard is None:  # a worker process runs under its parent's lock (and holds its shard's)
         lock.acquire()

@@ -16,7 +16,7 @@ import contextlib
 import os
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from .errors import ManifestMismatchError, OutputError
 from .locks import LOCK as LOCK  # re-exported: the run directory's lock lives in locks.py
 from .locks import DirLock as DirLock
 from .records import PERMANENT_REASONS, Completion, Failure, id_key
+from .rundir import RunDir
 from .samples import record_sample, row_reason, sample_key
 
 COMPLETIONS = "completions.jsonl"
@@ -148,10 +149,14 @@ class ResumeState:
         return SettledRows(self, retry)
 
 
-def shard_files(out: Path, name: str) -> list[Path]:
-    """`completions.jsonl` and the per-worker `completions-KKKKK.jsonl` (likewise for the ledger)."""
+def shard_files(out: Path, name: str, shards: Iterable[int] | None = None) -> list[Path]:
+    """`completions.jsonl`, the static workers' `completions-KKKKK.jsonl` and the claimed shards'
+    `shards/SSSSS/completions.jsonl` (only those of `shards`, when given); likewise for the ledger."""
     stem = name.removesuffix(".jsonl")
-    return sorted(p for p in [out / name, *out.glob(f"{stem}-*.jsonl")] if p.exists())
+    rundir = RunDir(out)
+    roots = rundir.shard_roots() if shards is None else [rundir.shard(s).root for s in shards]
+    top = sorted(p for p in [out / name, *out.glob(f"{stem}-*.jsonl")] if p.exists())
+    return top + [p for p in (r / name for r in roots) if p.exists()]
 
 
 def repair_all(out: Path) -> int:
@@ -160,7 +165,11 @@ def repair_all(out: Path) -> int:
 
 
 def scan(
-    out: Path, repair: bool = True, mine: Callable[[int], bool] | None = None, save_index: bool = True
+    out: Path,
+    repair: bool = True,
+    mine: Callable[[int], bool] | None = None,
+    save_index: bool = True,
+    shards: Iterable[int] | None = None,
 ) -> ResumeState:
     """Read every output and ledger file into compact key sets.
 
@@ -168,26 +177,27 @@ def scan(
     one worker's ids of the ledger; the output's keys are all kept (a sample's key does not tell its
     row's shard, and another worker's keys are never asked about). With several ledger files the newest
     entry per (id, sample) (by its `time`) decides. Output files are read from where `donekeys`' index
-    says the last read ended (`save_index`: move that mark).
+    says the last read ended (`save_index`: move that mark). `shards`: of the claimed shards' files, read
+    only these (a claimer's keys are in its shards' files and the top-level ones, never in another shard's).
     """
     state = ResumeState()
     if repair:
         state.torn_bytes = repair_all(out)
     done = array("Q")
-    for path in shard_files(out, COMPLETIONS):
+    for path in shard_files(out, COMPLETIONS, shards):
         found = completion_keys(path, save_index)
-        state.files[path.name] = found
-        state.corrupt_lines += [f"{path.name}:{n}" for n in found.corrupt]
+        state.files[str(path.relative_to(out))] = found
+        state.corrupt_lines += [f"{path.relative_to(out)}:{n}" for n in found.corrupt]
         keys = found.keys
         big, small = (done, keys) if len(done) >= len(keys) else (keys, done)
         done = merge_sorted(big, small, new_sorted=True)
     state.done = KeySet(done, presorted=True)
     del done
     newest: dict[int, float] = {}
-    for path in shard_files(out, FAILURES):
+    for path in shard_files(out, FAILURES, shards):
         for n, obj in iter_json_lines(path):
             if obj is None or "reason" not in obj:
-                state.corrupt_lines.append(f"{path.name}:{n}")
+                state.corrupt_lines.append(f"{path.relative_to(out)}:{n}")
             elif obj["reason"] == "bad_input" and obj.get("line") is not None:
                 state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
             elif obj.get("id") is not None and (sample := record_sample(obj)) is not None:
@@ -215,7 +225,7 @@ def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Replace a JSON file in one step, so a crash leaves the old or the new one whole."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # claimers on many hosts may replace one file
     try:
         tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
         os.replace(tmp, path)
