@@ -134,7 +134,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
     )
     parts: list[dict[str, Any]] = []
     tried: set[int] = set()  # shards this process left open (transient failures) are not taken again
-    codes, start, done = [EXIT_OK], time.monotonic(), 0
+    codes, start, done, error = [EXIT_OK], time.monotonic(), 0, None
     try:
         while True:
             free = [s for s in table.open_shards() if s not in tried]
@@ -151,6 +151,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
             done += runner.stats.completed
             codes.append(part["exit_code"])
             if runner.stopping.is_set() or runner.fatal is not None:
+                error = str(runner.fatal) if runner.fatal is not None else None
                 break
             if part["exit_code"] == EXIT_OK and any(s in runner.writer.unsettled for s in held):  # type: ignore[attr-defined]
                 codes.append(EXIT_INCOMPLETE)
@@ -162,7 +163,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
     with contextlib.suppress(OutputError):
         write_json_atomic(rundir.claimer(claimer.ident).summary, summary)
         write_json_atomic(rundir.root / SUMMARY, aggregate_summary(rundir, code))
-    return Outcome(summary, code)
+    return Outcome(summary, code, error)
 
 
 async def _one_pass(
@@ -213,12 +214,20 @@ def _empty(code: int, table: ShardTable) -> dict[str, Any]:
     return merge_summaries([], 0.0, code)
 
 
-def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
-    """summary.json: every claimer's summary of this run directory added up, with the shards' state."""
+def claimer_summaries(rundir: RunDir, since: float | None = None) -> list[dict[str, Any]]:
+    """The claimers' summaries (those written since `since`, when given)."""
     parts = []
     for ident in rundir.claimers():
+        path = rundir.claimer(ident).summary
         with contextlib.suppress(OSError, orjson.JSONDecodeError):
-            parts.append(orjson.loads(rundir.claimer(ident).summary.read_bytes()))
+            if since is None or path.stat().st_mtime >= since:
+                parts.append(orjson.loads(path.read_bytes()))
+    return parts
+
+
+def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
+    """summary.json: the summaries of every claimer that ran on this run directory added up."""
+    parts = claimer_summaries(rundir)
     elapsed = sum(float(p.get("elapsed_s") or 0.0) for p in parts)
     merged = merge_summaries(parts, elapsed, code)
     merged["claimers"] = merged.pop("workers")
