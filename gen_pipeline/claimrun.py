@@ -159,7 +159,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
         claimer.release()
     code = next((c for c in SEVERITY if c in codes), 1)
     summary = merge_summaries(parts, time.monotonic() - start, code) if parts else _empty(code, table)
-    summary["shards"] = shard_counts(table)
+    summary.update(shards=shard_counts(table), started=claimer.started, ended=time.time())
     with contextlib.suppress(OutputError):
         write_json_atomic(rundir.claimer(claimer.ident).summary, summary)
         write_json_atomic(rundir.root / SUMMARY, aggregate_summary(rundir, code))
@@ -226,10 +226,19 @@ def claimer_summaries(rundir: RunDir, since: float | None = None) -> list[dict[s
 
 
 def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
-    """summary.json: the summaries of every claimer that ran on this run directory added up."""
-    parts = claimer_summaries(rundir)
-    elapsed = sum(float(p.get("elapsed_s") or 0.0) for p in parts)
+    """summary.json: the summaries of this session's claimers (lifetimes that overlap, the newest group)
+    added up, over the session's wall time: the first claimer's start to the last one's end."""
+    from .claimstatus import last_session
+
+    def span(p: dict[str, Any]) -> tuple[float, float]:
+        end = float(p.get("ended") or 0.0)
+        return float(p.get("started") or end - float(p.get("elapsed_s") or 0.0)), end
+
+    parts = last_session(claimer_summaries(rundir), span)
+    elapsed = max((span(p)[1] for p in parts), default=0.0) - min((span(p)[0] for p in parts), default=0.0)
     merged = merge_summaries(parts, elapsed, code)
+    if parts:
+        merged.update(started=min(span(p)[0] for p in parts), ended=max(span(p)[1] for p in parts))
     merged["claimers"] = merged.pop("workers")
     return merged
 

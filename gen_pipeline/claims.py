@@ -217,6 +217,7 @@ class Claimer:
     rundir: RunDir
     ident: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{int(time.time()):x}")
     lock: FileLock | None = None
+    started: float = field(default_factory=time.time)
 
     def register(self) -> None:
         """Take this claimer's lock (the kernel drops it when the process dies)."""
@@ -233,7 +234,8 @@ class Claimer:
     def info(self, held: Iterable[int]) -> dict[str, Any]:
         """Who this claimer is and what it holds, for its status file."""
         slurm = {k: os.environ[v] for k, v in SLURM_ENV.items() if v in os.environ}
-        return {"id": self.ident, "host": socket.gethostname(), "slurm": slurm, "shards": sorted(held)}
+        host = socket.gethostname()
+        return {"id": self.ident, "host": host, "slurm": slurm, "shards": sorted(held), "started": self.started}
 
 
 def live_claimers(rundir: RunDir) -> int:
