@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from .errors import ConfigError
-from .store import FAILURES, MANIFEST, SUMMARY, iter_json_lines, shard_files
+from .store import COMPLETIONS, FAILURES, MANIFEST, SUMMARY, iter_json_lines, shard_files
 
 INSTALL_HINT = "plots need matplotlib: pip install 'gen-pipeline[report]'"
 
@@ -68,8 +68,8 @@ class Completions:
 
 
 def completion_files(run: Path) -> list[Path]:
-    """completions.jsonl and any per-worker shards."""
-    return sorted(run.glob("completions*.jsonl"))
+    """completions.jsonl, any static workers' and the claimed shards' (shards/SSSSS/completions.jsonl)."""
+    return shard_files(run, COMPLETIONS)
 
 
 def read_completions(run: Path) -> Completions:
