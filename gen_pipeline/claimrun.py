@@ -126,7 +126,8 @@ class Setup:
 async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter | None, handle: bool) -> Outcome:
     fleet, model, ctx, counter, _ = await settle_manifest(config, client, counter)
     rundir = RunDir(config.out)
-    table = ShardTable(rundir, int(config.shards or 1), input_fingerprint(config.input), bool(config.retry_failed))
+    wanted = {**input_fingerprint(config.input), "samples": config.samples}  # more samples reopen the shards
+    table = ShardTable(rundir, int(config.shards or 1), wanted, bool(config.retry_failed))
     claimer = Claimer(rundir)
     claimer.register()
     setup = Setup(

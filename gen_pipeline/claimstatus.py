@@ -85,7 +85,8 @@ def shard_counts(run: Path, manifest: dict[str, Any], views: list[ClaimerView]) 
     """Shards settled (for the input as it is now), claimed by a running claimer, and open."""
     count = int(manifest.get("shards") or 0)
     source = Path(str(manifest.get("input", "")))
-    fingerprint = input_fingerprint(source) if source.is_file() else None
+    samples = int(manifest.get("samples") or 1)
+    fingerprint = {**input_fingerprint(source), "samples": samples} if source.is_file() else None
     table = ShardTable(RunDir(run), count, fingerprint or {})
     open_ = set(table.open_shards()) if fingerprint else _unmarked(table)
     # read from the claimers' files, not by probing the shard locks (a probe could make a claimer skip one)

@@ -30,7 +30,7 @@ def run(tmp_path):
     for s, rows in ((0, [0, 1]), (1, [2])):
         rundir.shard(s).root.mkdir(parents=True)
         rundir.shard(s).writer.completions.write_bytes(b"".join(line(i) for i in rows))
-    rundir.shard(0).settled.write_bytes(orjson.dumps({"input": input_fingerprint(source)}))
+    rundir.shard(0).settled.write_bytes(orjson.dumps({"input": {**input_fingerprint(source), "samples": 1}}))
     (out / "manifest.json").write_bytes(orjson.dumps({"model": "m", "input": str(source), "shards": 2}))
     return out
 
