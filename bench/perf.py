@@ -206,18 +206,23 @@ def write_big(tmp: Path, n: int) -> tuple[Path, Path, float]:
 
 def big_resume(inp: Path, out: Path, servers: str, *extra: str) -> dict[str, float]:
     """Resume the run in `out` (all but 1,000 rows done): time to the first new line, and peak RSS.
-    With `--workers K` among `extra` the new lines go to the workers' own shard files."""
+    With `--workers K` among `extra` the new lines go to the claimed shards' files (shards/SSSSS/)."""
     size_mb = (inp.stat().st_size + (out / "completions.jsonl").stat().st_size) / 2**20
     start = time.monotonic()
     cmd = generate_cmd(inp, out, servers, *extra)
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     done_bytes = output_bytes(out)
     ready = None
-    while proc.poll() is None and ready is None:
+    while ready is None:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # not proc.poll(): it would reap the child's usage
+        if pid:
+            break
         if output_bytes(out) > done_bytes:
             ready = time.monotonic() - start
         time.sleep(0.01)
-    _, status, usage = os.wait4(proc.pid, 0)
+    if ready is not None:
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     if status != 0:
         raise SystemExit(f"big resume failed: {proc.stderr.read().decode()[-2000:] if proc.stderr else status}")
     return {
@@ -229,8 +234,9 @@ def big_resume(inp: Path, out: Path, servers: str, *extra: str) -> dict[str, flo
 
 
 def output_bytes(out: Path) -> int:
-    """The size of every completions file in a run directory (completions.jsonl and the workers' shards)."""
-    return sum(f.stat().st_size for f in out.glob("completions*.jsonl"))
+    """The size of every completions file in a run directory (completions.jsonl, the claimed shards')."""
+    files = [*out.glob("completions*.jsonl"), *out.glob("shards/*/completions.jsonl")]
+    return sum(f.stat().st_size for f in files)
 
 
 def append_rows(path: Path, prefix: str) -> None:

@@ -61,8 +61,19 @@ def _add_generate(sub: Any) -> None:
         "--workers",
         type=int,
         default=1,
-        help="worker processes, each taking the rows whose id hash falls in its shard (default 1)",
+        help="claimer processes on this node, each claiming open shards of the run (default 1)",
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        help="virtual shards of a new run directory, by the stable id hash (default 256; kept in the manifest)",
+    )
+    p.add_argument(
+        "--join",
+        action="store_true",
+        help="claim open shards beside the other processes writing this run directory (one per node)",
+    )
+    p.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # set by --workers K: K share a server
     p.add_argument("--shard", type=_shard, help=argparse.SUPPRESS)  # set by --workers for each worker
     p.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
     p.set_defaults(func=_generate)
@@ -220,7 +231,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     with quiet_streams():  # a closed stdout or stderr must not lose a stop, nor the summary on disk
-        if config.shard is not None:
+        if config.shard is not None or args.parent_fd is not None:
             from .workers import run_worker
 
             outcome = run_worker(config, args.parent_fd)

@@ -226,6 +226,11 @@ class RunConfig:
     # set by that parent for each worker process it starts
     workers: int = 1
     shard: tuple[int, int] | None = None
+    # claimed shards (claims.py): `shards` = V of a new run directory, `join` = claim beside other processes,
+    # `share` = how many claimers of one node split each server's capacity (--workers K sets K)
+    shards: int | None = None
+    join: bool = False
+    share: int = 1
 
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
@@ -248,6 +253,8 @@ class RunConfig:
             (self.tokenizer_loader in ("auto", "transformers"), f"{LOADER_ENV} must be auto or transformers"),
             (self.progress in ("auto", "bar", "log", "off"), "--progress: auto, bar, log or off"),
             (self.workers >= 1, "--workers must be at least 1"),
+            (self.shards is None or self.shards >= 1, "--shards must be at least 1"),
+            (self.share >= 1, "bad --share"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
@@ -271,7 +278,8 @@ class RunConfig:
         Worker processes share a server's capacity, each taking its part (rounded up).
         """
         total = self.concurrency or reported or DEFAULT_CONCURRENCY
-        return -(-total // self.shard[1]) if self.shard else total
+        parts = self.shard[1] if self.shard else self.share
+        return -(-total // parts)
 
     @property
     def worker(self) -> int | None:

@@ -3,7 +3,8 @@
     PipelineError                    base of everything we raise
     ├── ConfigError                  bad flags, unreadable files, refused resume: shown as "error: ..."
     │   ├── ManifestMismatchError    resuming into a run made with other settings (use --force)
-    │   └── InputError               the input is not (compressed) JSONL: binary, or its first rows all bad
+    │   ├── InputError               the input is not (compressed) JSONL: binary, or its first rows all bad
+    │   └── ExportCheckError         export refused: shards still open (--partial), or a key written twice
     ├── FleetError                   no usable server, or the servers disagree in a way we cannot fix
     │   └── PreflightError           what `check` calls a PROBLEM, found at start (use --force)
     ├── OutputError                  the output directory cannot be written (disk full, I/O error)
@@ -55,6 +56,10 @@ class ConfigError(PipelineError):
 
 class ManifestMismatchError(ConfigError):
     """The output directory belongs to a run with different settings."""
+
+
+class ExportCheckError(ConfigError):
+    """`export` refused a claimed-shard run: shards are open (without --partial), or a key is in two lines."""
 
 
 class InputError(ConfigError):

@@ -8,7 +8,9 @@ plus the new assistant turn) and the chosen columns; `--group-samples` makes one
 list of its completions (see grouped.py). Written as Parquet shards under OUT/data/ (the hub's layout)
 or, with --save-to-disk, as a `datasets` folder; OUT/README.md is a dataset card with the counts and the
 generation settings. Nothing in the run directory is changed; a torn last line is skipped, and an
-(id, sample) seen twice is exported once.
+(id, sample) seen twice is exported once. A claimed-shard run (claims.py) is checked as a whole: it is
+refused while shards are open (unless --partial), and a key found twice in its shard files is an error
+that names the keys (the claim protocol writes each key once; two copies mean the protocol was broken).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from .errors import ConfigError
+from .errors import ConfigError, ExportCheckError
 from .formats import jsonl_rows
 from .records import id_key
 from .report import completion_files
@@ -70,6 +72,7 @@ class ExportConfig:
     overwrite: bool = False
     push_to_hub: str | None = None
     private: bool = False
+    partial: bool = False  # export a claimed-shard run with open shards
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.columns if c not in COLUMN_TYPES and not c.startswith("meta.")]
@@ -98,6 +101,7 @@ class ExportStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     done: set[int] = field(default_factory=set)
+    twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
 
     def add(self, obj: dict[str, Any]) -> None:
         self.rows += 1
@@ -105,6 +109,21 @@ class ExportStats:
         self.finish_reasons[str(obj.get("finish_reason"))] += 1
         self.prompt_tokens += obj.get("prompt_tokens") or 0
         self.completion_tokens += obj.get("completion_tokens") or 0
+
+
+def check_settled(config: ExportConfig) -> None:
+    """Refuse a claimed-shard run whose shards are not all settled (unless --partial)."""
+    from .claimstatus import open_shards
+
+    for run in config.runs:
+        manifest = _manifest(run)
+        if manifest.get("shards") is None or config.partial:
+            continue
+        if left := open_shards(run, manifest):
+            raise ExportCheckError(
+                f"{run}: {left} of {manifest['shards']} shards are not settled; finish the run "
+                "(the same generate command, or more claimers), or export what is there with --partial"
+            )
 
 
 def _is_completion(obj: Any) -> bool:
@@ -137,21 +156,33 @@ def training_row(obj: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any
 
 def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
     """Every exportable completion line of every run, once per (id, sample), counted into `stats`."""
-    for f in (f for run in config.runs for f in completion_files(run)):
-        for obj in jsonl_rows(f):
-            sample = record_sample(obj) if _is_completion(obj) else None
-            if sample is None:
-                stats.unreadable += 1
-                continue
-            key = sample_key(id_key(obj["id"]), sample)
-            if key in stats.done:
-                stats.duplicates += 1
-            elif _dropped(config, obj):
-                stats.truncated += 1
-            else:
-                stats.done.add(key)
-                stats.add(obj)
-                yield obj
+    for run in config.runs:
+        whole = _manifest(run).get("shards") is not None  # a claimed-shard run: each key once, checked
+        seen: dict[int, Path] = {}
+        for f in completion_files(run):
+            yield from _kept(config, stats, f, seen if whole else None)
+
+
+def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterator[dict[str, Any]]:
+    """kept_completions for one file; `seen`: the keys of this claimed-shard run so far and their files."""
+    for obj in jsonl_rows(f):
+        sample = record_sample(obj) if _is_completion(obj) else None
+        if sample is None:
+            stats.unreadable += 1
+            continue
+        key = sample_key(id_key(obj["id"]), sample)
+        if seen is not None:
+            if key in seen:
+                stats.twice.append(f"id {obj['id']!r} sample {sample} ({seen[key]} and {f})")
+            seen.setdefault(key, f)
+        if key in stats.done:
+            stats.duplicates += 1
+        elif _dropped(config, obj):
+            stats.truncated += 1
+        else:
+            stats.done.add(key)
+            stats.add(obj)
+            yield obj
 
 
 def _dropped(config: ExportConfig, obj: dict[str, Any]) -> bool:
@@ -284,10 +315,15 @@ def _settings(run: Path) -> list[str]:
 
 def export(config: ExportConfig) -> ExportStats:
     """Build the dataset and its card in a temporary folder, then move it to `config.out`."""
+    check_settled(config)
     config.out.parent.mkdir(parents=True, exist_ok=True)
     stats = ExportStats()
     with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
         ds = build_dataset(config, stats, Path(tmp) / "cache")
+        if stats.twice:
+            del ds
+            shown = "; ".join(stats.twice[:5]) + (f"; and {len(stats.twice) - 5} more" if len(stats.twice) > 5 else "")
+            raise ExportCheckError(f"{len(stats.twice)} keys are in the run's shard files more than once: {shown}")
         staged = Path(tmp) / "out"
         write_dataset(ds, staged, config)
         (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
@@ -335,6 +371,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--overwrite", action="store_true", help="replace --out if it exists")
     add("--push-to-hub", metavar="REPO", help="also push to this hub dataset repo")
     add("--private", action="store_true", help="make the pushed repo private")
+    add("--partial", action="store_true", help="export a claimed-shard run whose shards are not all settled")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -351,6 +388,7 @@ def main(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         push_to_hub=args.push_to_hub,
         private=args.private,
+        partial=args.partial,
     )
     stats = export(config)
     print(

@@ -17,14 +17,7 @@ from .balancer import ServerPool
 from .config import RunConfig
 from .cursor import CursorKeeper, MarkTracker
 from .dispatch import SampleDispatch, thinking_fields
-from .errors import (
-    EXIT_INCOMPLETE,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_OUTPUT,
-    ConfigError,
-    OutputError,
-)
+from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, ConfigError, OutputError
 from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
 from .http import Client, open_transport
@@ -39,13 +32,7 @@ from .rundir import RunDir
 from .runtime import install_run_handlers
 from .setup import build_pool, resume_point, settle_manifest
 from .status import write_status
-from .store import (
-    DirLock,
-    ResumeState,
-    RunWriter,
-    repair_all,
-    write_json_atomic,
-)
+from .store import DirLock, ResumeState, RunWriter, repair_all, write_json_atomic
 from .summary import Outcome, run_summary
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner, dispatch_budget
@@ -184,6 +171,18 @@ class Runner:
             write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
 
 
+def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
+    """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
+    summary = run_summary(runner.stats, runner.pool, exit_code, fleet.warnings + runner.warnings)
+    summary.update(
+        stop_reason=runner.stop_reason or None,
+        input_cursor=runner.reader.started,
+        samples=runner.config.samples,
+        learned_offset=runner.path.learner.offset,
+    )
+    return summary
+
+
 def _raise_first_failure(done: set[asyncio.Task[Any]]) -> None:
     for task in done:
         if not task.cancelled() and task.exception() is not None:
@@ -208,6 +207,10 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
         raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
     config.out.mkdir(parents=True, exist_ok=True)
+    from . import claimrun
+
+    if claimrun.claimed(config):  # claimed shards: many processes share the directory (claims.py)
+        return await claimrun.run_claimer(config, counter, handle_signals)
     lock = DirLock(config.out)
     if config.shard is None:  # a worker process runs under its parent's lock (and holds its shard's)
         lock.acquire()
@@ -277,13 +280,7 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
         if warning is not None:
             runner.warnings.append(warning)
     exit_code = _exit_code(runner)
-    summary = run_summary(stats, runner.pool, exit_code, fleet.warnings + runner.warnings)
-    summary.update(
-        stop_reason=runner.stop_reason or None,
-        input_cursor=runner.reader.started,
-        samples=config.samples,
-        learned_offset=runner.path.learner.offset,
-    )
+    summary = runner_summary(runner, fleet, exit_code)
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
         write_json_atomic(RunDir(config.out).writer(config.worker).summary, summary)

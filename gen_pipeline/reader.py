@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from .config import RunConfig
 from .cursor import Mark, Resumed, mark_of
@@ -39,8 +39,9 @@ class BatchReader:
         stats: RunStats,
         resumed: Resumed | None = None,
         context_length: int | None = None,
+        mine: Callable[[int], bool] | None = None,  # a claimer's held shards (else a static worker's shard)
     ) -> None:
-        mine = config.mine if config.shard else None
+        mine = mine or (config.mine if config.shard else None)
         start = resumed.start if resumed else None
         self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
         self.carried = dict(resumed.tallies) if resumed else {}

@@ -69,7 +69,7 @@ class Completions:
 
 
 def completion_files(run: Path) -> list[Path]:
-    """completions.jsonl and any per-worker shards."""
+    """completions.jsonl, any static workers' and the claimed shards' (shards/SSSSS/completions.jsonl)."""
     return RunDir(run).completion_files()
 
 

@@ -7,7 +7,10 @@
       completions.jsonl         a single-process run's output: one line per finished prompt
       failures.jsonl            its ledger: one line per failure; the newest entry per id decides
       status.json summary.json  its live snapshot and its last figures
-      completions-KKKKK.jsonl   worker K of `generate --workers` (failures-, status-, summary- likewise)
+      completions-KKKKK.jsonl   worker K of a static `generate --workers` run of an earlier version (read only)
+      shards/SSSSS/             claimed shard S (claims.py): .claim (its lock), completions.jsonl,
+                                failures.jsonl, settled.json (its marker, once every row in it is settled)
+      claimers/ID.json          a claimer's live status; ID.lock held while it lives; ID-summary.json
       .index/                   resume caches (deleting it is always safe)
 
 Every set of files one process appends to is a `Writer`; nothing outside this module builds a file name,
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,10 @@ COMPLETIONS = "completions.jsonl"
 FAILURES = "failures.jsonl"
 STATUS = "status.json"
 SUMMARY = "summary.json"
+SHARDS_DIR = "shards"
+CLAIMERS_DIR = "claimers"
+CLAIM_LOCK = ".claim"
+SETTLED = "settled.json"
 # completions-00003.jsonl, status-00003.json, ...: what worker 3 of `--workers K` writes
 _WORKER_FILE = re.compile(r"(completions|failures|status|summary)-(\d{5})\.(jsonl|json)")
 
@@ -48,6 +56,26 @@ class Writer:
     summary: Path
     lock: Path  # held while the files are written
     worker: int | None = None  # None: the run's only writer (or the parent of --workers)
+
+
+@dataclass(frozen=True)
+class ShardDir:
+    """The files of claimed shard `index`: written only by the process that holds `lock`."""
+
+    index: int
+    root: Path
+    lock: Path
+    settled: Path
+    writer: Writer
+
+
+@dataclass(frozen=True)
+class ClaimerFiles:
+    """One claimer's files: its lock (held while it lives), its live status and its summary."""
+
+    lock: Path
+    status: Path
+    summary: Path
 
 
 class RunDir:
@@ -68,13 +96,33 @@ class RunDir:
         c, f, st, su = (self.root / n.replace(".", f"{tag}.", 1) for n in (COMPLETIONS, FAILURES, STATUS, SUMMARY))
         return Writer(c, f, st, su, self.root / f"{LOCK}{tag}", worker)
 
-    def completion_files(self) -> list[Path]:
-        """Every output file that exists, the single writer's first, then the workers' by number."""
-        return self._existing("completions")
+    def shard(self, index: int) -> ShardDir:
+        """The folder and files of claimed shard `index`."""
+        root = self.root / SHARDS_DIR / f"{index:05d}"
+        w = Writer(root / COMPLETIONS, root / FAILURES, root / STATUS, root / SUMMARY, root / CLAIM_LOCK)
+        return ShardDir(index, root, root / CLAIM_LOCK, root / SETTLED, w)
 
-    def failure_files(self) -> list[Path]:
+    def claimer(self, ident: str) -> ClaimerFiles:
+        """The files of the claimer named `ident` (host, pid and start time: a name, never an identity of rows)."""
+        d = self.root / CLAIMERS_DIR
+        return ClaimerFiles(d / f"{ident}.lock", d / f"{ident}.json", d / f"{ident}-summary.json")
+
+    def claimers(self) -> list[str]:
+        """Every claimer that left a status file, by name."""
+        return sorted(p.stem for p in (self.root / CLAIMERS_DIR).glob("*.json") if not p.stem.endswith("-summary"))
+
+    def shard_roots(self) -> list[Path]:
+        """The folders of the claimed shards that exist."""
+        return sorted(p for p in (self.root / SHARDS_DIR).glob("[0-9]" * 5) if p.is_dir())
+
+    def completion_files(self, shards: Iterable[int] | None = None) -> list[Path]:
+        """Every output file that exists: the single writer's, the static workers' by number, then the claimed
+        shards' (only those of `shards`, when given)."""
+        return self._existing("completions", shards)
+
+    def failure_files(self, shards: Iterable[int] | None = None) -> list[Path]:
         """Every ledger file that exists, in the same order."""
-        return self._existing("failures")
+        return self._existing("failures", shards)
 
     def worker_status_files(self) -> dict[int, Path]:
         """The status file of each worker that wrote one, by worker number."""
@@ -84,10 +132,12 @@ class RunDir:
         """Workers' status and summary files (a new --workers run removes an earlier run's)."""
         return sorted([*self._workers("status").values(), *self._workers("summary").values()])
 
-    def _existing(self, kind: str) -> list[Path]:
+    def _existing(self, kind: str, shards: Iterable[int] | None = None) -> list[Path]:
         single = getattr(self.writer(), kind)
         workers = [p for _, p in sorted(self._workers(kind).items())]
-        return [p for p in [single, *workers] if p.exists()]
+        numbers = [int(r.name) for r in self.shard_roots()] if shards is None else list(shards)
+        claimed = [getattr(self.shard(n).writer, kind) for n in numbers]
+        return [p for p in [single, *workers, *claimed] if p.exists()]
 
     def _workers(self, kind: str) -> dict[int, Path]:
         found = {}
@@ -100,7 +150,7 @@ class RunDir:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Replace a JSON file in one step, so a crash leaves the old or the new one whole."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # claimers on many hosts may replace one file
     try:
         tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
         os.replace(tmp, path)

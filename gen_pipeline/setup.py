@@ -68,6 +68,7 @@ def manifest_for(
         "servers": list(config.servers),
         "input": str(config.input),
         "gen_pipeline_version": __version__,
+        **({"shards": config.shards} if config.shards is not None else {}),
     }
 
 

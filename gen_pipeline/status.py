@@ -190,7 +190,9 @@ def inspect_run(run: Path, now: float | None = None) -> tuple[str, int]:
         raise ConfigError(f"{run} is not a run directory (no status.json, summary.json or completions)")
     m = manifest or {}
     lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}, {len(m.get('servers') or [])} servers"]
-    if workers and (status is None or float(status.get("updated", 0)) < max(w.updated for w in workers)):
+    if m.get("shards") is not None:  # claimed shards: claimers on any number of hosts (claimstatus.py)
+        body, code = _describe_claimed(run, summary, m, now)
+    elif workers and (status is None or float(status.get("updated", 0)) < max(w.updated for w in workers)):
         body, code = _describe_workers(run, workers, summary, manifest, now)
     else:
         body, code = _describe_single(run, status, summary, manifest, now)
@@ -299,6 +301,27 @@ def _describe_workers(
     if any(w.state == "running" for w in workers):
         return [render_workers(workers, now)], EXIT_RUNNING_OR_OK
     return [*_gone(newest, render_workers(workers, now), now), file_counts(run, manifest)], EXIT_NOT_RUNNING
+
+
+def _describe_claimed(
+    run: Path, summary: dict[str, Any] | None, manifest: dict[str, Any], now: float
+) -> tuple[list[str], int]:
+    from . import claimstatus
+
+    views = claimstatus.read_claimers(run)
+    summary_mtime = _mtime(run / SUMMARY)
+    running = any(v.running for v in views)
+    newest = max((v.updated for v in views), default=0.0)
+    if not running and summary is not None and summary_mtime is not None and summary_mtime >= newest:
+        left = claimstatus.open_shards(run, manifest)
+        tail = [f"{left} shards open: run the same command (or submit claimers) again"] if left else []
+        return [*_finished(run, summary, now), *tail], _finished_code(summary) if not left else EXIT_NOT_RUNNING
+    if not views:
+        return ["not running (no claimer has reported yet)", file_counts(run, manifest)], EXIT_NOT_RUNNING
+    body = claimstatus.describe(run, views, manifest, now)
+    if running:
+        return body, EXIT_RUNNING_OR_OK
+    return [*_gone(newest, "\n".join(body), now), file_counts(run, manifest)], EXIT_NOT_RUNNING
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

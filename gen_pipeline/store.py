@@ -11,7 +11,7 @@ import contextlib
 import os
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +147,11 @@ def repair_all(out: Path) -> int:
 
 
 def scan(
-    out: Path, repair: bool = True, mine: Callable[[int], bool] | None = None, save_index: bool = True
+    out: Path,
+    repair: bool = True,
+    mine: Callable[[int], bool] | None = None,
+    save_index: bool = True,
+    shards: Iterable[int] | None = None,
 ) -> ResumeState:
     """Read every output and ledger file into compact key sets.
 
@@ -155,26 +159,27 @@ def scan(
     one worker's ids of the ledger; the output's keys are all kept (a sample's key does not tell its
     row's shard, and another worker's keys are never asked about). With several ledger files the newest
     entry per (id, sample) (by its `time`) decides. Output files are read from where `donekeys`' index
-    says the last read ended (`save_index`: move that mark).
+    says the last read ended (`save_index`: move that mark). `shards`: of the claimed shards' files, read
+    only these (a claimer's keys are in its shards' files and the top-level ones, never in another shard's).
     """
     state = ResumeState()
     if repair:
         state.torn_bytes = repair_all(out)
     done = array("Q")
-    for path in RunDir(out).completion_files():
+    for path in RunDir(out).completion_files(shards):
         found = completion_keys(path, save_index)
-        state.files[path.name] = found
-        state.corrupt_lines += [f"{path.name}:{n}" for n in found.corrupt]
+        state.files[str(path.relative_to(out))] = found
+        state.corrupt_lines += [f"{path.relative_to(out)}:{n}" for n in found.corrupt]
         keys = found.keys
         big, small = (done, keys) if len(done) >= len(keys) else (keys, done)
         done = merge_sorted(big, small, new_sorted=True)
     state.done = KeySet(done, presorted=True)
     del done
     newest: dict[int, float] = {}
-    for path in RunDir(out).failure_files():
+    for path in RunDir(out).failure_files(shards):
         for n, obj in iter_json_lines(path):
             if obj is None or "reason" not in obj:
-                state.corrupt_lines.append(f"{path.name}:{n}")
+                state.corrupt_lines.append(f"{path.relative_to(out)}:{n}")
             elif obj["reason"] == "bad_input" and obj.get("line") is not None:
                 state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
             elif obj.get("id") is not None and (sample := record_sample(obj)) is not None:

@@ -28,12 +28,12 @@ import threading
 import time
 from typing import Any
 
-import orjson
-
+from .claimrun import claimer_summaries, with_shards
+from .claims import SharedRunLock
 from .config import API_KEY_ENV, RunConfig
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .http import Client, open_transport
-from .locks import DirLock, ShardLock, refuse_shard_writers
+from .locks import ShardLock, refuse_shard_writers
 from .pipeline import run
 from .rundir import RunDir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
@@ -46,9 +46,9 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def worker_argv(argv: list[str], index: int, count: int, parent_fd: int) -> list[str]:
-    """The command line of worker `index`: the user's without the API key, plus its shard, the pipe that
-    tells it its parent is alive, and no progress display."""
-    shard = ["--shard", f"{index}/{count}", "--parent-fd", str(parent_fd)]
+    """The command line of worker `index`: the user's without the API key, as a claimer beside the others
+    taking 1/count of each server, the pipe that tells it its parent is alive, and no progress display."""
+    shard = ["--join", "--share", str(count), "--parent-fd", str(parent_fd)]
     return [sys.executable, "-m", "gen_pipeline", *without_api_key(argv), *shard, "--progress", "off"]
 
 
@@ -95,11 +95,12 @@ def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
 
         raise ConfigError(f"input file not found: {config.input}")
     config.out.mkdir(parents=True, exist_ok=True)
-    lock = DirLock(config.out)
+    config = with_shards(config)  # the workers are claimers of the run's shards (claims.py)
+    lock = SharedRunLock(config.out, config.join)
     lock.acquire()
     try:
-        refuse_shard_writers(config.out)  # an earlier run's worker still writing would share a shard file
-        asyncio.run(_settle(config))  # refuse a changed manifest before any worker starts
+        refuse_shard_writers(config.out)  # a static worker of an earlier version still writing here
+        asyncio.run(_settle(config))  # refuse a changed manifest before any worker starts; record V
         repair_all(config.out)
         return _supervise(config, argv)
     finally:
@@ -107,7 +108,7 @@ def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
 
 
 def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
-    k, start = config.workers, time.monotonic()
+    k, start, started = config.workers, time.monotonic(), time.time()
     for stale in RunDir(config.out).stale_worker_reports():
         stale.unlink()  # a worker that dies early must not be reported with an old run's figures
     # Only we hold the write end (os.pipe is close-on-exec): the workers see end of file when we die.
@@ -126,7 +127,7 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     try:
         codes = [p.wait() for p in procs]
-        return _merge(config, codes, time.monotonic() - start)
+        return _merge(config, codes, time.monotonic() - start, started)
     finally:  # after summary.json: a signal meanwhile is passed on (to no one) rather than lose it
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -139,14 +140,14 @@ def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) 
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
 
 
-def _merge(config: RunConfig, codes: list[int], elapsed: float) -> Outcome:
-    """summary.json from the workers' summaries; the run's outcome."""
-    k = len(codes)
-    parts = [_read_summary(config, i) for i in range(k)]
+def _merge(config: RunConfig, codes: list[int], elapsed: float, started: float) -> Outcome:
+    """summary.json from the summaries of the claimers this run started; the run's outcome."""
     exit_code = merged_exit_code(codes)
-    summary = merge_summaries([p for p in parts if p], elapsed, exit_code)
-    lost = [f"worker {i} (exit {codes[i]})" for i, part in enumerate(parts) if part is None]
-    if lost:  # it died before its summary: its error is on stderr above, its rows are not counted here
+    parts = claimer_summaries(RunDir(config.out), since=started)
+    summary = merge_summaries(parts, elapsed, exit_code)
+    summary["claimers"] = summary["workers"]
+    if len(parts) < len(codes):  # one died before its summary: its error is on stderr above
+        lost = [f"worker {i} (exit {c})" for i, c in enumerate(codes) if c != EXIT_OK] or ["a worker"]
         summary["warnings"].append(f"no summary from {', '.join(lost)}; see the errors above")
     try:
         write_json_atomic(RunDir(config.out).writer().summary, summary)
@@ -158,20 +159,13 @@ def _merge(config: RunConfig, codes: list[int], elapsed: float) -> Outcome:
     return Outcome(summary, exit_code)
 
 
-def _read_summary(config: RunConfig, index: int) -> dict[str, Any] | None:
-    path = RunDir(config.out).writer(index).summary
-    try:
-        return dict(orjson.loads(path.read_bytes()))
-    except (OSError, orjson.JSONDecodeError):
-        return None
-
-
 def run_worker(config: RunConfig, parent_fd: int | None) -> Outcome:
     """One worker of `generate --workers K` (`parent_fd`: the pipe from its parent, when it has one): it
-    holds its shard's lock for as long as it writes."""
-    assert config.shard is not None
+    holds its shard's lock for as long as it writes; a claimer (no static shard) takes its own locks."""
     if parent_fd is not None:
         follow_parent(parent_fd)
+    if config.shard is None:
+        return run(config)
     config.out.mkdir(parents=True, exist_ok=True)
     lock = ShardLock(config.out, *config.shard)
     lock.acquire()

@@ -117,3 +117,14 @@ def kill_all(pids: list[int]) -> None:
         for sig in (signal.SIGCONT, signal.SIGKILL):
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
+
+
+def wait_for_done(out: Path, n: int, timeout: float) -> None:
+    """Block until the run's output files (every shard's) hold at least `n` lines (or the timeout passes)."""
+    from gen_pipeline.rundir import RunDir
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(p.read_bytes().count(b"\n") for p in RunDir(out).completion_files()) >= n:
+            return
+        time.sleep(0.02)

@@ -15,7 +15,10 @@ from e2e import check_invariant, prompts
 from procs import run_generate, sim_fleet
 
 pytestmark = pytest.mark.slow
-WORKERS = pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "two workers"])
+# two shards, so a shard's file grows past the limit
+WORKERS = pytest.mark.parametrize(
+    "workers", [[], ["--workers", "2", "--shards", "2"]], ids=["one process", "two workers"]
+)
 
 
 def limit_file_size(limit: int):

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 from e2e import prompts
-from procs import PY, env, generate, sim_fleet, wait_for_lines
+from procs import PY, env, generate, sim_fleet
 
 from gen_pipeline.progress import format_summary
 from gen_pipeline.status import STALE_AFTER, STATUS, describe_run, write_status
@@ -256,23 +256,23 @@ def test_status_cli_prints_the_merged_view(run):
 
 @pytest.mark.slow
 def test_status_during_a_real_workers_run(write_jsonl, tmp_path):
-    """While `generate --workers 2` runs, status merges both workers' files; after Ctrl-C, no worker runs."""
+    """While `generate --workers 2` runs, status merges both claimers' files; after Ctrl-C, none runs."""
     path, out = write_jsonl(prompts(600)), tmp_path / "out"
     status = [PY, "-m", "gen_pipeline", "status", str(out)]
     with sim_fleet(2, "--token-latency", "0.005") as servers:
-        proc = generate(path, out, servers, "--workers", "2", "--concurrency", "4")
+        proc = generate(path, out, servers, "--workers", "2", "--shards", "8", "--concurrency", "4")
         try:
-            wait_for_lines(out / "completions-00001.jsonl", 5, 60)
-            deadline = time.monotonic() + 10
-            while not (out / "status-00001.json").exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            deadline = time.monotonic() + 60
+            while len(list((out / "claimers").glob("*[!y].json"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)  # both claimers have written a status (not a summary: *-summary.json)
             live = subprocess.run(status, capture_output=True, text=True, env=env(), timeout=60)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=60)
     assert live.returncode == 0, live.stderr
-    assert "running (2 of 2 workers running)" in live.stdout, live.stdout
-    assert "servers: 2 of 2 healthy" in live.stdout and "  worker 1 (pid " in live.stdout
+    assert "running (2 of 2 claimers running)" in live.stdout, live.stdout
+    assert "servers: 2 of 2 healthy" in live.stdout and "shards: 8 | open " in live.stdout, live.stdout
+    assert live.stdout.count(" rows/s, done ") == 2, live.stdout
     after = subprocess.run(status, capture_output=True, text=True, env=env(), timeout=60)
     assert "finished" in after.stdout and "exit code 130" in after.stdout, after.stdout
     summary = orjson.loads((out / SUMMARY).read_bytes())

@@ -14,17 +14,24 @@ from pathlib import Path
 import orjson
 import pytest
 from e2e import check_invariant, prompts
-from procs import PY, alive, env, generate_argv, kill_all, run_generate, sim_fleet, wait_for_lines, wait_gone
+from procs import (
+    PY,
+    alive,
+    env,
+    generate_argv,
+    kill_all,
+    run_generate,
+    sim_fleet,
+    wait_for_done,
+    wait_for_lines,
+    wait_gone,
+)
 from test_nightly import NIGHTLY, clean_env, source_rows
 from test_nightly import write_jsonl as write_rows
 
 from gen_pipeline.sim import free_ports
 
 WAITING = "waiting for servers to come up"
-
-
-def first_shard(out: Path, workers: list[str]) -> Path:
-    return out / ("completions-00000.jsonl" if workers else "completions.jsonl")
 
 
 @pytest.mark.slow
@@ -38,7 +45,7 @@ def test_sigterm_behind_a_closed_pipe_stops_with_a_summary(write_jsonl, tmp_path
         argv = generate_argv(path, out, servers, "--concurrency", "2", *workers)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
         try:
-            wait_for_lines(first_shard(out, workers), 10, 60)
+            wait_for_done(out, 10, 60)
             assert proc.stdout is not None and proc.stderr is not None
             proc.stdout.close()
             proc.stderr.close()

@@ -7,8 +7,8 @@ import signal
 
 import orjson
 import pytest
-from e2e import check_invariant, prompts, read_jsonl
-from procs import generate, run_generate, sim_fleet, wait_for_lines
+from e2e import check_invariant, prompts
+from procs import generate, run_generate, sim_fleet, wait_for_done
 
 from gen_pipeline.summary import merge_summaries
 from gen_pipeline.tokens import TINY_TOKENIZER
@@ -53,11 +53,19 @@ def test_workers_split_then_resume_with_any_k(write_jsonl, tmp_path):
         assert first.returncode == 0, first.stderr
         summary = orjson.loads((out / "summary.json").read_bytes())
         assert summary["completed"] == 400 and summary["failed"] == {"bad_input": 1} and summary["workers"] == 2
-        assert {p.name for p in out.glob("completions-*.jsonl")} == {
-            "completions-00000.jsonl",
-            "completions-00001.jsonl",
-        }
-        assert all(len(read_jsonl(p)) > 100 for p in out.glob("completions-*.jsonl"))  # both did real work
+        assert not list(out.glob("completions*.jsonl"))  # the workers are claimers: shards/SSSSS/ files
+        parts = [orjson.loads(p.read_bytes()) for p in out.glob("claimers/*-summary.json")]
+        assert len(parts) == 2 and all(p["completed"] > 50 for p in parts)  # both did real work
+        # the layout of an earlier version: static worker files at the top, no shards in the manifest
+        lines = [line for p in sorted(out.glob("shards/*/completions.jsonl")) for line in p.read_bytes().splitlines()]
+        for i in (0, 1):
+            (out / f"completions-{i:05d}.jsonl").write_bytes(b"".join(x + b"\n" for x in lines[i::2]))
+        failed = b"".join(p.read_bytes() for p in out.glob("shards/*/failures.jsonl"))
+        (out / "failures-00000.jsonl").write_bytes(failed)
+        shutil.rmtree(out / "shards")
+        manifest = orjson.loads((out / "manifest.json").read_bytes())
+        del manifest["shards"]
+        (out / "manifest.json").write_bytes(orjson.dumps(manifest))
         more = prompts(60, start=400)
         path = write_jsonl([*rows, b"{broken", *more])
         second = run_generate(path, out, servers, "--workers", "3")
@@ -79,7 +87,7 @@ def test_ctrl_c_stops_every_worker_then_resume_completes(write_jsonl, tmp_path):
     path, out = write_jsonl(rows), tmp_path / "out"
     with sim_fleet(2, "--token-latency", "0.005") as servers:
         proc = generate(path, out, servers, "--workers", "2", "--concurrency", "4")
-        wait_for_lines(out / "completions-00000.jsonl", 20, 60)
+        wait_for_done(out, 20, 60)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 130, stderr

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Submit run/slurm/generate.sbatch: one array task per node over one run directory.
+#
+# Usage: run/slurm/submit.sh INPUT OUT [sbatch options]   e.g.
+#   run/slurm/submit.sh prompts.jsonl /shared/runs/r1 --array=0-15 --partition=gpu --account=me --time=4:00:00
+# Flags for generate go in GEN_ARGS (e.g. GEN_ARGS="--max-tokens 2048 --shards 512"); FLEET=simulate starts
+# `gen-pipeline simulate` per task instead of SGLang (how the tests run it). OUT must be on a filesystem
+# every node sees, with working flock (NFSv4, Lustre with flock, GPFS).
+set -euo pipefail
+if [ $# -lt 2 ]; then
+    sed -n '2,8p' "$0" >&2
+    exit 2
+fi
+INPUT=$(realpath "$1") OUT=$(realpath -m "$2")
+shift 2
+mkdir -p "$OUT/slurm"
+export INPUT OUT
+exec sbatch --export=ALL --output="$OUT/slurm/%A_%a.out" "$@" "$(dirname "$0")/generate.sbatch"

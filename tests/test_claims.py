@@ -1,0 +1,92 @@
+"""Claimed shards: any number of claimers over one run directory, each row written once (claims.py)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import orjson
+import pytest
+from e2e import check_invariant, prompts, read_jsonl
+from procs import generate, run_generate, sim_fleet
+
+from gen_pipeline.claims import ShardTable, batch_size, input_fingerprint, shard_of
+from gen_pipeline.rundir import RunDir
+
+
+def test_batch_size_halves_toward_one():
+    """A claim takes half an even split over the live claimers, at most V/16, and at least one."""
+    assert batch_size(256, 4, 256) == 16  # capped at V/16
+    assert batch_size(40, 4, 256) == 5
+    assert batch_size(3, 4, 256) == 1
+    assert batch_size(0, 1, 4) == 1
+
+
+def test_a_claim_is_exclusive_and_dies_with_its_holder(tmp_path):
+    """A second claim of a held shard fails; a settled shard is never claimed; a grown input reopens it."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"{}\n")
+    table = ShardTable(RunDir(tmp_path), 4, input_fingerprint(inp))
+    first = table.try_claim(1)
+    assert first is not None and table.try_claim(1) is None
+    child = subprocess.run(
+        ["python3", "-c", f"import fcntl,os; fd=os.open({str(first.shard.lock)!r}, os.O_RDWR); "
+         "fcntl.flock(fd, fcntl.LOCK_EX|fcntl.LOCK_NB)"], capture_output=True)  # fmt: skip
+    assert child.returncode != 0  # another process is refused too
+    table.mark_settled(1, "me")
+    first.release()
+    assert table.try_claim(1) is None and 1 not in table.open_shards()
+    inp.write_bytes(b"{}\n{}\n")
+    assert 1 in ShardTable(RunDir(tmp_path), 4, input_fingerprint(inp)).open_shards()
+
+
+@pytest.mark.slow
+def test_claimed_run_then_resume(write_jsonl, tmp_path):
+    """--shards 8: every row lands in its own shard's file once; every shard settles; a rerun sends nothing."""
+    rows = prompts(300)
+    path, out = write_jsonl([*rows, b"{broken"]), tmp_path / "out"
+    with sim_fleet(2, "--token-latency", "0.001") as servers:
+        first = run_generate(path, out, servers, "--shards", "8")
+        assert first.returncode == 0, first.stderr
+        manifest = orjson.loads((out / "manifest.json").read_bytes())
+        assert manifest["shards"] == 8
+        rundir = RunDir(out)
+        for s in range(8):
+            shard = rundir.shard(s)
+            assert shard.settled.exists()
+            assert all(shard_of(r["id"], None, 8) == s for r in read_jsonl(shard.writer.completions))
+        assert not (out / "completions.jsonl").exists()
+        summary = orjson.loads((out / "summary.json").read_bytes())
+        assert summary["completed"] == 300 and summary["failed"] == {"bad_input": 1}
+        again = run_generate(path, out, servers, "--join", "--shards", "9")
+        assert again.returncode == 1 and "--shards 8" in again.stderr
+        again = run_generate(path, out, servers)  # the manifest makes it a claimer: all settled, nothing to do
+        assert again.returncode == 0, again.stderr
+        assert "completed 0 " in again.stdout
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 300, "ledger": 0}
+
+
+@pytest.mark.slow
+def test_second_generate_refused_unless_join(write_jsonl, tmp_path):
+    """While one claimer runs, a plain generate is refused and a --join one claims beside it; kill -9 of
+    the first leaves its shards open, and a later claimer finishes them: every id once."""
+    rows = prompts(800)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    with sim_fleet(2, "--token-latency", "0.004") as servers:
+        first = generate(path, out, servers, "--shards", "32", "--concurrency", "4")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(out.glob("shards/*/completions.jsonl")):
+            time.sleep(0.05)
+        refused = run_generate(path, out, servers)
+        assert refused.returncode == 1 and "--join" in refused.stderr
+        joiner = generate(path, out, servers, "--join", "--concurrency", "4")
+        time.sleep(1.0)
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=30)
+        _, err = joiner.communicate(timeout=120)
+        assert joiner.returncode == 0, err
+        last = run_generate(path, out, servers, "--join")
+        assert last.returncode == 0, last.stderr
+    assert check_invariant([r["id"] for r in rows], out)["done"] == 800
+    assert all(RunDir(out).shard(s).settled.exists() for s in range(32))
