@@ -28,8 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .config import API_KEY_ENV, DEFAULT_SERVERS, RunConfig, build_config
+from .config import API_KEY_ENV, DEFAULT_SERVERS, RunConfig
 from .errors import ConfigError
+from .options import build_config
 from .pipeline import run_async
 from .summary import Outcome
 

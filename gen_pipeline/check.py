@@ -47,7 +47,8 @@ from .progress import RunStats
 from .reader import conversation, first_lines, shaped
 from .records import Prompt
 from .requests import request_body
-from .setup import counting_kind, fit_open_files, manifest_for, open_file_limit, resolve
+from .runtime import open_file_limit
+from .setup import counting_kind, fit_open_files, manifest_for, resolve
 from .source import PromptSource
 from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
 from .tokens import TokenCounter, load_counter

@@ -10,8 +10,6 @@ a resumable directory: run the same command again.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import importlib
 import logging
 import os
@@ -34,12 +32,11 @@ from .config import (
     DEFAULT_SERVERS,
     DEFAULT_STARTUP_TIMEOUT,
     LOADER_ENV,
-    OPTIONS,
     RunConfig,
-    build_config,
 )
-from .errors import OutputError, PipelineError
-from .runtime import install_stop_handlers, restore_handlers, say, silence
+from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OUTPUT, OutputError, PipelineError
+from .options import OPTIONS, build_config
+from .runtime import install_stop_handlers, restore_handlers, say, silence, tune_process
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
 # Subcommands that live in their own modules: name -> (module, help).
@@ -285,55 +282,6 @@ def _command(argv: list[str]) -> str | None:
     return first if first == "generate" or first in PLUGGED else None
 
 
-# glibc gives each thread that allocates its own malloc arena; the tokenizer thread and the Rust encode
-# threads fragment theirs under long prompts (RSS +90 MB over a 654k-row run). Two arenas keep it flat.
-MALLOC_ARENAS = 2
-_M_ARENA_MAX = -8  # glibc's mallopt parameter number
-
-
-def limit_malloc_arenas() -> bool:
-    """Cap glibc's malloc arenas for this process (before threads start); True when applied. A user's
-    MALLOC_ARENA_MAX wins; other C libraries are left alone."""
-    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
-        return False
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, MALLOC_ARENAS))
-    except (OSError, AttributeError):
-        return False
-
-
-def raise_open_file_limit() -> int | None:
-    """Raise this process's soft limit on open files to its hard limit (each request in flight holds a
-    socket; distributions often start at 1,024); the new soft limit, or None where there is none to raise."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            return soft
-        return hard
-    return soft if soft != resource.RLIM_INFINITY else None
-
-
-# CPython walks its youngest generation of containers every 700 net allocations. A run keeps thousands of
-# parsed prompts queued and in flight, so each walk meets the same live objects again: 0.3-0.4 s of CPU
-# per 20,000 requests (~4%), for cycles that almost never form here. One walk per 10,000 allocations costs
-# 0.03 s over the same run (49 walks, median 0.2 ms, longest 5-6 ms as before); memory is still freed by
-# reference counting.
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def collect_cycles_less_often() -> None:
-    """Raise the youngest generation's collection threshold (the older two keep their defaults)."""
-    young, older, oldest = gc.get_threshold()
-    if 0 < young < GC_YOUNG_THRESHOLD:  # 0: the user turned collection off; keep it so
-        gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gen-pipeline` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -346,27 +294,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    limit_malloc_arenas()
-    collect_cycles_less_often()
-    raise_open_file_limit()
+    tune_process()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    # A file-size limit (ulimit -f) then fails the write with EFBIG, which we report and survive,
-    # instead of killing the process mid-line.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = build_parser(_command(argv)).parse_args(argv)
     args.argv = argv  # --workers re-runs it per worker
     try:
         return int(args.func(args))
     except OutputError as exc:
         say(f"error: {exc}")
-        return 5
+        return EXIT_OUTPUT
     except PipelineError as exc:
         say(f"error: {exc}")
-        return 1
+        return EXIT_ERROR
     except KeyboardInterrupt:
         say("interrupted; the output directory stays resumable")
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`status --watch | head`): nothing more to say
         silence(sys.stdout)
         return EXIT_BROKEN_PIPE

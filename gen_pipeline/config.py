@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from .errors import ConfigError
 from .records import ALL_REASONS, MAX_SAMPLES
-from .samples import run_samples
 from .tokens.conversation import TEMPLATE_FIELDS, template_input_error
 
 # The tokenizer loader switch, read by the CLI only.
@@ -295,118 +292,3 @@ class RunConfig:
         if self.request_timeout is not None:
             return self.request_timeout
         return BASE_REQUEST_TIMEOUT + TIMEOUT_PER_TOKEN * max_tokens
-
-
-# The options `generate` takes (its flags, `-` written `_`) that are not RunConfig fields as they stand.
-BUILT_OPTIONS = frozenset(
-    {"sampling", "temperature", "top_p", "seed", "max_attempts", "retry_failed", "system_prompt"}
-    | {"tools", "chat_template_kwargs"}
-)
-OPTIONS = BUILT_OPTIONS | {f.name for f in fields(RunConfig) if f.name != "retry"}
-
-
-def build_config(
-    input: str | Path,
-    out: str | Path,
-    *,
-    servers: str | Sequence[str] = DEFAULT_SERVERS,
-    sampling: str | Mapping[str, Any] | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    retry_failed: str | Iterable[str] | None = None,
-    system_prompt: str | None = None,
-    tools: str | Path | Sequence[Any] | None = None,
-    chat_template_kwargs: str | Mapping[str, Any] | None = None,
-    **options: Any,
-) -> RunConfig:
-    """A RunConfig from `generate`'s options, written as its flags are (the CLI and the Python API share it).
-
-    `servers` "host:lo-hi" or URLs; `sampling` a JSON object or its text; `retry_failed` "all" or a comma
-    list; `system_prompt` the text, or "@FILE" to read it from FILE; `tools` a JSON file's path or the
-    list; `chat_template_kwargs` a JSON object or its text (both may come inside `sampling` instead).
-    Other options are RunConfig fields.
-    """
-    unknown = options.keys() - OPTIONS
-    if unknown:
-        raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted(OPTIONS)}")
-    extra = {"temperature": temperature, "top_p": top_p, "seed": seed}
-    fields = {**parse_sampling(sampling), **{k: v for k, v in extra.items() if v is not None}}
-    options["sampling"], options["samples"] = run_samples(fields, options.get("samples"))  # n becomes samples
-    kwargs = parse_json_object(chat_template_kwargs, "--chat-template-kwargs")
-    given = {"tools": read_tools(tools), "chat_template_kwargs": kwargs}
-    options.update(lift_template_inputs(options["sampling"], given))
-    return RunConfig(
-        input=Path(input),
-        out=Path(out),
-        servers=parse_servers(servers) if isinstance(servers, str) else tuple(servers),
-        retry=RetryPolicy(max_attempts=max_attempts),
-        retry_failed=parse_reasons(retry_failed),
-        system_prompt=read_system_prompt(system_prompt),
-        **options,
-    )
-
-
-def parse_sampling(spec: str | Mapping[str, Any] | None) -> dict[str, Any]:
-    """--sampling: a JSON object (or its text) of other request fields."""
-    if spec is None or spec == "":
-        return {}
-    if isinstance(spec, str):
-        try:
-            spec = orjson.loads(spec)
-        except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"--sampling is not valid JSON: {exc}") from exc
-    if not isinstance(spec, Mapping):
-        raise ConfigError("--sampling must be a JSON object")
-    return dict(spec)
-
-
-def read_tools(spec: str | Path | Sequence[Any] | None) -> list[Any] | None:
-    """--tools: a JSON file holding an OpenAI tools list (or the list itself)."""
-    if spec is None or not isinstance(spec, (str, Path)):
-        return None if spec is None else list(spec)
-    try:
-        value = orjson.loads(Path(spec).read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise ConfigError(f"--tools {spec}: cannot read a JSON tools list: {exc}") from exc
-    if not isinstance(value, list):
-        raise ConfigError(f"--tools {spec}: the file must hold a JSON list of tools")
-    return value
-
-
-def parse_json_object(spec: str | Mapping[str, Any] | None, flag: str) -> dict[str, Any] | None:
-    """A flag's JSON object (or its text); None when not given."""
-    if spec is None or spec == "":
-        return None
-    if isinstance(spec, str):
-        try:
-            spec = orjson.loads(spec)
-        except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"{flag} is not valid JSON: {exc}") from exc
-    if not isinstance(spec, Mapping):
-        raise ConfigError(f"{flag} must be a JSON object")
-    return dict(spec)
-
-
-def lift_template_inputs(sampling: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """tools and chat_template_kwargs from their flags or from --sampling (taken out of it, so they are
-    counted as well as sent); the sampling left, under "sampling"."""
-    out: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if k not in TEMPLATE_FIELDS}}
-    for name in TEMPLATE_FIELDS:
-        if given[name] is not None and sampling.get(name) is not None and given[name] != sampling[name]:
-            raise ConfigError(f"{name} is given both in --sampling and as its own flag; keep one")
-        out[name] = given[name] if given[name] is not None else sampling.get(name)
-    return out
-
-
-def read_system_prompt(spec: str | None) -> str | None:
-    """--system-prompt: the text itself, or "@FILE" for a file's text (its trailing newlines dropped)."""
-    if spec is None or not spec.startswith("@"):
-        return spec
-    path = Path(spec[1:])
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--system-prompt {spec}: cannot read {path}: {exc}") from exc
-    return text.rstrip("\r\n")

@@ -1,4 +1,5 @@
-"""How a process stops: stop signals outside the run loop, and standard streams that never raise.
+"""How a process runs and stops: tuning done once before threads start (malloc arenas, the cycle
+collector, the open-file limit), stop signals, and standard streams that never raise.
 
 `generate` owns SIGINT, SIGTERM and SIGHUP from its first line: until the run loop takes them over
 (install_run_handlers) and again after it, one of them prints one line and exits 130 at once. Nothing
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import gc
 import os
 import signal
 import sys
@@ -137,3 +140,73 @@ def install_run_handlers(
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)
     return restore
+
+
+# glibc gives each thread that allocates its own malloc arena; the tokenizer thread and the Rust encode
+# threads fragment theirs under long prompts (RSS +90 MB over a 654k-row run). Two arenas keep it flat.
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
+def limit_malloc_arenas() -> bool:
+    """Cap glibc's malloc arenas for this process (before threads start); True when applied. A user's
+    MALLOC_ARENA_MAX wins; other C libraries are left alone."""
+    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, MALLOC_ARENAS))
+    except (OSError, AttributeError):
+        return False
+
+
+def raise_open_file_limit() -> int | None:
+    """Raise this process's soft limit on open files to its hard limit (each request in flight holds a
+    socket; distributions often start at 1,024); the new soft limit, or None where there is none to raise."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+        return hard
+    return soft if soft != resource.RLIM_INFINITY else None
+
+
+# CPython walks its youngest generation of containers every 700 net allocations. A run keeps thousands of
+# parsed prompts queued and in flight, so each walk meets the same live objects again: 0.3-0.4 s of CPU
+# per 20,000 requests (~4%), for cycles that almost never form here. One walk per 10,000 allocations costs
+# 0.03 s over the same run (49 walks, median 0.2 ms, longest 5-6 ms as before); memory is still freed by
+# reference counting.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def collect_cycles_less_often() -> None:
+    """Raise the youngest generation's collection threshold (the older two keep their defaults)."""
+    young, older, oldest = gc.get_threshold()
+    if 0 < young < GC_YOUNG_THRESHOLD:  # 0: the user turned collection off; keep it so
+        gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
+def open_file_limit() -> int:
+    """This process's soft limit on open files (sockets included); very large where there is none."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return 1 << 20
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def tune_process() -> None:
+    """What every command does once, before any thread starts: fewer malloc arenas, fewer cycle collections,
+    the open-file limit raised, and a file-size limit (ulimit -f) that fails a write with EFBIG (which we
+    report and survive) instead of killing the process mid-line."""
+    limit_malloc_arenas()
+    collect_cycles_less_often()
+    raise_open_file_limit()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

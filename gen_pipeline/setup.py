@@ -19,6 +19,7 @@ from .errors import ConfigError, PreflightError
 from .fleet import FleetInfo, discover
 from .http import Client
 from .pacing import queue_margin
+from .runtime import open_file_limit
 from .store import ResumeState, check_manifest, scan
 from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
 from .tokens.conversation import SERVER_KINDS
@@ -145,16 +146,6 @@ def fit_open_files(capacities: dict[str, int], limit: int) -> tuple[dict[str, in
         f"the servers take {wanted} requests at once but the open-file limit (ulimit -n) is {limit}: "
         f"keeping {sum(fitted.values())} in flight; raise the limit to use them all"
     )
-
-
-def open_file_limit() -> int:
-    """This process's soft limit on open files (sockets included); very large where there is none."""
-    try:
-        import resource
-    except ImportError:  # not a POSIX system
-        return 1 << 20
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def start_findings(config: RunConfig, fleet: FleetInfo) -> None:

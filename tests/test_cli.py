@@ -125,7 +125,7 @@ def test_ctrl_c_exits_130_resumable_then_completes(write_jsonl, tmp_path):
 
 ARENA_PROBE = """
 import ctypes, sys, tempfile, threading
-from gen_pipeline.cli import limit_malloc_arenas
+from gen_pipeline.runtime import limit_malloc_arenas
 applied = limit_malloc_arenas() if sys.argv[1] == "limit" else False
 def churn():
     keep = [bytearray(40_000) for _ in range(200)]  # under the mmap threshold: from this thread's arena
@@ -153,7 +153,7 @@ def _heaps(mode: str, **env: str) -> tuple[str, int]:
 
 def test_malloc_arenas_are_capped_unless_the_user_sets_them():
     """16 threads allocating get their own glibc arenas, unless the cap is applied; MALLOC_ARENA_MAX wins."""
-    from gen_pipeline.cli import MALLOC_ARENAS
+    from gen_pipeline.runtime import MALLOC_ARENAS
 
     try:
         ctypes.CDLL("libc.so.6").malloc_info  # noqa: B018
@@ -194,7 +194,7 @@ def test_open_file_limit_is_raised_to_the_hard_limit():
         "import resource\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
-        "from gen_pipeline.cli import raise_open_file_limit\n"
+        "from gen_pipeline.runtime import raise_open_file_limit\n"
         "raised = raise_open_file_limit()\n"
         "print(raised, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
     )

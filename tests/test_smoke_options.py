@@ -13,8 +13,9 @@ from e2e import check_invariant, prompts, read_jsonl, run_sim
 
 from gen_pipeline.check import run_check
 from gen_pipeline.cli import build_parser, config_from_args
-from gen_pipeline.config import RunConfig, read_system_prompt
+from gen_pipeline.config import RunConfig
 from gen_pipeline.errors import ConfigError, ManifestMismatchError
+from gen_pipeline.options import read_system_prompt
 from gen_pipeline.progress import RunStats
 from gen_pipeline.reader import BatchReader
 from gen_pipeline.records import Prompt
