@@ -14,5 +14,6 @@ fi
 INPUT=$(realpath "$1") OUT=$(realpath -m "$2")
 shift 2
 mkdir -p "$OUT/slurm"
-export INPUT OUT
-exec sbatch --export=ALL --output="$OUT/slurm/%A_%a.out" "$@" "$(dirname "$0")/generate.sbatch"
+GEN_SLURM_DIR=$(cd "$(dirname "$0")" && pwd)
+export INPUT OUT GEN_SLURM_DIR
+exec sbatch --export=ALL --output="$OUT/slurm/%A_%a.out" "$@" "$GEN_SLURM_DIR/generate.sbatch"

@@ -1,0 +1,180 @@
+"""run/slurm/ under a real Slurm: a controller and two nodes on this machine (run/slurm/local-cluster.sh).
+
+Skipped with a reason where Slurm is not installed (or not root), unless GEN_PIPELINE_SLURM=1 (CI), where that
+is a failure. A cluster already running (SLURM_CONF set, as .ci/run does) is used; else one is started here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from e2e import check_invariant, prompts
+from procs import PY, env, wait_for_done
+
+from gen_pipeline.rundir import RunDir
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+SLURM = ROOT / "run" / "slurm"
+TINY = ROOT / "gen_pipeline" / "data" / "tiny-tokenizer"
+SHARDS = 16
+ARRAY_DEADLINE = 90.0
+
+
+def missing() -> str | None:
+    """Why a real Slurm cannot run here, or None."""
+    absent = [c for c in ("sbatch", "slurmctld", "slurmd", "munged") if shutil.which(c) is None]
+    if absent:
+        return f"Slurm is not installed ({', '.join(absent)} not found; .ci/run installs it)"
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root (slurmd)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment of a Slurm client talking to a running local cluster (this module's, unless CI's)."""
+    reason = missing()
+    if reason:
+        if os.environ.get("GEN_PIPELINE_SLURM") == "1":
+            pytest.fail(f"GEN_PIPELINE_SLURM=1 but {reason}")
+        pytest.skip(reason)
+    conf = os.environ.get("SLURM_CONF")
+    if conf and subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0:
+        yield {**env(), "SLURM_CONF": conf}
+        return
+    cluster = tmp_path_factory.mktemp("slurm") / "cluster"
+    try:
+        started = subprocess.run([SLURM / "local-cluster.sh", "start", cluster], capture_output=True, text=True,
+                                 timeout=120)  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        yield {**env(), "SLURM_CONF": str(cluster / "slurm.conf")}
+    finally:
+        subprocess.run([SLURM / "local-cluster.sh", "stop", cluster], timeout=120)
+
+
+def port_block(n: int) -> int:
+    """The first of `n` consecutive ports that are free now (the array's simulated fleets)."""
+    for base in range(47000, 60000, 97):
+        with contextlib.ExitStack() as stack:
+            try:
+                for p in range(base, base + n):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+            return base
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
+def submit(slurm_env: dict[str, str], inp: Path, out: Path, array: str, token_latency: float) -> str:
+    """run/slurm/submit.sh INPUT OUT --array=...: FLEET=simulate, 2 servers a task; the array's job id."""
+    run_env = {**slurm_env, "FLEET": "simulate", "NUM_SERVERS": "2", "BASE_PORT": str(port_block(32)),
+               "GEN_PIPELINE": f"{PY} -m gen_pipeline", "PYTHONPATH": str(ROOT),
+               "SIM_ARGS": f"--token-latency {token_latency} --health-delay 0 --tokenizer {TINY}",
+               "GEN_ARGS": f"--shards {SHARDS} --concurrency 4 --tokenizer {TINY}", "STARTUP_TIMEOUT": "60",
+               "SCRATCH_DIR": str(out.parent)}  # fmt: skip
+    done = subprocess.run([SLURM / "submit.sh", inp, out, f"--array={array}", "--parsable"], env=run_env,
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def wait_array(slurm_env: dict[str, str], job: str) -> dict[str, tuple[str, str]]:
+    """Block until no task of `job` is pending or running; each task's (state, exit code)."""
+    deadline = time.monotonic() + ARRAY_DEADLINE
+    while time.monotonic() < deadline:
+        left = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=slurm_env, capture_output=True,
+                              text=True, timeout=30)  # fmt: skip
+        if left.returncode == 0 and not left.stdout.strip():
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"array {job} still running after {ARRAY_DEADLINE}s")
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=slurm_env, capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+    tasks = {}
+    for line in shown.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        tasks[fields["ArrayTaskId"]] = (fields["JobState"], fields["ExitCode"])
+    return tasks
+
+
+def write_input(tmp_path: Path, n: int) -> tuple[Path, list[int]]:
+    """`n` chat prompts in tmp_path/in.jsonl."""
+    rows = prompts(n)
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return inp, [r["id"] for r in rows]
+
+
+def assert_whole(out: Path, ids: list[int]) -> None:
+    """Every key exactly once across the shard files, nothing ledgered, every shard settled."""
+    assert check_invariant(ids, out) == {"done": len(ids), "ledger": 0}
+    unsettled = [s for s in range(SHARDS) if not RunDir(out).shard(s).settled.exists()]
+    assert not unsettled, f"shards not settled: {unsettled}"
+
+
+def claimers(out: Path) -> list[dict[str, Any]]:
+    """What each claimer last wrote in DIR/claimers/ (one torn by a write in progress is left out)."""
+    found = []
+    for path in out.glob("claimers/*.json"):
+        if not path.name.endswith("-summary.json"):
+            with contextlib.suppress(OSError, orjson.JSONDecodeError):
+                found.append(orjson.loads(path.read_bytes()))
+    return found
+
+
+def claimer_of(out: Path, task: str, timeout: float) -> int:
+    """The pid of a running claimer of array task `task`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for info in claimers(out):
+            if info["claimer"]["slurm"].get("task") == task and info["state"] == "running":
+                return int(info["pid"])
+        time.sleep(0.05)
+    raise AssertionError(f"no running claimer of task {task}")
+
+
+def test_array_of_four_writes_every_key_once(slurm_env, tmp_path):
+    """sbatch of generate.sbatch as a 4-task array: every task exits 0, every key once, every shard settled."""
+    inp, ids = write_input(tmp_path, 300)
+    out = tmp_path / "out"
+    job = submit(slurm_env, inp, out, "0-3", 0.002)
+    tasks = wait_array(slurm_env, job)
+    logs = "".join(p.read_text() for p in (out / "slurm").glob("*.out"))
+    assert tasks == {str(t): ("COMPLETED", "0:0") for t in range(4)}, logs
+    assert_whole(out, ids)
+    assert {c["claimer"]["slurm"]["task"] for c in claimers(out)} == {"0", "1", "2", "3"}
+
+
+def test_killed_claimer_and_cancelled_task_lose_nothing(slurm_env, tmp_path):
+    """kill -9 of task 1's generate (its script starts another) and scancel of task 2 mid-run; a resubmission
+    of task 2 finishes what is left: every key once, 0 lost, 0 duplicated."""
+    inp, ids = write_input(tmp_path, 600)
+    out = tmp_path / "out"
+    job = submit(slurm_env, inp, out, "0-3", 0.01)
+    victim = claimer_of(out, "1", 60)
+    claimer_of(out, "2", 60)
+    wait_for_done(out, 100, 60)
+    os.kill(victim, signal.SIGKILL)
+    wait_for_done(out, 200, 60)
+    subprocess.run(["scancel", f"{job}_2"], env=slurm_env, check=True, timeout=30)
+    tasks = wait_array(slurm_env, job)
+    assert tasks["2"][0] == "CANCELLED" and tasks["1"] == ("COMPLETED", "0:0"), tasks
+    assert sum(c["claimer"]["slurm"]["task"] == "1" for c in claimers(out)) == 2  # task 1 started generate again
+    again = submit(slurm_env, inp, out, "2", 0.002)
+    assert wait_array(slurm_env, again) == {"2": ("COMPLETED", "0:0")}
+    assert_whole(out, ids)
