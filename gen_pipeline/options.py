@@ -71,16 +71,7 @@ def build_config(
 
 def parse_sampling(spec: str | Mapping[str, Any] | None) -> dict[str, Any]:
     """--sampling: a JSON object (or its text) of other request fields."""
-    if spec is None or spec == "":
-        return {}
-    if isinstance(spec, str):
-        try:
-            spec = orjson.loads(spec)
-        except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"--sampling is not valid JSON: {exc}") from exc
-    if not isinstance(spec, Mapping):
-        raise ConfigError("--sampling must be a JSON object")
-    return dict(spec)
+    return parse_json_object(spec, "--sampling") or {}
 
 
 def read_tools(spec: str | Path | Sequence[Any] | None) -> list[Any] | None:
