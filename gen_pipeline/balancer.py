@@ -17,8 +17,10 @@ from . import health, pacing
 from .errors import ConnectError, OverloadedError, RequestError
 from .health import Cost, Window
 
-# Extra workers per slot: prompts that wait out a retry's backoff do not leave a slot idle.
-SPARE_WORKERS = 0.25
+# Extra workers per slot (prompts that wait out a retry's backoff would not leave a slot idle). 0: a lease
+# that waits is not served in turn (a releasing worker's next lease can take the slot its waiter was woken
+# for), so with spares one row could wait most of a run, holding the input cursor below it.
+SPARE_WORKERS = 0.0
 LATENCY_WEIGHT = 0.05  # the weight of each new success in a server's mean latency
 POLL_S = 0.25  # how often a waiting lease looks again without being woken
 
