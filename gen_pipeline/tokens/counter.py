@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,6 +49,27 @@ def failure_text(exc: Exception) -> str:
     if isinstance(exc, RequestShapeError):
         return str(exc)
     return f"chat template failed: {exc}"  # jinja raise_exception(), type errors in the template
+
+
+def count_rendered(
+    conversations: Sequence[ChatInput], render: Callable[[ChatInput], str], lengths: Callable[[list[str]], list[int]]
+) -> list[int | str]:
+    """Each conversation's token count, or why it could not be rendered: render all, then encode the rendered
+    ones in one `lengths` call (both counters share this)."""
+    texts: list[str] = []
+    where: list[int] = []
+    out: list[int | str] = []
+    for i, chat in enumerate(conversations):
+        try:
+            texts.append(render(chat))
+        except Exception as exc:
+            out.append(failure_text(exc))
+            continue
+        where.append(i)
+        out.append(0)
+    for i, n in zip(where, lengths(texts), strict=True):
+        out[i] = n
+    return out
 
 
 def hf_render(tokenizer: Any, view: ServerView) -> str:
@@ -85,20 +106,7 @@ class HFTokenCounter:
 
     def count(self, conversations: Sequence[ChatInput]) -> list[int | str]:
         """Render every conversation, then encode all of them in one call."""
-        texts: list[str] = []
-        where: list[int] = []
-        out: list[int | str] = []
-        for i, chat in enumerate(conversations):
-            try:
-                texts.append(self.render(chat))
-            except Exception as exc:
-                out.append(failure_text(exc))
-                continue
-            where.append(i)
-            out.append(0)
-        for i, n in zip(where, self._lengths(texts), strict=True):
-            out[i] = n
-        return out
+        return count_rendered(conversations, self.render, self._lengths)
 
     def render(self, chat: ChatInput) -> str:
         """The prompt text of one conversation (again with flat tools where SGLang would retry so)."""
@@ -132,20 +140,7 @@ class FastTokenCounter:
 
     def count(self, conversations: Sequence[ChatInput]) -> list[int | str]:
         """Render every conversation, then encode the rendered ones ENCODE_CHARS at a time."""
-        texts: list[str] = []
-        where: list[int] = []
-        out: list[int | str] = []
-        for i, chat in enumerate(conversations):
-            try:
-                texts.append(self.template.render(chat))
-            except Exception as exc:
-                out.append(failure_text(exc))
-                continue
-            where.append(i)
-            out.append(0)
-        for i, n in zip(where, encoded_lengths(self.tokenizer, texts), strict=True):
-            out[i] = n
-        return out
+        return count_rendered(conversations, self.template.render, lambda texts: encoded_lengths(self.tokenizer, texts))
 
 
 class TransformersFallback:
