@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import heapq
 import itertools
+import math
 import os
 import random
 import resource
@@ -66,6 +68,8 @@ class Result:
     slot_use: list[float]  # per port, in fleet order
     requests: list[int]
     late: float  # how much longer the simulator's slots took than the model asked (a busy machine)
+    span_s: float = 0.0
+    idle: tuple[float, float, float] = (0.0, 0.0, 0.0)  # idle share of live slot-time: ramp-up, steady, drain
     note: str = ""
     sim_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
@@ -83,13 +87,37 @@ def write_prompts(path: Path, n: int, seed: int = 7) -> list[dict[str, Any]]:
     return rows
 
 
-def ideal(rows: list[dict[str, Any]], args: argparse.Namespace, fleet: str) -> float:
-    """Completed tokens/s the latency model allows on `fleet`."""
+def latencies(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[float]:
+    """Each row's latency in the simulator's model, on a server of normal speed."""
     counts = load_counter(str(TINY_TOKENIZER)).count([r["messages"] for r in rows])
     out = [r["max_tokens"] for r in rows]
-    latency = [o * args.token_latency + int(p) * args.prompt_token_latency for o, p in zip(out, counts, strict=True)]
-    slots = args.max_running * (8 if fleet == "A" else 5 + 1 + 1 / SLOW)
-    return slots * sum(out) / sum(latency)
+    return [o * args.token_latency + int(p) * args.prompt_token_latency for o, p in zip(out, counts, strict=True)]
+
+
+def slowness(fleet: str) -> list[float]:
+    """Each port's latency factor (inf: dead); B's slow, dead and bad-gateway ports are the first three."""
+    return [1.0] * 8 if fleet == "A" else [SLOW, math.inf] + [1.0] * 6
+
+
+def ideal(rows: list[dict[str, Any]], latency: list[float], args: argparse.Namespace, fleet: str) -> float:
+    """Completed tokens/s the latency model allows on `fleet`, every live slot busy all the time."""
+    slots = args.max_running * sum(1 / f for f in slowness(fleet))
+    return slots * sum(r["max_tokens"] for r in rows) / sum(latency)
+
+
+def finite_bound(rows: list[dict[str, Any]], latency: list[float], args: argparse.Namespace, fleet: str) -> float:
+    """Completed tokens/s of a client with no overhead at all on a run of these rows: each, in input order,
+    sent at once to the slot that would finish it first. The ideal assumes every slot busy to the end; this
+    counts the drain no finite run avoids (the last requests finishing one by one)."""
+    speeds = [f for f in slowness(fleet) if math.isfinite(f)]
+    heaps = {f: [0.0] * (args.max_running * speeds.count(f)) for f in set(speeds)}  # slots' free-at times
+    end = 0.0
+    for lat in latency:
+        speed = min(heaps, key=lambda f: heaps[f][0] + lat * f)
+        done = heaps[speed][0] + lat * speed
+        heapq.heapreplace(heaps[speed], done)
+        end = max(end, done)
+    return sum(r["max_tokens"] for r in rows) / end
 
 
 def fleet_flags(fleet: str, ports: list[int]) -> list[str]:
@@ -204,7 +232,7 @@ def measure(
             with gateway(ports) as url:
                 tail, seen = asyncio.run(bare_client(rows, [url], 8 * args.max_running)), []
         sim_end = process_cpu_s(sim.proc.pid)
-    result = summarize(sim.port_stats(), ports, args.max_running, tail, seen)
+    result = summarize(sim.port_stats(), ports, args.max_running, tail, seen, fleet)
     result.sim_cpu_s, result.client_cpu_s = sim_end - sim_before, cpu_seconds() - before - sim_end
     return result
 
@@ -222,7 +250,7 @@ def cpu_seconds() -> float:
 
 
 def summarize(
-    stats: dict[int, dict[str, Any]], ports: list[int], slots: int, tail: float | None, seen: list[int]
+    stats: dict[int, dict[str, Any]], ports: list[int], slots: int, tail: float | None, seen: list[int], fleet: str
 ) -> Result:
     """Tokens/s and slot use from the simulator's counters."""
     firsts = [s["first_request_at"] for s in stats.values() if s.get("first_request_at")]
@@ -233,7 +261,31 @@ def summarize(
     requests = [int(stats[p].get("requests") or 0) for p in ports]
     busy, model = (sum(s.get(k) or 0 for s in stats.values()) for k in ("busy_s", "model_s"))
     note = "" if not seen else ("summary requests = server's" if seen == requests else f"summary {seen} != {requests}")
-    return Result(tokens / span, tail, use, requests, busy / model - 1 if model else 0.0, note)
+    idle = idle_shares([stats[p] for p in ports], slowness(fleet), slots, min(firsts), max(lasts))
+    return Result(tokens / span, tail, use, requests, busy / model - 1 if model else 0.0, span, idle, note)
+
+
+def idle_shares(
+    stats: list[dict[str, Any]], speeds: list[float], slots: int, start: float, end: float
+) -> tuple[float, float, float]:
+    """The share of the live ports' slot-time (a slow port weighs 1/slowness, as in the ideal) that sat idle
+    before each port first ran full (ramp-up), between then and the last time it ran full (steady state), and
+    after (drain), from the simulator's occupancy counters."""
+    parts, weight = [0.0, 0.0, 0.0], 0.0
+    for s, f in zip(stats, speeds, strict=True):
+        if not math.isfinite(f):
+            continue
+        weight += 1 / f
+        full_from, full_to = s.get("first_full_at"), s.get("last_full_at")
+        if full_from is None or full_to is None:  # never ran full: all of it counts as steady-state idle
+            parts[1] += (slots * (end - start) - (s.get("slot_area_s") or 0)) / f
+            continue
+        a0, a1, area = s["area_at_first_full"], s["area_at_last_full"], s["slot_area_s"]
+        parts[0] += (slots * (full_from - start) - a0) / f
+        parts[1] += (slots * (full_to - full_from) - (a1 - a0)) / f
+        parts[2] += (slots * (end - full_to) - (area - a1)) / f
+    total = weight * slots * (end - start)
+    return parts[0] / total, parts[1] / total, parts[2] / total
 
 
 def main() -> None:
@@ -251,21 +303,24 @@ def main() -> None:
     clients = args.clients.split(",")
     print(f"{args.prompts} prompts, max_tokens 64-512, {args.token_latency * 1000:g} ms/output token, "
           f"{args.prompt_token_latency * 1e6:g} ms/1k prompt tokens, --max-running {args.max_running}")  # fmt: skip
+    latency = latencies(rows, args)
     for fleet in args.fleets.split(","):
-        best = ideal(rows, args, fleet)
-        print(f"\nfleet {fleet}: ideal {best:,.0f} tokens/s")
-        print(f"{'client':<14}{'tokens/s':>10}{'of ideal':>10}{'tail s':>8}{'sim late':>9}{'of paced':>9}  "
+        best, bound = ideal(rows, latency, args, fleet), finite_bound(rows, latency, args, fleet)
+        print(f"\nfleet {fleet}: ideal {best:,.0f} tokens/s; a client with no overhead, each row in turn to the "
+              f"slot that finishes it first: {bound:,.0f} ({bound / best:.1%}, the rest is the drain of a finite run)")
+        print(f"{'client':<14}{'tokens/s':>10}{'of ideal':>9}{'of bound':>9}{'tail s':>7}"
+              f"{'idle: ramp':>11}{'steady':>7}{'drain':>6}{'sim late':>9}{'of paced':>9}{'span s':>7}  "
               "slot use per port (%)  requests per port")  # fmt: skip
         for client in clients:
             r = measure(client, fleet, rows, tmp / "prompts.jsonl", tmp, args)
             tail = f"{r.tail_s:.2f}" if r.tail_s is not None else "-"
             use = " ".join(f"{u * 100:3.0f}" for u in r.slot_use)
             paced = r.tokens_per_s / best * (1 + r.late)  # of the ideal at the pace the simulator kept
-            print(f"{client:<14}{r.tokens_per_s:>10,.0f}{r.tokens_per_s / best:>10.1%}{tail:>8}{r.late:>9.1%}"
-                  f"{paced:>9.1%}  {use}  "
+            ramp, steady, drain = (f"{x:.1%}" for x in r.idle)
+            print(f"{client:<14}{r.tokens_per_s:>10,.0f}{r.tokens_per_s / best:>9.1%}{r.tokens_per_s / bound:>9.1%}"
+                  f"{tail:>7}{ramp:>11}{steady:>7}{drain:>6}{r.late:>9.1%}{paced:>9.1%}{r.span_s:>7.0f}  {use}  "
                   f"{' '.join(map(str, r.requests))}  cpu s: sim {r.sim_cpu_s:.1f} client {r.client_cpu_s:.1f}  "
                   f"{r.note}", flush=True)  # fmt: skip
-
 
 if __name__ == "__main__":
     main()

@@ -101,8 +101,7 @@ class ServerPool:
     def __init__(self, servers: Iterable[ServerState], clock: Callable[[], float] = time.monotonic) -> None:
         self.servers = list(servers)
         self.clock = clock
-        self._changed = asyncio.Condition()
-        self._waiters = 0  # leases waiting for a slot: a release wakes them only when there are any
+        self._queue: list[Lease] = []  # leases waiting for a slot, oldest first; the pool hands slots to them
         self.waiting_since: float | None = None
         # Set once the input is exhausted: prompts read but not yet sent (the tail rule needs it).
         self.backlog: Callable[[], int] | None = None
@@ -162,7 +161,7 @@ class ServerPool:
         rate = sum(s.capacity / latency[s.url] for s in others)
         if rate <= 0:
             return False
-        waiting_here = self.backlog() + self._waiters + (0 if waiting else 1)
+        waiting_here = self.backlog() + len(self._queue) + (0 if waiting else 1)
         queued = sum(max(0, s.in_flight - s.capacity) for s in others)
         slowest = sum(s.slowest_s or latency[s.url] for s in others) / len(others)
         drain = pacing.drain_seconds(waiting_here, queued, rate, slowest)
@@ -191,8 +190,16 @@ class ServerPool:
         return {s.url: s.view(now) for s in self.servers}
 
     async def _wait_for_server(self, lease: Lease) -> ServerState:
-        # No await between the pick and taking the slot: no other task can take it in between.
-        server = self.pick(lease.exclude, prefer=lease.prefer) or await self._wait(lease.exclude, lease.prefer)
+        # No await between the pick and taking the slot: no other task can take it in between. A lease
+        # queues behind waiting ones rather than jump them (in the tail the longest of them goes first).
+        server = None if self._queue else self.pick(lease.exclude, prefer=lease.prefer)
+        if server is None:
+            return await self._wait(lease)
+        self._take(lease, server)
+        return server
+
+    def _take(self, lease: Lease, server: ServerState) -> None:
+        """Give `lease` one slot on `server`."""
         self.waiting_since = None
         now = self.last_dispatch = lease.started = self.clock()
         if server.in_flight == 0:
@@ -201,33 +208,63 @@ class ServerPool:
         server.requests += 1
         lease.trial = server.trial
         server.trial_in_flight += lease.trial
-        return server
+        lease.server = server
 
-    async def _wait(self, exclude: frozenset[str], prefer: str | None = None) -> ServerState:
-        self._waiters += 1
+    async def _wait(self, lease: Lease) -> ServerState:
+        """Queue `lease` until `_hand_out` gives it a slot; a slot given to a lease cancelled meanwhile is freed."""
+        granted: asyncio.Future[ServerState] = asyncio.get_running_loop().create_future()
+        lease.granted = granted
+        self._queue.append(lease)
         try:
-            async with self._changed:
-                while (server := self.pick(exclude, waiting=True, prefer=prefer)) is None:
-                    if not self.healthy() and self.waiting_since is None:
-                        self.waiting_since = self.clock()
-                    now = self.clock()
-                    wake = min((s.down_until - now for s in self.servers if s.down_until > now), default=POLL_S)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), max(0.05, min(wake, POLL_S)))
-                return server
+            self._hand_out()
+            while not granted.done():
+                if not self.healthy() and self.waiting_since is None:
+                    self.waiting_since = self.clock()
+                now = self.clock()
+                wake = min((s.down_until - now for s in self.servers if s.down_until > now), default=POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(granted), max(0.05, min(wake, POLL_S)))
+                if self._queue and self._queue[0] is lease:  # one lease looks again for all of them
+                    self._hand_out()  # a lock-out may have ended meanwhile
+            return granted.result()
+        except BaseException:
+            if granted.done() and lease.server is not None:  # cancelled after the slot was given
+                self._free(lease, lease.server)
+                lease.server = None
+            raise
         finally:
-            self._waiters -= 1
+            with contextlib.suppress(ValueError):
+                self._queue.remove(lease)
 
-    def lease(self, exclude: frozenset[str] = frozenset(), prefer: str | None = None) -> Lease:
-        """Hold one slot on the best server for the duration of one request: `async with pool.lease()`."""
-        return Lease(self, exclude, prefer)
+    def _hand_out(self) -> None:
+        """Give free slots to queued leases: the oldest first, or once the input is exhausted the longest
+        (its expected size), so the run does not end waiting on a long request started last."""
+        now = self.clock()
+        if not self._queue or not any(s.available(now) for s in self.servers):
+            return
+        order = self._queue if self.backlog is None else sorted(self._queue, key=lambda w: -w.size)
+        for lease in list(order):
+            if lease.granted is None or lease.granted.done():
+                continue
+            server = self.pick(lease.exclude, waiting=True, prefer=lease.prefer)
+            if server is not None:
+                self._queue.remove(lease)
+                self._take(lease, server)
+                lease.granted.set_result(server)
 
-    async def _release(self, lease: Lease, server: ServerState) -> None:
+    def lease(self, exclude: frozenset[str] = frozenset(), prefer: str | None = None, size: float = 0.0) -> Lease:
+        """Hold one slot on the best server for the duration of one request: `async with pool.lease()`.
+        `size`: the request's expected work (its max_tokens), which orders waiting leases in the tail."""
+        return Lease(self, exclude, prefer, size)
+
+    def _free(self, lease: Lease, server: ServerState) -> None:
+        """Return a lease's slot and hand it on."""
         server.in_flight -= 1
         server.trial_in_flight -= lease.trial
-        if self._waiters:
-            async with self._changed:
-                self._changed.notify()
+        self._hand_out()
+
+    async def _release(self, lease: Lease, server: ServerState) -> None:
+        self._free(lease, server)
 
     def record_success(
         self, server: ServerState, latency: float, output_tokens: int, started: float | None = None
@@ -313,19 +350,20 @@ class ServerPool:
 class Lease:
     """One slot on one server, from `async with` to its end; cancellation cannot leak it."""
 
-    __slots__ = ("exclude", "pool", "prefer", "server", "started", "trial")
+    __slots__ = ("exclude", "granted", "pool", "prefer", "server", "size", "started", "trial")
 
-    def __init__(self, pool: ServerPool, exclude: frozenset[str], prefer: str | None = None) -> None:
+    def __init__(self, pool: ServerPool, exclude: frozenset[str], prefer: str | None = None, size: float = 0.0) -> None:
         self.pool = pool
         self.exclude = exclude
         self.prefer = prefer
+        self.size = size
         self.server: ServerState | None = None
         self.started: float | None = None  # the pool's clock when the slot was taken
         self.trial = False
+        self.granted: asyncio.Future[ServerState] | None = None  # set while queued for a slot
 
     async def __aenter__(self) -> ServerState:
-        self.server = await self.pool._wait_for_server(self)
-        return self.server
+        return await self.pool._wait_for_server(self)
 
     async def __aexit__(self, *exc: object) -> None:
         if self.server is not None:

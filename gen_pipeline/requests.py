@@ -147,7 +147,7 @@ class RequestPath:
 
     async def _on_server(self, payload: dict[str, Any], track: Track) -> ChatResult:
         timeout = self.config.timeout_for(payload["max_tokens"])
-        lease = self.pool.lease(track.exclude, track.prefer)
+        lease = self.pool.lease(track.exclude, track.prefer, payload["max_tokens"])
         async with lease as server:
             track.attempts += 1
             track.server = server.url

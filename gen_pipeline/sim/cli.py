@@ -245,6 +245,11 @@ def _summary(fleet: SimFleet) -> list[str]:
         "model_s",
         "first_request_at",
         "last_reply_at",
+        "slot_area_s",
+        "first_full_at",
+        "last_full_at",
+        "area_at_first_full",
+        "area_at_last_full",
     )
     return [f"port {port}: " + " ".join(f"{k}={asdict(stats)[k]}" for k in keys) for port, stats in fleet.stats.items()]
 

@@ -36,6 +36,13 @@ class PortStats:
     model_s: float = 0.0  # what the latency model asked of those slot-seconds (busy_s is longer on a busy machine)
     first_request_at: float | None = None  # time.time() of the first generation request
     last_reply_at: float | None = None  # time.time() when the last generation request was answered
+    # Slot occupancy over time, for the benchmark's loss breakdown (ramp-up, steady state, drain):
+    slot_area_s: float = 0.0  # the integral of `running` over time (slot-seconds held, replies included)
+    first_full_at: float | None = None  # time.time() when all max_running slots were first held
+    last_full_at: float | None = None  # time.time() when they were last all held
+    area_at_first_full: float = 0.0  # slot_area_s at first_full_at
+    area_at_last_full: float = 0.0  # slot_area_s at last_full_at
+    area_at: float = 0.0  # time.time() up to which slot_area_s is summed
 
 
 class Scheduler:
@@ -71,13 +78,26 @@ class Scheduler:
             await self.slots.acquire()
         finally:
             stats.queued -= 1
-        stats.running += 1
+        self._occupancy(+1)
         stats.max_running = max(stats.max_running, stats.running)
         try:
             yield
         finally:
-            stats.running -= 1
+            self._occupancy(-1)
             self.slots.release()
+
+    def _occupancy(self, step: int) -> None:
+        """Change `running` by `step`, keeping the slot-occupancy counters."""
+        stats, full = self.stats, self.cfg.max_running
+        now = time.time()
+        if stats.area_at:
+            stats.slot_area_s += stats.running * (now - stats.area_at)
+        stats.area_at = now
+        if stats.running == full:  # leaving (or staying at) full occupancy
+            stats.last_full_at, stats.area_at_last_full = now, stats.slot_area_s
+        stats.running += step
+        if stats.running == full and stats.first_full_at is None:
+            stats.first_full_at, stats.area_at_first_full = now, stats.slot_area_s
 
     async def decode(
         self, tokens: int, prompt_tokens: int = 0, prefill: bool = True, produced: int | None = None
