@@ -17,10 +17,9 @@ from . import health, pacing
 from .errors import ConnectError, OverloadedError, RequestError
 from .health import Cost, Window
 
-# Extra workers per slot (prompts that wait out a retry's backoff would not leave a slot idle). 0: a lease
-# that waits is not served in turn (a releasing worker's next lease can take the slot its waiter was woken
-# for), so with spares one row could wait most of a run, holding the input cursor below it.
-SPARE_WORKERS = 0.0
+# Extra workers per slot: prompts that wait out a retry's backoff do not leave a slot idle, and once the
+# input is exhausted the longest of the prompts waiting for a slot goes first (bench/balance.py measures it).
+SPARE_WORKERS = 1.0
 LATENCY_WEIGHT = 0.05  # the weight of each new success in a server's mean latency
 POLL_S = 0.25  # how often a waiting lease looks again without being woken
 
@@ -102,6 +101,7 @@ class ServerPool:
         self.servers = list(servers)
         self.clock = clock
         self._queue: list[Lease] = []  # leases waiting for a slot, oldest first; the pool hands slots to them
+        self._poller: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None  # the next look
         self.waiting_since: float | None = None
         # Set once the input is exhausted: prompts read but not yet sent (the tail rule needs it).
         self.backlog: Callable[[], int] | None = None
@@ -212,29 +212,35 @@ class ServerPool:
 
     async def _wait(self, lease: Lease) -> ServerState:
         """Queue `lease` until `_hand_out` gives it a slot; a slot given to a lease cancelled meanwhile is freed."""
-        granted: asyncio.Future[ServerState] = asyncio.get_running_loop().create_future()
-        lease.granted = granted
+        lease.granted = asyncio.get_running_loop().create_future()
         self._queue.append(lease)
         try:
-            self._hand_out()
-            while not granted.done():
-                if not self.healthy() and self.waiting_since is None:
-                    self.waiting_since = self.clock()
-                now = self.clock()
-                wake = min((s.down_until - now for s in self.servers if s.down_until > now), default=POLL_S)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(granted), max(0.05, min(wake, POLL_S)))
-                if self._queue and self._queue[0] is lease:  # one lease looks again for all of them
-                    self._hand_out()  # a lock-out may have ended meanwhile
-            return granted.result()
+            self._poll()
+            return await lease.granted
         except BaseException:
-            if granted.done() and lease.server is not None:  # cancelled after the slot was given
+            if lease.server is not None:  # cancelled after the slot was given
                 self._free(lease, lease.server)
                 lease.server = None
             raise
         finally:
             with contextlib.suppress(ValueError):
                 self._queue.remove(lease)
+
+    def _poll(self) -> None:
+        """Hand out what is free, and look again soon while leases wait (a lock-out may end meanwhile)."""
+        self._hand_out()
+        if not self._queue:
+            return
+        if not self.healthy() and self.waiting_since is None:
+            self.waiting_since = self.clock()
+        now, loop = self.clock(), asyncio.get_running_loop()
+        wake = min((s.down_until - now for s in self.servers if s.down_until > now), default=POLL_S)
+        if self._poller is None or self._poller[0] is not loop:
+            self._poller = (loop, loop.call_later(max(0.05, min(wake, POLL_S)), self._look_again))
+
+    def _look_again(self) -> None:
+        self._poller = None
+        self._poll()
 
     def _hand_out(self) -> None:
         """Give free slots to queued leases: the oldest first, or once the input is exhausted the longest
