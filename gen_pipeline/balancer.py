@@ -114,7 +114,7 @@ class ServerPool:
         return slots + math.ceil(slots * SPARE_WORKERS)
 
     def pick(
-        self, exclude: frozenset[str] = frozenset(), waiting: bool = False, prefer: str | None = None
+        self, exclude: frozenset[str] = frozenset(), waiting: bool = False, prefer: str | None = None, size: float = 0
     ) -> ServerState | None:
         """The available server with a free running slot that would finish a request first (then the one with
         the shortest queue; ties: least loaded, fewest requests), avoiding `exclude` while any other server is
@@ -136,7 +136,7 @@ class ServerPool:
             return held if any(self.servers[i] is held for *_, i in candidates) else None  # else wait for it
         for *_, i in candidates:
             server = self.servers[i]
-            if not tail or not self._too_late(server, latency, now, waiting):
+            if not tail or not self._too_late(server, latency, now, waiting, size):
                 return server
         return None
 
@@ -153,9 +153,11 @@ class ServerPool:
         default = sum(known) / len(known) if known else 1.0
         return {s.url: default if s.mean_latency is None else s.mean_latency for s in self.servers}
 
-    def _too_late(self, server: ServerState, latency: dict[str, float], now: float, waiting: bool) -> bool:
-        """Whether the rest of the fleet, at its slowest, would drain everything still waiting well before
-        `server` could finish one more request at its slowest."""
+    def _too_late(
+        self, server: ServerState, latency: dict[str, float], now: float, waiting: bool, size: float
+    ) -> bool:
+        """Whether the rest of the fleet would drain everything still waiting, this request last, well before
+        `server` could finish this request (of `size` output tokens; unknown: at the server's slowest)."""
         assert self.backlog is not None
         others = [s for s in self.servers if s is not server and now >= s.down_until]
         rate = sum(s.capacity / latency[s.url] for s in others)
@@ -163,9 +165,9 @@ class ServerPool:
             return False
         waiting_here = self.backlog() + len(self._queue) + (0 if waiting else 1)
         queued = sum(max(0, s.in_flight - s.capacity) for s in others)
-        slowest = sum(s.slowest_s or latency[s.url] for s in others) / len(others)
-        drain = pacing.drain_seconds(waiting_here, queued, rate, slowest)
-        return pacing.too_late(server.slowest_s or latency[server.url], drain)
+        last = sum(_request_s(s, size, latency[s.url]) for s in others) / len(others)
+        drain = pacing.drain_seconds(waiting_here, queued, rate, last)
+        return pacing.too_late(_request_s(server, size, latency[server.url]), drain)
 
     def healthy(self) -> list[ServerState]:
         """Servers not taken out."""
@@ -192,7 +194,7 @@ class ServerPool:
     async def _wait_for_server(self, lease: Lease) -> ServerState:
         # No await between the pick and taking the slot: no other task can take it in between. A lease
         # queues behind waiting ones rather than jump them (in the tail the longest of them goes first).
-        server = None if self._queue else self.pick(lease.exclude, prefer=lease.prefer)
+        server = None if self._queue else self.pick(lease.exclude, prefer=lease.prefer, size=lease.size)
         if server is None:
             return await self._wait(lease)
         self._take(lease, server)
@@ -252,7 +254,7 @@ class ServerPool:
         for lease in list(order):
             if lease.granted is None or lease.granted.done():
                 continue
-            server = self.pick(lease.exclude, waiting=True, prefer=lease.prefer)
+            server = self.pick(lease.exclude, waiting=True, prefer=lease.prefer, size=lease.size)
             if server is not None:
                 self._queue.remove(lease)
                 self._take(lease, server)
@@ -351,6 +353,14 @@ class ServerPool:
             server.out_of_service_s += max(0.0, min(now, server.down_until) - server.out_since)
             server.out_since = None
         server.down_until = min(server.down_until, now)
+
+
+def _request_s(server: ServerState, size: float, latency: float) -> float:
+    """How long `server` should take for a request of `size` output tokens, from its seconds per token so far
+    (a size or a speed not known yet: its slowest success, else `latency`)."""
+    if size > 0 and server.output_tokens > 0:
+        return size * server.latency_total / server.output_tokens
+    return server.slowest_s or latency
 
 
 class Lease:

@@ -201,7 +201,7 @@ def slow_and_fast(backlog: int) -> ServerPool:
     return p
 
 
-@pytest.mark.parametrize(("backlog", "picked"), [(None, "s1"), (100, "s1"), (10, "s1"), (2, None), (0, None)])
+@pytest.mark.parametrize(("backlog", "picked"), [(None, "s1"), (100, "s1"), (20, "s1"), (10, None), (2, None), (0, None)])
 def test_near_the_end_a_slow_server_gets_no_new_request(backlog, picked):
     """With little left to send, waiting for the fast server beats starting on the slow one."""
     p = slow_and_fast(backlog or 0)
@@ -257,6 +257,41 @@ def test_a_release_hands_the_slot_to_a_waiting_lease_at_once():
         assert p.servers[0].in_flight == 0
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+@pytest.mark.parametrize(("tail", "first"), [(False, 100), (True, 500)])
+def test_a_freed_slot_goes_to_the_oldest_waiter_and_in_the_tail_to_the_longest(tail, first):
+    """While input remains, leases are served in turn; once it is exhausted, the longest waiting request
+    starts first, so the run does not end waiting on a long one started last."""
+
+    async def scenario():
+        p = ServerPool([ServerState("s0", 1)])
+        p.backlog = (lambda: 0) if tail else None
+        order: list[int] = []
+
+        async def take(size: int) -> None:
+            async with p.lease(size=size):
+                order.append(size)
+
+        async with p.lease():
+            waiters = [asyncio.create_task(take(size)) for size in (100, 500, 300)]
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(asyncio.gather(*waiters), 5)
+        assert order[0] == first and p.servers[0].in_flight == 0
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_near_the_end_a_slow_server_takes_a_short_request_but_not_a_long_one():
+    """The tail rule weighs the request in hand at the server's seconds per token."""
+    p = pool(4, 4)
+    fast, slow = p.servers
+    for server, per_token in ((fast, 0.01), (slow, 0.04)):
+        server.mean_latency, server.latency_total, server.output_tokens = 300 * per_token, 300 * per_token, 300
+    fast.in_flight = fast.limit
+    p.backlog = lambda: 4  # the fast server drains those and this one in 5 / (4 / 3 s) = 3.75 s
+    assert p.pick(size=64) is slow  # 2.6 s there
+    assert p.pick(size=500) is None  # 20 s there
 
 
 async def _hold(p: ServerPool, seconds: float = 0.0) -> None:

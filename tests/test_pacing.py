@@ -18,11 +18,11 @@ def test_queue_margin(capacity: int, margin: int) -> None:
     [
         (4.1, 0, False),  # an equal server at the very end: as fast as any other
         (16.4, 0, True),  # a 4x slower one at the very end
-        (16.4, 400, True),  # 400 left for 96 slots of 2.3 s: they drain in 9.6 + 4.1 s
-        (16.4, 500, False),  # 500 left: 11.8 + 4.1 s, within the slack
+        (16.4, 600, True),  # 600 left for 96 slots of 2.3 s: they drain in 14.4 s
+        (16.4, 700, False),  # 700 left: 16.8 s
     ],
 )
 def test_too_late(slowest: float, waiting: int, late: bool) -> None:
     """A server is skipped at the end only when the rest would drain everything well before it finished."""
-    drain = pacing.drain_seconds(waiting, 0, rate=96 / 2.3, slowest_s=4.1)
+    drain = pacing.drain_seconds(waiting, 0, rate=96 / 2.3, last_s=4.1)
     assert pacing.too_late(slowest, drain) is late
