@@ -153,9 +153,7 @@ class ServerPool:
         default = sum(known) / len(known) if known else 1.0
         return {s.url: default if s.mean_latency is None else s.mean_latency for s in self.servers}
 
-    def _too_late(
-        self, server: ServerState, latency: dict[str, float], now: float, waiting: bool, size: float
-    ) -> bool:
+    def _too_late(self, server: ServerState, latency: dict[str, float], now: float, waiting: bool, size: float) -> bool:
         """Whether the rest of the fleet would drain everything still waiting, this request last, well before
         `server` could finish this request (of `size` output tokens; unknown: at the server's slowest)."""
         assert self.backlog is not None

@@ -201,7 +201,7 @@ def slow_and_fast(backlog: int) -> ServerPool:
     return p
 
 
-@pytest.mark.parametrize(("backlog", "picked"), [(None, "s1"), (100, "s1"), (20, "s1"), (10, None), (2, None), (0, None)])
+@pytest.mark.parametrize(("backlog", "picked"), [(None, "s1"), (100, "s1"), (20, "s1"), (10, None), (0, None)])
 def test_near_the_end_a_slow_server_gets_no_new_request(backlog, picked):
     """With little left to send, waiting for the fast server beats starting on the slow one."""
     p = slow_and_fast(backlog or 0)
