@@ -1,6 +1,7 @@
 """Choosing a server for each request: the earliest expected completion among healthy servers, never the one
 that just failed, and every server kept full, with a small queue beyond its running slots. All per-server
-bookkeeping happens in `ServerPool.lease`, so cancellation cannot leak a slot. Health decisions are in health.py.
+bookkeeping happens in `ServerPool.lease`, so cancellation cannot leak a slot. Health decisions are in health.py,
+one server's state in serverstate.py.
 """
 
 from __future__ import annotations
@@ -9,89 +10,20 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
 
 from . import health, pacing
 from .errors import ConnectError, OverloadedError, RequestError
 from .health import Cost, Window
+from .serverstate import ServerState
+
+__all__ = ["Lease", "ServerPool", "ServerState"]
 
 # Extra workers per slot: prompts that wait out a retry's backoff do not leave a slot idle, and once the
 # input is exhausted the longest of the prompts waiting for a slot goes first (bench/balance.py measures it).
 SPARE_WORKERS = 1.0
 LATENCY_WEIGHT = 0.05  # the weight of each new success in a server's mean latency
 POLL_S = 0.25  # how often a waiting lease looks again without being woken
-
-
-@dataclass
-class ServerState:
-    """One server: its capacity, what it is doing now and what it has done."""
-
-    url: str
-    capacity: int
-    margin: int = 0  # requests in flight beyond `capacity`, queued at the server
-    in_flight: int = 0
-    trial_in_flight: int = 0
-    requests: int = 0  # requests the server received (refused connections are not counted)
-    completions: int = 0
-    output_tokens: int = 0
-    latency_total: float = 0.0
-    mean_latency: float | None = None
-    slowest_s: float | None = None
-    failures: Counter[str] = field(default_factory=Counter)
-    window: Window = field(default_factory=Window)
-    expensive_in_a_row: int = 0
-    cooldown: float = health.INITIAL_COOLDOWN
-    down_until: float = -math.inf  # no new request before this (inf: until a probe answers)
-    out_since: float | None = None  # when the current out-of-service period began
-    opened_at: float = -math.inf  # when the breaker last opened: requests sent before it are stale
-    out_reason: str = ""  # the ledger reason of the failure that took the server out
-    out_of_service_s: float = 0.0  # closed out-of-service periods
-    trial: bool = False  # half-open: one fresh request at a time until one succeeds
-    quiet_since: float = 0.0  # the last answer, or when it got work after being idle
-
-    @property
-    def limit(self) -> int:
-        return self.capacity + self.margin
-
-    @property
-    def load(self) -> float:
-        return self.in_flight / self.capacity
-
-    def available(self, now: float) -> bool:
-        """Whether this server may take one more request now."""
-        if now < self.down_until or health.stalled(self.in_flight, now - self.quiet_since, self.slowest_s):
-            return False
-        return self.in_flight < self.limit and not (self.trial and self.trial_in_flight >= 1)
-
-    def expected_s(self, latency: float) -> float:
-        """Seconds until one more request sent now would complete, behind the ones queued there."""
-        queued_ahead = max(0, self.in_flight + 1 - self.capacity)
-        return latency * (1 + queued_ahead / self.capacity)
-
-    def out_of_service(self, now: float) -> float:
-        """Seconds this server could not be sent new requests, the current period included."""
-        if self.out_since is None:
-            return self.out_of_service_s
-        return self.out_of_service_s + max(0.0, min(now, self.down_until) - self.out_since)
-
-    def view(self, now: float) -> dict[str, object]:
-        """The per-server figures for the summary."""
-        done = self.completions
-        busy = self.latency_total
-        return {
-            "requests": self.requests,
-            "completions": done,
-            "failures": dict(self.failures),
-            "mean_latency_s": round(self.latency_total / done, 3) if done else None,
-            "output_tokens": self.output_tokens,
-            # tokens per second of request time: the server's speed as this client saw it
-            "output_tokens_per_request_s": round(self.output_tokens / busy, 1) if busy else None,
-            "out_of_service_s": round(self.out_of_service(now), 1),
-            "capacity": self.capacity,
-            "queue_margin": self.margin,
-        }
 
 
 class ServerPool:
@@ -155,17 +87,18 @@ class ServerPool:
 
     def _too_late(self, server: ServerState, latency: dict[str, float], now: float, waiting: bool, size: float) -> bool:
         """Whether the rest of the fleet would drain everything still waiting, this request last, well before
-        `server` could finish this request (of `size` output tokens; unknown: at the server's slowest)."""
+        `server` could finish this request (of `size` output tokens). A server whose speed is not known (or
+        forgotten after a long idle spell) gets the request: its answer measures it."""
         assert self.backlog is not None
+        here = server.speed.request_s(size, now, latency[server.url])
         others = [s for s in self.servers if s is not server and now >= s.down_until]
         rate = sum(s.capacity / latency[s.url] for s in others)
-        if rate <= 0:
+        if here is None or rate <= 0:
             return False
         waiting_here = self.backlog() + len(self._queue) + (0 if waiting else 1)
         queued = sum(max(0, s.in_flight - s.capacity) for s in others)
-        last = sum(_request_s(s, size, latency[s.url]) for s in others) / len(others)
-        drain = pacing.drain_seconds(waiting_here, queued, rate, last)
-        return pacing.too_late(_request_s(server, size, latency[server.url]), drain)
+        last = sum(s.speed.request_s(size, now, latency[s.url]) or latency[s.url] for s in others) / len(others)
+        return pacing.too_late(here, pacing.drain_seconds(waiting_here, queued, rate, last))
 
     def healthy(self) -> list[ServerState]:
         """Servers not taken out."""
@@ -243,20 +176,52 @@ class ServerPool:
         self._poll()
 
     def _hand_out(self) -> None:
-        """Give free slots to queued leases: the oldest first, or once the input is exhausted the longest
-        (its expected size), so the run does not end waiting on a long request started last."""
+        """Give free slots to queued leases: the oldest first or, once the input is exhausted, the longest (its
+        expected size) that may still start, so the run does not end waiting on a long request started last."""
         now = self.clock()
-        if not self._queue or not any(s.available(now) for s in self.servers):
+        free = sum(max(0, s.limit - s.in_flight) for s in self.servers if s.available(now))
+        if not self._queue or not free:
             return
-        order = self._queue if self.backlog is None else sorted(self._queue, key=lambda w: -w.size)
-        for lease in list(order):
-            if lease.granted is None or lease.granted.done():
-                continue
-            server = self.pick(lease.exclude, waiting=True, prefer=lease.prefer, size=lease.size)
-            if server is not None:
-                self._queue.remove(lease)
-                self._take(lease, server)
-                lease.granted.set_result(server)
+        if self.backlog is None:
+            for lease in list(self._queue):  # one refused here has its server excluded, or a busy preferred one
+                if not (free := free - self._grant(lease)):
+                    return
+            return
+        ordered = sorted(self._queue, key=lambda w: -w.size)
+        for lease in [w for w in ordered if w.exclude or w.prefer is not None]:
+            if not (free := free - self._grant(lease)):
+                return
+        plain = [w for w in ordered if not w.exclude and w.prefer is None]
+        start = 0
+        while free and (found := self._longest_fit(plain, start)) is not None:
+            free -= self._grant(plain[found])
+            start = found + 1
+
+    def _longest_fit(self, leases: list[Lease], start: int) -> int | None:
+        """The first of `leases` (longest first) from `start` that some free slot may take now, by bisection:
+        the tail rule refuses a request on a server only more as it grows longer."""
+        hi = len(leases) - 1
+        if start > hi or self.pick(waiting=True, size=leases[hi].size) is None:
+            return None
+        while start < hi:  # leases[hi] fits; those before `start` do not
+            mid = (start + hi) // 2
+            if self.pick(waiting=True, size=leases[mid].size) is None:
+                start = mid + 1
+            else:
+                hi = mid
+        return hi
+
+    def _grant(self, lease: Lease) -> int:
+        """Give `lease` the best free slot if one may take it now: 1 if given, else 0."""
+        if lease.granted is None or lease.granted.done():
+            return 0
+        server = self.pick(lease.exclude, waiting=True, prefer=lease.prefer, size=lease.size)
+        if server is None:
+            return 0
+        self._queue.remove(lease)
+        self._take(lease, server)
+        lease.granted.set_result(server)
+        return 1
 
     def lease(self, exclude: frozenset[str] = frozenset(), prefer: str | None = None, size: float = 0.0) -> Lease:
         """Hold one slot on the best server for the duration of one request: `async with pool.lease()`.
@@ -283,6 +248,7 @@ class ServerPool:
         old = server.mean_latency
         server.mean_latency = latency if old is None else old + LATENCY_WEIGHT * (latency - old)
         server.slowest_s = max(server.slowest_s or 0.0, latency)
+        server.speed.add(latency, output_tokens, now)
         server.window.add(now, useful_s=latency)
         server.expensive_in_a_row = 0
         self._end_lockout(server, now)
@@ -351,14 +317,6 @@ class ServerPool:
             server.out_of_service_s += max(0.0, min(now, server.down_until) - server.out_since)
             server.out_since = None
         server.down_until = min(server.down_until, now)
-
-
-def _request_s(server: ServerState, size: float, latency: float) -> float:
-    """How long `server` should take for a request of `size` output tokens, from its seconds per token so far
-    (a size or a speed not known yet: its slowest success, else `latency`)."""
-    if size > 0 and server.output_tokens > 0:
-        return size * server.latency_total / server.output_tokens
-    return server.slowest_s or latency
 
 
 class Lease:

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 from .errors import ConnectError, OverloadedError, RequestError, RequestTimeout, RetryableError
 
 if TYPE_CHECKING:
-    from .balancer import ServerPool, ServerState
+    from .balancer import ServerPool
     from .http import Client
+    from .serverstate import ServerState
 
 PROBE_INTERVAL = 1.0
 PROBE_TIMEOUT = 3.0

@@ -1,8 +1,9 @@
-"""Pacing arithmetic as small pure functions: the queue margin per server and the tail rule."""
+"""Pacing arithmetic: the queue margin per server, a server's recent speed, and the tail rule."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 # Requests kept queued on a server beyond its running slots, so that a finished one is replaced without a
 # round trip: this share of its capacity, at least MIN_QUEUE_MARGIN (bench/balance.py measures it).
@@ -12,6 +13,34 @@ MIN_QUEUE_MARGIN = 2
 # the rest of the fleet needs for everything still waiting (their latencies include the wait in the
 # servers' queues, so that time is already a little long).
 TAIL_SLACK = 1.0
+SPEED_WEIGHT = 0.2  # the weight of each new success in a server's seconds per output token
+# A speed not measured for this many times the request it predicts is forgotten: a server left idle by
+# the tail rule is judged again on its next answer, not forever on a slow spell it had earlier.
+STALE_FACTOR = 3.0
+
+
+@dataclass
+class Speed:
+    """A server's seconds per output token over its recent successes, and when it was last measured."""
+
+    per_token: float | None = None
+    at: float = -math.inf
+
+    def request_s(self, size: float, now: float, latency: float) -> float | None:
+        """Seconds a request of `size` output tokens should take (size or speed unknown: `latency`, a whole
+        request's); None once forgotten."""
+        estimate = size * self.per_token if self.per_token is not None and size > 0 else latency
+        return None if now - self.at > STALE_FACTOR * estimate > 0 and self.at > -math.inf else estimate
+
+    def add(self, latency: float, tokens: int, now: float) -> None:
+        """One success of `tokens` output tokens in `latency` s; after a long silence it starts anew."""
+        if tokens <= 0:
+            return
+        sample = latency / tokens
+        old = self.per_token
+        fresh = old is not None and now - self.at <= STALE_FACTOR * latency
+        self.per_token = old + SPEED_WEIGHT * (sample - old) if fresh and old is not None else sample
+        self.at = now
 
 
 def queue_margin(capacity: int) -> int:

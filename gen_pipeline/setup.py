@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import orjson
 
 from . import __version__, cursor
-from .balancer import ServerPool, ServerState
+from .balancer import ServerPool
 from .config import RunConfig
 from .cursor import Resumed
 from .errors import ConfigError, PreflightError
@@ -20,6 +20,7 @@ from .fleet import FleetInfo, discover
 from .http import Client
 from .pacing import queue_margin
 from .runtime import open_file_limit
+from .serverstate import ServerState
 from .store import ResumeState, check_manifest, scan
 from .tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
 from .tokens.conversation import SERVER_KINDS

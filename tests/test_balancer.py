@@ -287,7 +287,7 @@ def test_near_the_end_a_slow_server_takes_a_short_request_but_not_a_long_one():
     p = pool(4, 4)
     fast, slow = p.servers
     for server, per_token in ((fast, 0.01), (slow, 0.04)):
-        server.mean_latency, server.latency_total, server.output_tokens = 300 * per_token, 300 * per_token, 300
+        p.record_success(server, 300 * per_token, 300)
     fast.in_flight = fast.limit
     p.backlog = lambda: 4  # the fast server drains those and this one in 5 / (4 / 3 s) = 3.75 s
     assert p.pick(size=64) is slow  # 2.6 s there
@@ -328,3 +328,64 @@ def test_tail_is_last_dispatch_to_last_completion():
         return p.tail_seconds()
 
     assert asyncio.run(asyncio.wait_for(scenario(), 5)) == 3.0
+
+
+def test_a_server_left_idle_by_the_tail_rule_is_judged_again_after_a_while():
+    """A slow spell is forgotten once the server has had nothing to do for several of its requests' time:
+    it gets a request again, and its next answer alone sets its speed."""
+    clock = Clock()
+    p = pool(4, 4, clock=clock)
+    fast, slow = p.servers
+    p.record_success(fast, 3.0, 300)
+    p.record_success(slow, 12.0, 300)  # a slow spell: 0.04 s per token
+    fast.in_flight = fast.limit
+    p.backlog = lambda: 4
+    assert p.pick(size=500) is None  # 20 s there, against 3.75 s for the fast server
+    clock.now += 61.0  # over 3 x 20 s without an answer
+    assert p.pick(size=500) is slow
+    p.record_success(slow, 3.0, 300)
+    assert slow.speed.per_token == pytest.approx(0.01)
+
+
+def test_a_freed_slot_in_the_tail_costs_few_looks_however_many_wait():
+    """Once the input is exhausted the longest waiting lease the tail rule lets start is found by bisection:
+    a slot on a slow server with hundreds of long requests waiting is not offered to each of them."""
+
+    class Counting(ServerPool):
+        looks = 0
+
+        def pick(self, *args, **kw):
+            Counting.looks += 1
+            return super().pick(*args, **kw)
+
+    async def scenario():
+        p = Counting([ServerState("fast", 400), ServerState("slow", 4)], Clock())
+        fast, slow = p.servers
+        p.record_success(fast, 3.0, 300)
+        p.record_success(slow, 12.0, 300)
+        fast.in_flight, slow.in_flight = fast.limit, slow.limit
+        p.backlog = lambda: 0
+        sizes = [500 - i for i in range(400)] + [20]  # only the last fits on the slow server
+        hold = asyncio.Event()
+        started: list[int] = []
+        waiters = [asyncio.create_task(_hold_sized(p, size, hold, started)) for size in sizes]
+        await asyncio.sleep(0.01)
+        Counting.looks = 0
+        slow.in_flight -= 1
+        p._hand_out()
+        await asyncio.sleep(0.01)
+        looks, slow_in_flight = Counting.looks, slow.in_flight
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        return looks, started, slow_in_flight
+
+    looks, started, slow_in_flight = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert started == [20] and slow_in_flight == 4
+    assert looks <= 12  # a look at each waiter would be 401
+
+
+async def _hold_sized(p: ServerPool, size: int, hold: asyncio.Event, started: list[int]) -> None:
+    async with p.lease(size=size):
+        started.append(size)
+        await hold.wait()

@@ -1,0 +1,82 @@
+"""One server as the balancer sees it: its capacity, what it is doing now, what it has done, and the figures
+the summary reports for it. The decisions made from these are in balancer.py and health.py."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import health, pacing
+from .health import Window
+
+
+@dataclass
+class ServerState:
+    """One server: its capacity, what it is doing now and what it has done."""
+
+    url: str
+    capacity: int
+    margin: int = 0  # requests in flight beyond `capacity`, queued at the server
+    in_flight: int = 0
+    trial_in_flight: int = 0
+    requests: int = 0  # requests the server received (refused connections are not counted)
+    completions: int = 0
+    output_tokens: int = 0
+    latency_total: float = 0.0
+    mean_latency: float | None = None
+    slowest_s: float | None = None
+    speed: pacing.Speed = field(default_factory=pacing.Speed)
+    failures: Counter[str] = field(default_factory=Counter)
+    window: Window = field(default_factory=Window)
+    expensive_in_a_row: int = 0
+    cooldown: float = health.INITIAL_COOLDOWN
+    down_until: float = -math.inf  # no new request before this (inf: until a probe answers)
+    out_since: float | None = None  # when the current out-of-service period began
+    opened_at: float = -math.inf  # when the breaker last opened: requests sent before it are stale
+    out_reason: str = ""  # the ledger reason of the failure that took the server out
+    out_of_service_s: float = 0.0  # closed out-of-service periods
+    trial: bool = False  # half-open: one fresh request at a time until one succeeds
+    quiet_since: float = 0.0  # the last answer, or when it got work after being idle
+
+    @property
+    def limit(self) -> int:
+        return self.capacity + self.margin
+
+    @property
+    def load(self) -> float:
+        return self.in_flight / self.capacity
+
+    def available(self, now: float) -> bool:
+        """Whether this server may take one more request now."""
+        if now < self.down_until or health.stalled(self.in_flight, now - self.quiet_since, self.slowest_s):
+            return False
+        return self.in_flight < self.limit and not (self.trial and self.trial_in_flight >= 1)
+
+    def expected_s(self, latency: float) -> float:
+        """Seconds until one more request sent now would complete, behind the ones queued there."""
+        queued_ahead = max(0, self.in_flight + 1 - self.capacity)
+        return latency * (1 + queued_ahead / self.capacity)
+
+    def out_of_service(self, now: float) -> float:
+        """Seconds this server could not be sent new requests, the current period included."""
+        if self.out_since is None:
+            return self.out_of_service_s
+        return self.out_of_service_s + max(0.0, min(now, self.down_until) - self.out_since)
+
+    def view(self, now: float) -> dict[str, object]:
+        """The per-server figures for the summary."""
+        done = self.completions
+        busy = self.latency_total
+        return {
+            "requests": self.requests,
+            "completions": done,
+            "failures": dict(self.failures),
+            "mean_latency_s": round(self.latency_total / done, 3) if done else None,
+            "output_tokens": self.output_tokens,
+            # tokens per second of request time: the server's speed as this client saw it
+            "output_tokens_per_request_s": round(self.output_tokens / busy, 1) if busy else None,
+            "out_of_service_s": round(self.out_of_service(now), 1),
+            "capacity": self.capacity,
+            "queue_margin": self.margin,
+        }
