@@ -145,9 +145,10 @@ def run_generate(inp: Path, ports: list[int], out: Path, extra: list[str]) -> tu
     if done.returncode != 0:
         raise SystemExit(f"generate failed ({done.returncode}): {done.stderr[-2000:]}")
     summary = orjson.loads((out / "summary.json").read_bytes())
-    ids = {orjson.loads(line)["id"] for line in (out / "completions.jsonl").read_bytes().splitlines()}
-    if summary["completed"] != len(ids) or len(ids) != sum(1 for _ in inp.open("rb")):
-        raise SystemExit(f"gen-pipeline lost or duplicated rows: {summary['completed']} completed, {len(ids)} ids")
+    lines = (out / "completions.jsonl").read_bytes().splitlines()
+    ids = {orjson.loads(line)["id"] for line in lines}
+    if not summary["completed"] == len(lines) == len(ids) == sum(1 for _ in inp.open("rb")):
+        raise SystemExit(f"gen-pipeline lost or duplicated rows: {len(lines)} lines, {len(ids)} ids")
     views = summary["servers"]
     return summary.get("tail_s"), [views[f"http://127.0.0.1:{p}"]["requests"] for p in ports]
 
