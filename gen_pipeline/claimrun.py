@@ -1,10 +1,12 @@
 """`generate` as a claimer of a claimed-shard run directory (the protocol: claims.py).
 
-One claimer reads the input once per pass and serves every shard it holds in that pass: it claims a
-batch of open shards (batch_size: half of an even split over the live claimers, at most V/16, so the
-run's last shards go one at a time to whoever is free), runs the ordinary pipeline over the rows of
-those shards, marks each one settled that got no transient failure, lets go, and claims again. The
-fleet, the tokenizer and the learned token offset are set up once and kept over the passes.
+One claimer is one Runner over all its claims (claimfeed.py): it claims a batch of free shards
+(batch_size: half of an even split of them over the live claimers, at most V/16, so the run's last shards
+go one at a time to whoever is free) and reads the input once for them; when
+that read is over and its rows are handed out, it claims the next batch while the last requests are
+still in flight, so the fleet never drains between claims. A claim whose prompts are all written or
+ledgered is settled (unless one got a transient failure) and let go. The fleet, its balancer state, the
+tokenizer and the learned token offset serve the whole run.
 """
 
 from __future__ import annotations
@@ -18,17 +20,8 @@ from typing import Any
 
 import orjson
 
-from .claims import (
-    Claim,
-    Claimer,
-    ClaimWriter,
-    ShardTable,
-    SharedRunLock,
-    batch_size,
-    input_fingerprint,
-    live_claimers,
-    run_shards,
-)
+from .claimfeed import ClaimFeed, ClaimTracker, ClaimWriter
+from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, run_shards
 from .config import RunConfig
 from .dispatch import SampleDispatch, thinking_fields
 from .errors import OutputError
@@ -37,19 +30,17 @@ from .http import Client, open_transport
 from .locks import refuse_shard_writers
 from .pipeline import Runner, _exit_code, _nothing, runner_summary
 from .progress import RunStats, snapshot
-from .reader import BatchReader
 from .requests import RequestPath
 from .rundir import MANIFEST, SUMMARY, RunDir, write_json_atomic
 from .runtime import install_run_handlers
 from .setup import build_pool, settle_manifest
 from .status import write_status
-from .store import repair_all, scan
+from .store import ResumeState, repair_all
 from .summary import Outcome, merge_summaries
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner
 
 EXIT_OK, EXIT_INCOMPLETE = 0, 3
-SEVERITY = [1, 5, 4, 130, 3, 0]  # as workers.SEVERITY: the most serious exit code wins
 
 
 def claimed(config: RunConfig) -> bool:
@@ -88,32 +79,15 @@ class ClaimRunner(Runner):
     """A Runner whose status file is its claimer's, naming the shards it holds."""
 
     claimer: Claimer | None = None
-    held: tuple[int, ...] = ()
-    done_before: int = 0  # rows completed in this process's earlier passes
+    feed: ClaimFeed | None = None
 
     def write_status(self, state: str) -> None:
         """Replace claimers/ID.json with a snapshot plus who this claimer is."""
-        assert self.claimer is not None
+        assert self.claimer is not None and self.feed is not None
         doc = snapshot(self.stats, self.pool.servers, state, self.pool.clock())
-        doc["claimer"] = {**self.claimer.info(self.held), "done_total": self.done_before + self.stats.completed}
+        doc["claimer"] = {**self.claimer.info(self.feed.shards()), "done_total": self.stats.completed}
         with contextlib.suppress(OutputError):
             write_status(self.claimer.rundir.claimer(self.claimer.ident).status, doc)
-
-
-@dataclasses.dataclass
-class Setup:
-    """What a claimer sets up once and keeps over its passes."""
-
-    config: RunConfig
-    client: Client
-    counter: TokenCounter
-    fleet: FleetInfo
-    model: str
-    ctx: int
-    extra: dict[str, Any]
-    learner: OffsetLearner
-    table: ShardTable
-    claimer: Claimer
 
 
 async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter | None, handle: bool) -> Outcome:
@@ -123,37 +97,21 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
     table = ShardTable(rundir, int(config.shards or 1), wanted, bool(config.retry_failed))
     claimer = Claimer(rundir)
     claimer.register()
-    setup = Setup(
-        config, client, counter, fleet, model, ctx, thinking_fields(config, fleet), OffsetLearner(), table, claimer
-    )
-    parts: list[dict[str, Any]] = []
-    tried: set[int] = set()  # shards this process left open (transient failures) are not taken again
-    codes, start, done, error = [EXIT_OK], time.monotonic(), 0, None
+    start = time.monotonic()
     try:
-        while True:
-            free = [s for s in table.open_shards() if s not in tried]
-            held = table.claim(batch_size(len(free), live_claimers(rundir), table.count), tried)
-            if not held:
-                break
-            tried |= held.keys()
-            try:
-                runner, part = await _one_pass(setup, held, done, handle)
-            finally:
-                for c in held.values():
-                    c.release()
-            parts.append(part)
-            done += runner.stats.completed
-            codes.append(part["exit_code"])
+        stats = RunStats()
+        writer = ClaimWriter(table.count, config.fsync_interval)
+        feed = ClaimFeed(config, counter, stats, ctx, table, writer)
+        if not await asyncio.to_thread(feed.claim_next):
+            summary, code, error = _empty(EXIT_OK, table), EXIT_OK, None
+        else:
+            runner = _runner(config, client, counter, fleet, model, ctx, feed, claimer)
+            code = await _serve(runner, feed, handle)
             fatal = runner.recorder.fatal
-            if runner.stopping.is_set() or fatal is not None:
-                error = str(fatal) if fatal is not None else None
-                break
-            if part["exit_code"] == EXIT_OK and any(s in runner.writer.unsettled for s in held):  # type: ignore[attr-defined]
-                codes.append(EXIT_INCOMPLETE)
+            error = str(fatal) if fatal is not None else None
+            summary = merge_summaries([runner_summary(runner, fleet, code)], time.monotonic() - start, code)
     finally:
         claimer.release()
-    code = next((c for c in SEVERITY if c in codes), 1)
-    summary = merge_summaries(parts, time.monotonic() - start, code) if parts else _empty(code, table)
     summary.update(shards=shard_counts(table), started=claimer.started, ended=time.time())
     with contextlib.suppress(OutputError):
         write_json_atomic(rundir.claimer(claimer.ident).summary, summary)
@@ -161,40 +119,53 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
     return Outcome(summary, code, error)
 
 
-async def _one_pass(
-    setup: Setup, held: dict[int, Claim], done: int, handle: bool
-) -> tuple[ClaimRunner, dict[str, Any]]:
-    """One read of the input serving the shards in `held`; settles those that finished cleanly."""
-    config, table = setup.config, setup.table
+def _runner(
+    config: RunConfig,
+    client: Client,
+    counter: TokenCounter,
+    fleet: FleetInfo,
+    model: str,
+    ctx: int,
+    feed: ClaimFeed,
+    claimer: Claimer,
+) -> ClaimRunner:
+    """The one Runner of a claimer: its pool and learned offset serve every claim."""
+    pool = build_pool(config, fleet)
+    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), feed.stats)
+    resume = ResumeState()  # each claim's read has its own (claimfeed)
+    runner = ClaimRunner(config, counter, path, pool, feed.writer, resume, feed.stats, feed, None, client=client)  # type: ignore[arg-type]
+    runner.claimer, runner.feed = claimer, feed
+    runner.dispatch = SampleDispatch(path, thinking_fields(config, fleet), runner.warnings.append)
 
-    def mine(key: int) -> bool:
-        return key % table.count in held
+    def may_settle() -> bool:
+        return not runner.stopping.is_set() and runner.recorder.fatal is None and config.limit is None
 
-    resume = scan(config.out, repair=False, mine=mine, shards=sorted(held))
-    resume.samples = config.samples
-    found = {s: resume.files.get(str(c.shard.writer.completions.relative_to(config.out))) for s, c in held.items()}
-    pool = build_pool(config, setup.fleet)
-    stats = RunStats()
-    path = RequestPath(config, setup.client, pool, setup.model, setup.ctx, setup.learner, stats)
-    writer = ClaimWriter(held, table.count, config.fsync_interval, found)
-    reader = BatchReader(config, setup.counter, resume, stats, None, setup.ctx, mine=mine)
-    runner = ClaimRunner(config, setup.counter, path, pool, writer, resume, stats, reader, None, client=setup.client)  # type: ignore[arg-type]
-    runner.claimer, runner.held, runner.done_before = setup.claimer, tuple(sorted(held)), done
-    runner.dispatch = SampleDispatch(path, setup.extra, runner.warnings.append)
-    restore = install_run_handlers(runner.request_stop, writer.sync, config.grace_period) if handle else _nothing
+    runner.tracker = ClaimTracker(feed, claimer.ident, may_settle)
+    feed.idle = lambda: runner.undispatched == 0
+    feed.stopping = runner.stopping.is_set
+    return runner
+
+
+async def _serve(runner: ClaimRunner, feed: ClaimFeed, handle: bool) -> int:
+    """Run every claim; let go of what is left (a stopped run's shards stay open); the exit code."""
+    writer = feed.writer
+    restore = install_run_handlers(runner.request_stop, writer.sync, runner.config.grace_period) if handle else _nothing
     try:
         with contextlib.suppress(OutputError):  # recorded in runner.fatal; what is on disk stays valid
             await runner.run()
     finally:
+        assert isinstance(runner.tracker, ClaimTracker)
+        runner.tracker.settle_done()
+        feed.release_all()
         writer.close()
         restore()
+    if runner.tracker.error is not None:
+        raise runner.tracker.error
     code = _exit_code(runner)
-    if not runner.stopping.is_set() and runner.recorder.fatal is None and config.limit is None:
-        for s in held:
-            if s not in writer.unsettled:
-                table.mark_settled(s, setup.claimer.ident)
+    if code == EXIT_OK and writer.unsettled:
+        code = EXIT_INCOMPLETE
     runner.write_status("finished")
-    return runner, runner_summary(runner, setup.fleet, code)
+    return code
 
 
 def shard_counts(table: ShardTable) -> dict[str, int]:

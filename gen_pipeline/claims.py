@@ -36,9 +36,9 @@ import orjson
 
 from .errors import ConfigError, OutputError
 from .locks import ACQUIRE_RETRY, RETRY_STEP, FileLock, is_held
-from .records import TRANSIENT_REASONS, Completion, Failure, RowId, id_key
+from .records import RowId, id_key
 from .rundir import RunDir, ShardDir, write_json_atomic
-from .store import RunWriter, repair_tail
+from .store import repair_tail
 
 DEFAULT_SHARDS = 256
 MAX_SHARDS = 100_000  # five digits in a shard's folder name
@@ -181,10 +181,13 @@ class ShardTable:
             repair_tail(path)  # its last holder died mid-line: only the holder may cut it
         return Claim(shard, fd)
 
-    def claim(self, want: int, skip: Iterable[int] = ()) -> dict[int, Claim]:
-        """Up to `want` open shards (not in `skip`), tried from a random place so claimers spread out."""
+    def free_shards(self, skip: Iterable[int] = ()) -> list[int]:
+        """Open shards no process holds now, less `skip`."""
         skipped = set(skip)
-        candidates = [s for s in self.open_shards() if s not in skipped]
+        return [s for s in self.open_shards() if s not in skipped and not is_held(self.rundir.shard(s).lock)]
+
+    def claim(self, want: int, candidates: list[int]) -> dict[int, Claim]:
+        """Up to `want` of `candidates`, tried from a random place so claimers spread out."""
         start = random.randrange(len(candidates)) if candidates else 0
         held: dict[int, Claim] = {}
         for s in candidates[start:] + candidates[:start]:
@@ -204,10 +207,11 @@ class ShardTable:
         return [s for s in self.open_shards() if is_held(self.rundir.shard(s).lock)]
 
 
-def batch_size(open_free: int, live: int, count: int) -> int:
-    """How many shards one claim takes: half of an even split of the open ones over the live claimers
-    (the last ones go one at a time, so no claimer holds the run's end), at most 1/16 of the shards."""
-    return max(1, min(math.ceil(open_free / (2 * max(live, 1))), max(1, count // BATCH_SHARE)))
+def batch_size(free: int, live: int, count: int) -> int:
+    """How many shards one claim takes: half of an even split of the free ones (open, held by nobody) over
+    the live claimers (the last ones go one at a time, so no claimer holds the run's end), at most 1/16 of
+    the shards."""
+    return max(1, min(math.ceil(free / (2 * max(live, 1))), max(1, count // BATCH_SHARE)))
 
 
 @dataclass
@@ -241,37 +245,3 @@ class Claimer:
 def live_claimers(rundir: RunDir) -> int:
     """Claimers whose process still lives (their lock is held)."""
     return sum(bool(is_held(rundir.claimer(c).lock)) for c in rundir.claimers())
-
-
-class ClaimWriter:
-    """RunWriter's interface over the shards one pass holds: each record goes to its own shard's files."""
-
-    def __init__(self, held: dict[int, Claim], count: int, fsync_interval: float, found: dict[int, Any]) -> None:
-        self.count = count
-        self.writers = {s: RunWriter(c.shard.root, fsync_interval, None, found.get(s)) for s, c in held.items()}
-        self.unsettled: set[int] = set()  # shards that got a transient failure this pass
-
-    def _for(self, row_id: RowId | None, line: int | None) -> tuple[int, RunWriter]:
-        s = shard_of(row_id, line, self.count)
-        return s, self.writers[s]
-
-    def write_completion(self, completion: Completion) -> None:
-        """Append to the completion's shard's output."""
-        self._for(completion.id, None)[1].write_completion(completion)
-
-    def write_failure(self, failure: Failure) -> None:
-        """Append to the failure's shard's ledger; a transient one keeps its shard open."""
-        s, writer = self._for(failure.id, failure.line)
-        writer.write_failure(failure)
-        if failure.reason in TRANSIENT_REASONS:
-            self.unsettled.add(s)
-
-    def sync(self) -> None:
-        """Flush and fsync every shard's files."""
-        for w in self.writers.values():
-            w.sync()
-
-    def close(self) -> None:
-        """Close every shard's files."""
-        for w in self.writers.values():
-            w.close()

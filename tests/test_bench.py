@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import orjson
+import pytest
 from e2e import prompts, read_jsonl
 from procs import env, run_generate
 
@@ -110,3 +111,19 @@ def test_perf_bench_runs_end_to_end_and_prints_the_targets_table(tmp_path):
     verdicts = [line.rsplit("  ", 1)[1].strip() for line in table]
     assert len(table) == 11 and set(verdicts) <= {"met", "NOT met"}, table
     assert any(line.startswith("resume-ready at 2,000 rows") for line in table)
+
+
+@pytest.mark.slow
+def test_claimers_bench_runs_end_to_end_and_checks_every_key(tmp_path):
+    """bench/claimers.py on tiny fleets: both parts print their verdicts and every run's keys are checked."""
+    argv = [sys.executable, str(BENCH / "claimers.py"), "--claimers", "1,2", "--slow-claimers", "3",
+            "--rows-per-claimer", "24", "--token-latency", "0.002", "--max-tokens", "16", "--shards", "16"]  # fmt: skip
+    done = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    lines = done.stdout.splitlines()
+    table = lines[lines.index(next(line for line in lines if line.startswith("(a)"))) + 2 :][:2]
+    assert [line.split()[:2] for line in table] == [["1", "24"], ["2", "48"]], table
+    assert all(line.endswith("met") for line in table)
+    assert sum(line.startswith("  claimer ") for line in lines) == 3
+    assert any("median claimer's last row to the run's end" in line for line in lines)
+    assert sum("0 lost, 0 twice" in line for line in lines) == 3

@@ -2,25 +2,47 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import time
 
 import orjson
 import pytest
-from e2e import check_invariant, prompts, read_jsonl
+from e2e import check_invariant, prompts, read_jsonl, run_sim
 from procs import generate, run_generate, sim_fleet
 
 from gen_pipeline.claims import ShardTable, batch_size, input_fingerprint, shard_of
+from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.pipeline import run_async
 from gen_pipeline.rundir import RunDir
+from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 
 def test_batch_size_halves_toward_one():
-    """A claim takes half an even split over the live claimers, at most V/16, and at least one."""
+    """A claim takes half an even split of the free shards over the live claimers, at most V/16, at least one."""
     assert batch_size(256, 4, 256) == 16  # capped at V/16
     assert batch_size(40, 4, 256) == 5
     assert batch_size(3, 4, 256) == 1
     assert batch_size(0, 1, 4) == 1
+
+
+def test_free_shards_are_open_and_held_by_nobody(tmp_path):
+    """A claim is sized from the free shards: open ones another claimer holds are not free (counting them
+    made a 4x slow node take twice its share at the end: bench/claimers.py)."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"{}\n")
+    table = ShardTable(RunDir(tmp_path), 8, input_fingerprint(inp))
+    held = [table.try_claim(s) for s in (1, 2, 3)]
+    table.mark_settled(3, "me")
+    held.pop().release()
+    assert table.free_shards() == [0, 4, 5, 6, 7]
+    assert table.free_shards(skip=[0, 5]) == [4, 6, 7]
+    taken = table.claim(5, table.free_shards())
+    assert set(taken) == {0, 4, 5, 6, 7} and table.free_shards() == []
+    for claim in [*held, *taken.values()]:
+        claim.release()
+    assert table.free_shards() == [0, 1, 2, 4, 5, 6, 7]
 
 
 def test_a_claim_is_exclusive_and_dies_with_its_holder(tmp_path):
@@ -39,6 +61,47 @@ def test_a_claim_is_exclusive_and_dies_with_its_holder(tmp_path):
     assert table.try_claim(1) is None and 1 not in table.open_shards()
     inp.write_bytes(b"{}\n{}\n")
     assert 1 in ShardTable(RunDir(tmp_path), 4, input_fingerprint(inp)).open_shards()
+
+
+async def _idle_while_claiming(path, out) -> tuple[list[float], int]:
+    """One claimer over 8 shards (a claim of one shard at a time) on one simulated port, its in-flight
+    requests sampled every millisecond: the moments nothing was in flight between its first request and
+    its last reply, and the rows it completed."""
+    sim = SimConfig(ports=(free_ports(1)[0],), health_delay=0.0, max_running=4, token_latency=0.004,
+                    completion_words=100_000)  # fmt: skip
+    async with await start_fleet(sim) as fleet:
+        stats = next(iter(fleet.stats.values()))
+        idle: list[float] = []
+        done = asyncio.Event()
+
+        async def sample() -> None:
+            while not done.is_set():
+                if stats.in_flight == 0 and stats.first_request_at is not None:
+                    idle.append(time.time())
+                await asyncio.sleep(0.001)
+
+        sampler = asyncio.create_task(sample())
+        config = RunConfig(input=path, out=out, servers=tuple(fleet.urls), retry=RetryPolicy.testing(),
+                           progress="off", max_tokens=20, shards=8)  # fmt: skip
+        try:
+            outcome = await run_async(config, handle_signals=False)
+        finally:
+            done.set()
+            await sampler
+        last = stats.last_reply_at or 0.0
+        return [t for t in idle if t < last], int(outcome.summary["completed"])
+
+
+def test_the_fleet_never_drains_between_claims(write_jsonl, tmp_path):
+    """The next claim's rows are sent while the last claim's requests are in flight: between the first
+    request and the last reply, the server always has one (each claim of its own Runner drained it)."""
+    rows = prompts(160)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    idle, completed = asyncio.run(asyncio.wait_for(_idle_while_claiming(path, out), 60))
+    assert completed == 160
+    assert all(RunDir(out).shard(s).settled.exists() for s in range(8))
+    assert idle == []
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 160, "ledger": 0}
 
 
 @pytest.mark.slow
@@ -90,3 +153,20 @@ def test_second_generate_refused_unless_join(write_jsonl, tmp_path):
         assert last.returncode == 0, last.stderr
     assert check_invariant([r["id"] for r in rows], out)["done"] == 800
     assert all(RunDir(out).shard(s).settled.exists() for s in range(32))
+
+
+def test_a_transient_failure_keeps_only_its_shard_open(write_jsonl, tmp_path):
+    """Rows ledgered as server_error leave their shards open (exit 3) while the others settle; a rerun
+    sends just those rows and settles every shard."""
+    from test_pipeline import _policy
+
+    rows = prompts(120)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    flaky, _ = run_sim(path, out, {"n_ports": 2, "p500": 0.05, "seed": 3}, retry=_policy(1), shards=32)
+    failed = {shard_of(r["id"], None, 32) for p in RunDir(out).failure_files() for r in read_jsonl(p)}
+    assert flaky.exit_code == 3 and 0 < len(failed) < 32, failed
+    assert {s for s in range(32) if not RunDir(out).shard(s).settled.exists()} == failed
+    again, _ = run_sim(path, out, {"n_ports": 2}, shards=32)
+    assert again.exit_code == 0 and again.summary["completed"] == flaky.summary["failed"]["server_error"]
+    assert all(RunDir(out).shard(s).settled.exists() for s in range(32))
+    check_invariant([r["id"] for r in rows], out)
