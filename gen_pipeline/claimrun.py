@@ -97,6 +97,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
     table = ShardTable(rundir, int(config.shards or 1), wanted, bool(config.retry_failed))
     claimer = Claimer(rundir)
     claimer.register()
+    await asyncio.to_thread(table.settle_empty, config.input, claimer.ident)
     start = time.monotonic()
     try:
         stats = RunStats()

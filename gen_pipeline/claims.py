@@ -37,7 +37,9 @@ import orjson
 from .errors import ConfigError, OutputError
 from .locks import ACQUIRE_RETRY, RETRY_STEP, FileLock, is_held
 from .records import RowId, id_key
+from .rows import BadRow
 from .rundir import RunDir, ShardDir, write_json_atomic
+from .source import PromptSource
 from .store import repair_tail
 
 DEFAULT_SHARDS = 256
@@ -197,14 +199,48 @@ class ShardTable:
                 held[s] = claim
         return held
 
-    def mark_settled(self, index: int, by: str) -> None:
-        """Write shard `index`'s settled marker (atomically)."""
-        marker = {"input": self.fingerprint, "time": time.time(), "by": by}
+    def mark_settled(self, index: int, by: str, empty: bool = False) -> None:
+        """Write shard `index`'s settled marker (atomically); `empty`: no row of the input falls in it."""
+        marker = {"input": self.fingerprint, "time": time.time(), "by": by, **({"empty": True} if empty else {})}
         write_json_atomic(self.rundir.shard(index).settled, marker)
+
+    def settle_empty(self, path: Path, by: str) -> None:
+        """Settle, without a pass, the open shards no row of the input at `path` falls in: a night's few new
+        rows reopen only the shards they fall in."""
+        open_ = set(self.open_shards())
+        for s in sorted(open_ - input_shards(path, self.count, open_)):
+            if (claim := self.try_claim(s)) is not None:
+                try:
+                    self.mark_settled(s, by, empty=True)
+                finally:
+                    claim.release()
 
     def held_by_others(self) -> list[int]:
         """Open shards some process holds now."""
         return [s for s in self.open_shards() if is_held(self.rundir.shard(s).lock)]
+
+
+class _AllFound(Exception):
+    """Every shard looked for holds a row: the rest of the input need not be read."""
+
+
+def input_shards(path: Path, count: int, wanted: set[int]) -> set[int]:
+    """The shards of `wanted` that a row of the input falls in, as a pass assigns them (reading stops once
+    every one of them does, so a large input is read only a little way)."""
+    found: set[int] = set()
+
+    def note(key: int) -> bool:
+        found.add(key % count)
+        if wanted <= found:
+            raise _AllFound
+        return False  # nothing more is done with the row
+
+    if wanted:
+        with contextlib.suppress(_AllFound):
+            for item in PromptSource(path, None, note):
+                if isinstance(item, BadRow):  # a line too long to read an id from: its line number decides
+                    found.add(item.line % count)
+    return found & wanted
 
 
 def batch_size(free: int, live: int, count: int) -> int:

@@ -108,8 +108,8 @@ class RunDir:
         return ClaimerFiles(d / f"{ident}.lock", d / f"{ident}.json", d / f"{ident}-summary.json")
 
     def claimers(self) -> list[str]:
-        """Every claimer that left a status file, by name."""
-        return sorted(p.stem for p in (self.root / CLAIMERS_DIR).glob("*.json") if not p.stem.endswith("-summary"))
+        """Every claimer that left a status file or a summary (one that found nothing to claim), by name."""
+        return sorted({p.stem.removesuffix("-summary") for p in (self.root / CLAIMERS_DIR).glob("*.json")})
 
     def shard_roots(self) -> list[Path]:
         """The folders of the claimed shards that exist."""

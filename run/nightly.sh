@@ -159,9 +159,13 @@ generate_pending() {
 }
 
 summarize() {
-    local rc=$1 done_rows=0
-    if compgen -G "$DATASET_DIR/completions*.jsonl" >/dev/null; then
-        done_rows=$(cat "$DATASET_DIR"/completions*.jsonl | wc -l)
+    local rc=$1 done_rows=0 files
+    # the single writer's file, an earlier version's worker files and a claimed-shard run's shard files
+    shopt -s nullglob
+    files=("$DATASET_DIR"/completions*.jsonl "$DATASET_DIR"/shards/*/completions.jsonl)
+    shopt -u nullglob
+    if ((${#files[@]})); then
+        done_rows=$(cat "${files[@]}" | wc -l)
     fi
     log "$DATE: exit $rc; completions in $DATASET_DIR: $done_rows"
     if [[ -e $PROMPTS/nightly-$DATE.report.json ]]; then

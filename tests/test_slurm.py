@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow.parquet as pq
 import pytest
 from e2e import check_invariant, prompts
 from procs import PY, env, wait_for_done
@@ -57,8 +59,9 @@ def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         return
     cluster = tmp_path_factory.mktemp("slurm") / "cluster"
     try:
+        ports = {**os.environ, "SLURM_LOCAL_PORT": str(port_block(5))}  # not a port another test took at random
         started = subprocess.run([SLURM / "local-cluster.sh", "start", cluster], capture_output=True, text=True,
-                                 timeout=120)  # fmt: skip
+                                 env=ports, timeout=120)  # fmt: skip
         assert started.returncode == 0, started.stderr
         yield {**env(), "SLURM_CONF": str(cluster / "slurm.conf")}
     finally:
@@ -79,21 +82,23 @@ def port_block(n: int) -> int:
     raise AssertionError(f"no {n} consecutive free ports")
 
 
-def submit(slurm_env: dict[str, str], inp: Path, out: Path, array: str, token_latency: float) -> str:
-    """run/slurm/submit.sh INPUT OUT --array=...: FLEET=simulate, 2 servers a task; the array's job id."""
+def submit(slurm_env: dict[str, str], inp: Path, out: Path, array: str, token_latency: float, *sbatch: str) -> str:
+    """run/slurm/submit.sh INPUT OUT --array=... [sbatch options]: FLEET=simulate, 2 servers a task; the array's
+    job id."""
     run_env = {**slurm_env, "FLEET": "simulate", "NUM_SERVERS": "2", "BASE_PORT": str(port_block(32)),
                "GEN_PIPELINE": f"{PY} -m gen_pipeline", "PYTHONPATH": str(ROOT),
                "SIM_ARGS": f"--token-latency {token_latency} --health-delay 0 --tokenizer {TINY}",
                "GEN_ARGS": f"--shards {SHARDS} --concurrency 4 --tokenizer {TINY}", "STARTUP_TIMEOUT": "60",
                "SCRATCH_DIR": str(out.parent)}  # fmt: skip
-    done = subprocess.run([SLURM / "submit.sh", inp, out, f"--array={array}", "--parsable"], env=run_env,
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    done = subprocess.run([SLURM / "submit.sh", inp, out, f"--array={array}", "--parsable", *sbatch],
+                          env=run_env, capture_output=True, text=True, timeout=30)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]
 
 
 def wait_array(slurm_env: dict[str, str], job: str) -> dict[str, tuple[str, str]]:
-    """Block until no task of `job` is pending or running; each task's (state, exit code)."""
+    """Block until no task of `job` is pending or running (a requeued one is pending); each task's (state,
+    exit code)."""
     deadline = time.monotonic() + ARRAY_DEADLINE
     while time.monotonic() < deadline:
         left = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=slurm_env, capture_output=True,
@@ -103,12 +108,17 @@ def wait_array(slurm_env: dict[str, str], job: str) -> dict[str, tuple[str, str]
         time.sleep(0.5)
     else:
         raise AssertionError(f"array {job} still running after {ARRAY_DEADLINE}s")
+    return {task: (f["JobState"], f["ExitCode"]) for task, f in job_fields(slurm_env, job).items()}
+
+
+def job_fields(slurm_env: dict[str, str], job: str) -> dict[str, dict[str, str]]:
+    """What `scontrol show job` says of each task of `job`, by task id."""
     shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=slurm_env, capture_output=True,
                            text=True, timeout=30)  # fmt: skip
     tasks = {}
     for line in shown.stdout.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        tasks[fields["ArrayTaskId"]] = (fields["JobState"], fields["ExitCode"])
+        tasks[fields["ArrayTaskId"]] = fields
     return tasks
 
 
@@ -179,3 +189,79 @@ def test_killed_claimer_and_cancelled_task_lose_nothing(slurm_env, tmp_path):
     again = submit(slurm_env, inp, out, "2", 0.002)
     assert wait_array(slurm_env, again) == {"2": ("COMPLETED", "0:0")}
     assert_whole(out, ids)
+
+
+def time_limit_near(slurm_env: dict[str, str], out: Path, job: str, task: str) -> dict[str, Any]:
+    """Once task `task` is mid-run, USR1 to its batch script only, as Slurm does at --signal=B:USR1@T; what
+    the task's claimer last said (its status file) once it drained."""
+    claimer_of(out, task, 60)
+    wait_for_done(out, 150, 60)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_{task}"], env=slurm_env, check=True, timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        drained = [c for c in claimers(out) if c["claimer"]["slurm"].get("task") == task and c["state"] == "finished"]
+        if drained:
+            return drained[0]
+        time.sleep(0.1)
+    raise AssertionError(f"task {task}'s claimer did not drain")
+
+
+def assert_drained(out: Path, log: str, claimer: dict[str, Any]) -> None:
+    """The task's generate stopped cleanly on the drain (exit 130, not a crash), and the shards it held then
+    were finished by another claimer (its claims were let go)."""
+    assert "USR1 (time limit near): draining" in log and "SIGTERM: stopping" in log, log
+    assert "gen-pipeline: generate exited with 130" in log, log
+    ident = claimer["claimer"]["id"]
+    assert orjson.loads(RunDir(out).claimer(ident).summary.read_bytes())["exit_code"] == 130
+    held = claimer["claimer"]["shards"]
+    assert held, "the drained claimer held no shard"
+    settled_by = {s: orjson.loads(RunDir(out).shard(s).settled.read_bytes())["by"] for s in held}
+    assert ident not in settled_by.values(), settled_by
+
+
+def exported_ids(out: Path, tmp_path: Path) -> list[str]:
+    """`gen-pipeline export OUT` (it refuses open shards and a key found twice): the exported rows' ids."""
+    ds = tmp_path / "dataset"
+    done = subprocess.run([PY, "-m", "gen_pipeline", "export", out, "--out", ds], env=env(), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [str(i) for p in sorted(ds.glob("data/*.parquet")) for i in pq.read_table(p, columns=["id"])["id"]]
+
+
+def test_usr1_drains_and_requeues_the_task(slurm_env, tmp_path):
+    """USR1 to task 1's batch script mid-run (the time limit is near): its generate drains, its shards are
+    finished by others, `scontrol requeue` puts the task back and it runs again: every key once."""
+    inp, ids = write_input(tmp_path, 600)
+    out = tmp_path / "out"
+    job = submit(slurm_env, inp, out, "0-3", 0.01)
+    drained = time_limit_near(slurm_env, out, job, "1")
+    tasks = wait_array(slurm_env, job)
+    log = (out / "slurm" / f"{job}_1.out").read_text()
+    assert tasks == {str(t): ("COMPLETED", "0:0") for t in range(4)}, log
+    assert int(job_fields(slurm_env, job)["1"]["Restarts"]) >= 1, log
+    assert "gen-pipeline: requeueing" in log and "submitting this script again" not in log, log
+    again = log.split("gen-pipeline: requeueing", 1)[1]
+    assert "gen-pipeline: generate exited with 0" in again, log  # the requeued task ran the script again
+    assert_drained(out, log, drained)
+    assert_whole(out, ids)
+    assert sorted(exported_ids(out, tmp_path)) == sorted(map(str, ids))
+
+
+def test_usr1_where_requeue_is_not_allowed_submits_again(slurm_env, tmp_path):
+    """With --no-requeue, `scontrol requeue` is refused: the drained task submits generate.sbatch again with
+    the user's sbatch options, and that job finishes the run: every key once."""
+    inp, ids = write_input(tmp_path, 600)
+    out = tmp_path / "out"
+    job = submit(slurm_env, inp, out, "0-3", 0.01, "--no-requeue")
+    drained = time_limit_near(slurm_env, out, job, "1")
+    tasks = wait_array(slurm_env, job)
+    log = (out / "slurm" / f"{job}_1.out").read_text()
+    again = re.search(r"gen-pipeline: submitted again as job (\d+)", log)
+    assert again is not None, log
+    assert wait_array(slurm_env, again[1]) == {"1": ("COMPLETED", "0:0")}
+    assert job_fields(slurm_env, again[1])["1"]["Requeue"] == "0"  # the user's --no-requeue came along
+    assert tasks == {**{str(t): ("COMPLETED", "0:0") for t in (0, 2, 3)}, "1": ("FAILED", "130:0")}, log
+    assert "submitting this script again" in log and job_fields(slurm_env, job)["1"]["Restarts"] == "0", log
+    assert_drained(out, log, drained)
+    assert_whole(out, ids)
+    assert sorted(exported_ids(out, tmp_path)) == sorted(map(str, ids))

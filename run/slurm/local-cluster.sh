@@ -27,7 +27,7 @@ SlurmUser=root
 SlurmctldPort=$PORT
 SlurmdPort=$(( PORT + 1 ))
 AuthType=auth/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=${SLURM_LOCAL_CRED_EXPIRE:-5}
 CredType=cred/munge
 MpiDefault=none
 StateSaveLocation=$DIR/state
@@ -37,6 +37,7 @@ SlurmdPidFile=$DIR/slurmd-%n.pid
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2

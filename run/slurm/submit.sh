@@ -15,5 +15,6 @@ INPUT=$(realpath "$1") OUT=$(realpath -m "$2")
 shift 2
 mkdir -p "$OUT/slurm"
 GEN_SLURM_DIR=$(cd "$(dirname "$0")" && pwd)
-export INPUT OUT GEN_SLURM_DIR
+GEN_SBATCH_ARGS=$(printf '%s\n' "$@")  # one a line: a task that cannot be requeued resubmits with them
+export INPUT OUT GEN_SLURM_DIR GEN_SBATCH_ARGS
 exec sbatch --export=ALL --output="$OUT/slurm/%A_%a.out" "$@" "$GEN_SLURM_DIR/generate.sbatch"
