@@ -191,32 +191,47 @@ def test_killed_claimer_and_cancelled_task_lose_nothing(slurm_env, tmp_path):
     assert_whole(out, ids)
 
 
-def time_limit_near(slurm_env: dict[str, str], out: Path, job: str, task: str) -> dict[str, Any]:
+def time_limit_near(slurm_env: dict[str, str], out: Path, job: str, task: str) -> tuple[dict[str, Any], set[int]]:
     """Once task `task` is mid-run, USR1 to its batch script only, as Slurm does at --signal=B:USR1@T; what
-    the task's claimer last said (its status file) once it drained."""
+    the task's claimer last said (its status file) once it drained, and every shard it was seen holding."""
     claimer_of(out, task, 60)
-    wait_for_done(out, 150, 60)
+    seen: set[int] = set()
+
+    def look() -> list[dict[str, Any]]:
+        mine = [c for c in claimers(out) if c["claimer"]["slurm"].get("task") == task]
+        for c in mine:
+            seen.update(c["claimer"]["shards"])
+        return [c for c in mine if c["state"] == "finished"]
+
+    deadline = time.monotonic() + 60
+    while done_rows(out) < 150:  # mid-run; what it holds is seen meanwhile
+        assert time.monotonic() < deadline and not look(), "the run did not get to 150 rows"
+        time.sleep(0.05)
     subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_{task}"], env=slurm_env, check=True, timeout=30)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        drained = [c for c in claimers(out) if c["claimer"]["slurm"].get("task") == task and c["state"] == "finished"]
-        if drained:
-            return drained[0]
-        time.sleep(0.1)
+        if drained := look():
+            return drained[0], seen
+        time.sleep(0.05)
     raise AssertionError(f"task {task}'s claimer did not drain")
 
 
-def assert_drained(out: Path, log: str, claimer: dict[str, Any]) -> None:
+def done_rows(out: Path) -> int:
+    """Completion lines written so far over every shard."""
+    return sum(p.read_bytes().count(b"\n") for p in RunDir(out).completion_files())
+
+
+def assert_drained(out: Path, log: str, claimer: dict[str, Any], seen: set[int]) -> None:
     """The task's generate stopped cleanly on the drain (exit 130, not a crash), and the shards it held then
-    were finished by another claimer (its claims were let go)."""
+    were finished by another claimer (its claims were let go): of the shards it was seen holding, those it
+    did not settle itself were settled by others, and there were some."""
     assert "USR1 (time limit near): draining" in log and "SIGTERM: stopping" in log, log
     assert "gen-pipeline: generate exited with 130" in log, log
     ident = claimer["claimer"]["id"]
     assert orjson.loads(RunDir(out).claimer(ident).summary.read_bytes())["exit_code"] == 130
-    held = claimer["claimer"]["shards"]
-    assert held, "the drained claimer held no shard"
-    settled_by = {s: orjson.loads(RunDir(out).shard(s).settled.read_bytes())["by"] for s in held}
-    assert ident not in settled_by.values(), settled_by
+    settled_by = {s: orjson.loads(RunDir(out).shard(s).settled.read_bytes())["by"] for s in seen}
+    let_go = [s for s, by in settled_by.items() if by != ident]
+    assert let_go, f"the drained claimer let go of no shard it held: {settled_by}"
 
 
 def exported_ids(out: Path, tmp_path: Path) -> list[str]:
@@ -234,7 +249,7 @@ def test_usr1_drains_and_requeues_the_task(slurm_env, tmp_path):
     inp, ids = write_input(tmp_path, 600)
     out = tmp_path / "out"
     job = submit(slurm_env, inp, out, "0-3", 0.01)
-    drained = time_limit_near(slurm_env, out, job, "1")
+    drained, seen = time_limit_near(slurm_env, out, job, "1")
     tasks = wait_array(slurm_env, job)
     log = (out / "slurm" / f"{job}_1.out").read_text()
     assert tasks == {str(t): ("COMPLETED", "0:0") for t in range(4)}, log
@@ -242,7 +257,7 @@ def test_usr1_drains_and_requeues_the_task(slurm_env, tmp_path):
     assert "gen-pipeline: requeueing" in log and "submitting this script again" not in log, log
     again = log.split("gen-pipeline: requeueing", 1)[1]
     assert "gen-pipeline: generate exited with 0" in again, log  # the requeued task ran the script again
-    assert_drained(out, log, drained)
+    assert_drained(out, log, drained, seen)
     assert_whole(out, ids)
     assert sorted(exported_ids(out, tmp_path)) == sorted(map(str, ids))
 
@@ -253,7 +268,7 @@ def test_usr1_where_requeue_is_not_allowed_submits_again(slurm_env, tmp_path):
     inp, ids = write_input(tmp_path, 600)
     out = tmp_path / "out"
     job = submit(slurm_env, inp, out, "0-3", 0.01, "--no-requeue")
-    drained = time_limit_near(slurm_env, out, job, "1")
+    drained, seen = time_limit_near(slurm_env, out, job, "1")
     tasks = wait_array(slurm_env, job)
     log = (out / "slurm" / f"{job}_1.out").read_text()
     again = re.search(r"gen-pipeline: submitted again as job (\d+)", log)
@@ -262,6 +277,6 @@ def test_usr1_where_requeue_is_not_allowed_submits_again(slurm_env, tmp_path):
     assert job_fields(slurm_env, again[1])["1"]["Requeue"] == "0"  # the user's --no-requeue came along
     assert tasks == {**{str(t): ("COMPLETED", "0:0") for t in (0, 2, 3)}, "1": ("FAILED", "130:0")}, log
     assert "submitting this script again" in log and job_fields(slurm_env, job)["1"]["Restarts"] == "0", log
-    assert_drained(out, log, drained)
+    assert_drained(out, log, drained, seen)
     assert_whole(out, ids)
     assert sorted(exported_ids(out, tmp_path)) == sorted(map(str, ids))

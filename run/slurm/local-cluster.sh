@@ -120,6 +120,16 @@ end_pid() {
     kill -KILL "$pid" 2>/dev/null || true
 }
 
+step_pids() {
+    # processes started by this cluster's slurmd (slurmstepd and what it runs in DIR), not in a pid file
+    local p known
+    known=" $(cat "$DIR"/*.pid 2>/dev/null | tr '\n' ' ') "
+    for p in /proc/[0-9]*; do
+        [ "$(readlink "$p/cwd" 2>/dev/null)" = "$DIR" ] || continue
+        case "$known" in *" ${p#/proc/} "*) ;; *) echo "${p#/proc/}" ;; esac
+    done
+}
+
 stop() {
     [ -d "$DIR" ] || return 0
     if [ -e "$DIR/slurmctld.pid" ] && alive "$(cat "$DIR/slurmctld.pid")"; then
@@ -129,6 +139,9 @@ stop() {
         while [ -n "$(squeue -h -o %i 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5; done
     fi
     local f pid
+    # the nodes' step daemons (slurmd forks them; they run in DIR, its working directory) outlive a
+    # cancelled job once slurmd is gone: end them first
+    for pid in $(step_pids); do end_pid "$pid"; done
     for f in slurmd-node1.pid slurmd-node2.pid slurmctld.pid slurmscriptd.pid munge.pid; do
         [ -s "$DIR/$f" ] || continue
         while read -r pid; do end_pid "$pid"; done <"$DIR/$f"
