@@ -11,6 +11,8 @@ completions are longer, so every request decodes exactly its max_tokens.
 Fleets, 8 ports each:
   A: 8 equal servers.
   B: one 4x slow, one dead, one answering 30% of requests with an instant 502, five healthy.
+  C (when asked: --fleets A,B,C): two 2x slow, one failing half its requests with an instant 500 or 502,
+     five healthy.
 Ideal: the completed tokens/s the model allows, sum over live ports of slots / slowness x E[out] / E[latency]
 (the instant 502s hold no slot, so that port counts in full: the stricter choice). It assumes every slot busy
 from the first request to the last reply, which no finite run achieves: "bound" is a client with no overhead
@@ -104,7 +106,10 @@ def latencies(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[floa
 
 
 def slowness(fleet: str) -> list[float]:
-    """Each port's latency factor (inf: dead); B's slow, dead and bad-gateway ports are the first three."""
+    """Each port's latency factor (inf: dead); B's slow, dead and bad-gateway ports are the first three, C's
+    slow ones the first two (its flaky third fails on arrival, holding no slot: counted in full)."""
+    if fleet == "C":
+        return [2.0, 2.0] + [1.0] * 6
     return [1.0] * 8 if fleet == "A" else [SLOW, math.inf] + [1.0] * 6
 
 
@@ -133,6 +138,8 @@ def fleet_flags(fleet: str, ports: list[int]) -> list[str]:
     """The simulator's fault flags for a fleet: B's slow, dead and bad-gateway ports are the first three."""
     if fleet == "A":
         return []
+    if fleet == "C":
+        return ["--slow", f"{ports[0]}:2", "--slow", f"{ports[1]}:2", "--flaky", f"{ports[2]}:0.5"]
     return ["--slow", f"{ports[0]}:{SLOW}", "--dead", str(ports[1]), "--bad-gateway", f"{ports[2]}:{BAD_GATEWAY_P}"]
 
 

@@ -255,7 +255,7 @@ class ServerPool:
         if server.trial and not self._stale(server, started):
             server.trial = False
             server.cooldown = health.INITIAL_COOLDOWN
-            server.window = Window(at=now)
+            server.window = Window(at=now, since=now)
 
     def record_failure(self, server: ServerState, error: RequestError, started: float | None = None) -> None:
         """A failed request: a fresh one may take the server out; one sent before the breaker opened cannot."""
@@ -271,7 +271,8 @@ class ServerPool:
             return
         server.window.add(now, wasted_s=health.wasted_seconds(cost, held))
         server.expensive_in_a_row += cost is Cost.EXPENSIVE
-        if health.should_take_out(cost, server.expensive_in_a_row, server.window, server.trial):
+        young = server.window.young(now, server.mean_latency or self._latencies()[server.url], 2 * server.limit)
+        if health.should_take_out(cost, server.expensive_in_a_row, server.window, server.trial, young):
             self._take_out(server, error.reason, cost)
 
     def mark_down(self, server: ServerState) -> None:

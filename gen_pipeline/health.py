@@ -39,6 +39,9 @@ MIN_EFFICIENCY = 0.25
 # ... judged once this many recent outcomes (decayed) are known, over a window halving every HALF_LIFE_S.
 MIN_EVIDENCE = 5.0
 HALF_LIFE_S = 20.0
+# ... and once the window spans this many of the server's request latencies: before that its first
+# requests' successes have not come back, and a few instant failures would look like all it did.
+JUDGE_AFTER_LATENCIES = 2.0
 # Expensive failures in a row, with no success between them, that take a server out.
 EXPENSIVE_IN_A_ROW = 3
 # The lock-out after a failed trial doubles from INITIAL_COOLDOWN up to MAX_COOLDOWN (cheap failures excepted).
@@ -92,9 +95,19 @@ class Window:
     wasted_s: float = 0.0
     evidence: float = 0.0
     at: float = 0.0
+    since: float | None = None  # the first outcome counted
+
+    def young(self, now: float, latency: float, first_waves: int) -> bool:
+        """Whether the window is too short to judge a server whose requests take `latency`: it spans less
+        than JUDGE_AFTER_LATENCIES of them and holds at most `first_waves` outcomes (a server failing every
+        request at once is judged after that many)."""
+        recent = self.since is not None and now - self.since < JUDGE_AFTER_LATENCIES * latency
+        return recent and self.evidence <= first_waves
 
     def add(self, now: float, useful_s: float = 0.0, wasted_s: float = 0.0) -> None:
         """Decay the window to `now`, then add one outcome."""
+        if self.since is None:
+            self.since = now
         keep = decay_factor(now - self.at)
         self.useful_s = self.useful_s * keep + useful_s
         self.wasted_s = self.wasted_s * keep + wasted_s
@@ -113,13 +126,14 @@ def worth_keeping(window: Window) -> bool:
     return window.evidence < MIN_EVIDENCE or efficiency(window.useful_s, window.wasted_s) >= MIN_EFFICIENCY
 
 
-def should_take_out(cost: Cost, expensive_in_a_row: int, window: Window, trial: bool) -> bool:
-    """Whether a fresh failure (one sent after the breaker last opened) takes the server out."""
+def should_take_out(cost: Cost, expensive_in_a_row: int, window: Window, trial: bool, young: bool = False) -> bool:
+    """Whether a fresh failure (one sent after the breaker last opened) takes the server out; a `young`
+    window (Window.young) is not judged on its efficiency yet."""
     if cost is Cost.NONE:
         return False
     if cost is Cost.DEAD or trial:
         return True
-    return expensive_in_a_row >= EXPENSIVE_IN_A_ROW or not worth_keeping(window)
+    return expensive_in_a_row >= EXPENSIVE_IN_A_ROW or (not young and not worth_keeping(window))
 
 
 def next_cooldown(cooldown: float, cost: Cost) -> float:

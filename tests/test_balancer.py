@@ -99,7 +99,7 @@ def test_a_mostly_fine_server_answering_instant_502s_stays_in_use():
 
 
 def test_a_server_failing_everything_cheaply_is_taken_out_and_its_lockout_never_grows():
-    """Only instant 502s: out once the evidence is in; failed trials keep the first cooldown."""
+    """Only instant 502s: out once two waves of them are in; failed trials keep the first cooldown."""
     clock = Clock()
     p = pool(16, clock=clock)
     s0 = p.servers[0]
@@ -107,7 +107,7 @@ def test_a_server_failing_everything_cheaply_is_taken_out_and_its_lockout_never_
     while s0.available(clock()):
         sent += 1
         p.record_failure(s0, bad_gateway(), started=clock())
-    assert sent == math.ceil(health.MIN_EVIDENCE)
+    assert sent == 2 * s0.limit + 1  # judged after two waves of its slots (or two latencies)
     for _ in range(5):
         clock.now = s0.down_until
         assert s0.available(clock()) and s0.trial
@@ -389,3 +389,30 @@ async def _hold_sized(p: ServerPool, size: int, hold: asyncio.Event, started: li
     async with p.lease(size=size):
         started.append(size)
         await hold.wait()
+
+
+@pytest.mark.parametrize(("fail_every", "out"), [(2, False), (1, True)])
+def test_instant_failures_before_the_first_successes_return_do_not_take_a_server_out(fail_every, out):
+    """At the start a server's instant 502s come back long before its successes: one failing half its
+    requests keeps its place while the first answers are on their way; one failing all of them leaves."""
+    clock = Clock()
+    p = pool(16, 16, clock=clock)
+    p.record_success(p.servers[1], 2.0, 100)  # the fleet's latency: 2 s
+    flaky = p.servers[0]
+    sent, held = 0, 0  # requests sent; slots held by requests that will succeed (after 2 s)
+    while clock.now < 101.5 and flaky.available(clock()):  # 1.5 s of refills every 10 ms
+        for _ in range(flaky.capacity - held):
+            sent += 1
+            if sent % fail_every == 0:
+                p.record_failure(flaky, bad_gateway(), started=clock() - 0.01)
+            else:
+                held += 1
+        clock.now += 0.01
+    assert (not flaky.available(clock())) is out, (sent, flaky.failures)
+    if not out:
+        p.record_success(flaky, 2.0, 100, started=clock() - 2.0)  # the first wave's answers come back
+        for _ in range(20):
+            p.record_failure(flaky, bad_gateway(), started=clock())
+            p.record_success(flaky, 2.0, 100, started=clock() - 2.0)
+            clock.now += 0.1
+        assert flaky.available(clock())
