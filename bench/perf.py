@@ -23,8 +23,8 @@ resume-ready time and peak RSS on the big input (bench/inputs.py: 654,676 Infini
 ~390 MB) whose output already holds all but 1,000 rows (start to the first new line written).
 The resume is measured three times: cold (output written by the bench: no index, no input cursor), then
 after appending 1,000 new rows to the input (the output index and the input cursor written by the first resume
-exist, as for a nightly run or a resume after a crash), then after 1,000 more by `--workers 2` (each worker
-reads the input for its own shard; none has an input cursor of its own yet).
+exist, as for a nightly run or a resume after a crash), then after 1,000 more by `--workers 2` (two claimers
+of the run's claimed shards: each claim reads the input once for its shards; claims have no input cursor).
 --big-full adds a full run over the whole big input (wall, req/s, CPU ms/req, peak RSS against the
 issue's target: <= 300 MB and <= +100 MB over the 20k-row run). It takes 4-25 minutes on 2 vCPUs, by the VM.
 Last, the client-bound runs: bare, gen-pipeline and `--workers 2` over --canned-rows (100,000) short prompts
