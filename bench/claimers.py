@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -66,8 +67,9 @@ class Run:
 
     @property
     def span(self) -> float:
-        """The fleets' first request to the last reply anywhere."""
-        return max(c.last for c in self.claimers) - min(c.first for c in self.claimers)
+        """The fleets' first request to the last reply anywhere (a claimer that got no row has neither)."""
+        busy = [c for c in self.claimers if c.rows] or self.claimers
+        return max(c.last for c in busy) - min(c.first for c in busy)
 
 
 def write_prompts(path: Path, n: int) -> list[int]:
@@ -168,17 +170,18 @@ def scaling(runs: dict[int, Run], args: argparse.Namespace) -> list[str]:
 
 def straggler(run: Run, slow: float) -> list[str]:
     """Part (b): each claimer's busy time; the median's last row to the run's end, over its busy time."""
-    end, begin = max(c.last for c in run.claimers), min(c.first for c in run.claimers)
-    median = sorted(run.claimers, key=lambda c: c.last)[(len(run.claimers) - 1) // 2]  # the lower middle
+    busy = [c for c in run.claimers if c.rows] or run.claimers  # a claimer that got no row has no times
+    end, begin = max(c.last for c in busy), min(c.first for c in busy)
+    median = sorted(busy, key=lambda c: c.last)[(len(busy) - 1) // 2]  # the lower middle
     gap = end - median.last
     lines = [f"(b) {len(run.claimers)} claimers, claimer 0's fleet {slow:g}x slower"]
     for i, c in enumerate(run.claimers):
         lines.append(f"  claimer {i}: {c.rows:>5} rows, busy {c.busy:6.1f} s ({c.first - begin:4.1f} to "
                      f"{c.last - begin:5.1f}), {c.rows / c.busy if c.busy else 0:5.1f} rows/s")  # fmt: skip
-    ratio = gap / median.busy
+    ratio = gap / median.busy if median.busy else math.inf
     lines.append(f"  median claimer's last row to the run's end: {gap:.1f} s = {ratio:.2f}x its busy time "
                  f"{median.busy:.1f} s  (target <= 1.5: {'met' if ratio <= 1.5 else 'NOT met'}); "
-                 f"run's end at {(end - begin) / median.busy:.2f}x the median busy time")  # fmt: skip
+                 f"run's end at {(end - begin) / (median.busy or math.inf):.2f}x the median busy time")  # fmt: skip
     lines.append("  " + static_split(run))
     return lines
 

@@ -82,11 +82,12 @@ def port_block(n: int) -> int:
     raise AssertionError(f"no {n} consecutive free ports")
 
 
-def submit(slurm_env: dict[str, str], inp: Path, out: Path, array: str, token_latency: float, *sbatch: str) -> str:
+def submit(slurm_env: dict[str, str], inp: Path, out: Path, array: str, token_latency: float, *sbatch: str,
+           command: str = f"{PY} -m gen_pipeline") -> str:  # fmt: skip
     """run/slurm/submit.sh INPUT OUT --array=... [sbatch options]: FLEET=simulate, 2 servers a task; the array's
     job id."""
     run_env = {**slurm_env, "FLEET": "simulate", "NUM_SERVERS": "2", "BASE_PORT": str(port_block(32)),
-               "GEN_PIPELINE": f"{PY} -m gen_pipeline", "PYTHONPATH": str(ROOT),
+               "GEN_PIPELINE": command, "PYTHONPATH": str(ROOT),
                "SIM_ARGS": f"--token-latency {token_latency} --health-delay 0 --tokenizer {TINY}",
                "GEN_ARGS": f"--shards {SHARDS} --concurrency 4 --tokenizer {TINY}", "STARTUP_TIMEOUT": "60",
                "SCRATCH_DIR": str(out.parent)}  # fmt: skip
@@ -171,6 +172,37 @@ def test_array_of_four_writes_every_key_once(slurm_env, tmp_path):
     assert len({c["claimer"]["slurm"]["task"] for c in claimers(out)}) >= 2
 
 
+def test_one_task_with_a_fleet_4x_slower_does_not_hold_the_run(slurm_env, tmp_path):
+    """Task 0's simulated fleet is 4x slower than the others': it does a smaller share (the others take the
+    open shards), and the run ends soon after the median claimer's last row, not when a static quarter of the
+    rows would have ended on the slow node: every key once."""
+    inp, ids = write_input(tmp_path, 800)
+    out = tmp_path / "out"
+    slow = tmp_path / "gen-pipeline-task0-slow"  # the command the tasks run: task 0's simulator 4x slower
+    slow.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = simulate ] && [ "$SLURM_ARRAY_TASK_ID" = 0 ]; then exec {PY} -m gen_pipeline "$@" '
+        "--token-latency 0.04; fi\n"
+        f'exec {PY} -m gen_pipeline "$@"\n'
+    )
+    slow.chmod(0o755)
+    job = submit(slurm_env, inp, out, "0-3", 0.01, command=str(slow))
+    tasks = wait_array(slurm_env, job)
+    assert tasks == {str(t): ("COMPLETED", "0:0") for t in range(4)}, tasks
+    assert_whole(out, ids)
+    parts = {}
+    for c in claimers(out):
+        summary = orjson.loads(RunDir(out).claimer(c["claimer"]["id"]).summary.read_bytes())
+        parts[c["claimer"]["slurm"]["task"]] = summary
+    assert set(parts) == {"0", "1", "2", "3"}, parts.keys()
+    fast = sorted((parts[t] for t in "123"), key=lambda p: p["ended"])
+    median = fast[1]
+    assert parts["0"]["completed"] < min(p["completed"] for p in fast), {t: p["completed"] for t, p in parts.items()}
+    end = max(p["ended"] for p in parts.values())
+    busy = median["ended"] - median["started"]
+    assert end - median["ended"] <= 1.5 * busy, (end - median["ended"], busy)
+
+
 def test_killed_claimer_and_cancelled_task_lose_nothing(slurm_env, tmp_path):
     """kill -9 of task 1's generate (its script starts another) and scancel of task 2 mid-run; a resubmission
     of task 2 finishes what is left: every key once, 0 lost, 0 duplicated."""
@@ -234,6 +266,12 @@ def assert_drained(out: Path, log: str, claimer: dict[str, Any], seen: set[int])
     assert let_go, f"the drained claimer let go of no shard it held: {settled_by}"
 
 
+def fleet_ports(scratch: Path, job_id: str) -> list[int]:
+    """The ports the simulated fleet of Slurm job `job_id` listened on (its scratch folder's simulate.log)."""
+    log = (scratch / f"gen-pipeline-{job_id}" / "simulate.log").read_text()
+    return sorted(int(p) for p in re.findall(r"listening on http://127\.0\.0\.1:(\d+)", log))
+
+
 def exported_ids(out: Path, tmp_path: Path) -> list[str]:
     """`gen-pipeline export OUT` (it refuses open shards and a key found twice): the exported rows' ids."""
     ds = tmp_path / "dataset"
@@ -275,6 +313,8 @@ def test_usr1_where_requeue_is_not_allowed_submits_again(slurm_env, tmp_path):
     assert again is not None, log
     assert wait_array(slurm_env, again[1]) == {"1": ("COMPLETED", "0:0")}
     assert job_fields(slurm_env, again[1])["1"]["Requeue"] == "0"  # the user's --no-requeue came along
+    first, second = (job_fields(slurm_env, j)["1"]["JobId"] for j in (job, again[1]))
+    assert fleet_ports(tmp_path, first) == fleet_ports(tmp_path, second) != []  # its own task's, not task 2's
     assert tasks == {**{str(t): ("COMPLETED", "0:0") for t in (0, 2, 3)}, "1": ("FAILED", "130:0")}, log
     assert "submitting this script again" in log and job_fields(slurm_env, job)["1"]["Restarts"] == "0", log
     assert_drained(out, log, drained, seen)
