@@ -121,12 +121,22 @@ end_pid() {
 }
 
 step_pids() {
-    # processes started by this cluster's slurmd (slurmstepd and what it runs in DIR), not in a pid file
+    # processes started by this cluster's slurmd: its step daemons (they run in DIR, slurmd's working
+    # directory; not in a pid file) and everything under them (batch scripts and what they run), children first
     local p known
     known=" $(cat "$DIR"/*.pid 2>/dev/null | tr '\n' ' ') "
     for p in /proc/[0-9]*; do
         [ "$(readlink "$p/cwd" 2>/dev/null)" = "$DIR" ] || continue
-        case "$known" in *" ${p#/proc/} "*) ;; *) echo "${p#/proc/}" ;; esac
+        case "$known" in *" ${p#/proc/} "*) ;; *) descendants "${p#/proc/}"; echo "${p#/proc/}" ;; esac
+    done
+}
+
+descendants() {
+    local c
+    # shellcheck disable=SC2013  # a children file is one line of pids
+    for c in $(cat "/proc/$1/task/"*/children 2>/dev/null); do
+        descendants "$c"
+        echo "$c"
     done
 }
 
@@ -139,8 +149,7 @@ stop() {
         while [ -n "$(squeue -h -o %i 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5; done
     fi
     local f pid
-    # the nodes' step daemons (slurmd forks them; they run in DIR, its working directory) outlive a
-    # cancelled job once slurmd is gone: end them first
+    # a cancelled job's step daemon (and its batch script) can outlive slurmd: end them first
     for pid in $(step_pids); do end_pid "$pid"; done
     for f in slurmd-node1.pid slurmd-node2.pid slurmctld.pid slurmscriptd.pid munge.pid; do
         [ -s "$DIR/$f" ] || continue
