@@ -234,9 +234,6 @@ class ServerPool:
         server.trial_in_flight -= lease.trial
         self._hand_out()
 
-    async def _release(self, lease: Lease, server: ServerState) -> None:
-        self._free(lease, server)
-
     def record_success(
         self, server: ServerState, latency: float, output_tokens: int, started: float | None = None
     ) -> None:
@@ -340,4 +337,4 @@ class Lease:
 
     async def __aexit__(self, *exc: object) -> None:
         if self.server is not None:
-            await self.pool._release(self, self.server)
+            self.pool._free(self, self.server)

@@ -104,7 +104,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
         writer = ClaimWriter(table.count, config.fsync_interval)
         feed = ClaimFeed(config, counter, stats, ctx, table, writer)
         if not await asyncio.to_thread(feed.claim_next):
-            summary, code, error = _empty(EXIT_OK, table), EXIT_OK, None
+            summary, code, error = merge_summaries([], 0.0, EXIT_OK), EXIT_OK, None  # found nothing to claim
         else:
             runner = _runner(config, client, counter, fleet, model, ctx, feed, claimer)
             code = await _serve(runner, feed, handle)
@@ -174,11 +174,6 @@ def shard_counts(table: ShardTable) -> dict[str, int]:
     open_ = table.open_shards()
     held = len(table.held_by_others())
     return {"count": table.count, "settled": table.count - len(open_), "claimed": held, "open": len(open_) - held}
-
-
-def _empty(code: int, table: ShardTable) -> dict[str, Any]:
-    """The summary of a claimer that found nothing to claim."""
-    return merge_summaries([], 0.0, code)
 
 
 def claimer_summaries(rundir: RunDir, since: float | None = None) -> list[dict[str, Any]]:

@@ -30,16 +30,19 @@ class Speed:
         """Seconds a request of `size` output tokens should take (size or speed unknown: `latency`, a whole
         request's); None once forgotten."""
         estimate = size * self.per_token if self.per_token is not None and size > 0 else latency
-        return None if now - self.at > STALE_FACTOR * estimate > 0 and self.at > -math.inf else estimate
+        measured = self.at > -math.inf  # a speed never measured (set by hand) is not forgotten
+        forgotten = measured and estimate > 0 and now - self.at > STALE_FACTOR * estimate
+        return None if forgotten else estimate
 
     def add(self, latency: float, tokens: int, now: float) -> None:
         """One success of `tokens` output tokens in `latency` s; after a long silence it starts anew."""
         if tokens <= 0:
             return
         sample = latency / tokens
-        old = self.per_token
-        fresh = old is not None and now - self.at <= STALE_FACTOR * latency
-        self.per_token = old + SPEED_WEIGHT * (sample - old) if fresh and old is not None else sample
+        if self.per_token is None or now - self.at > STALE_FACTOR * latency:
+            self.per_token = sample
+        else:
+            self.per_token += SPEED_WEIGHT * (sample - self.per_token)
         self.at = now
 
 
