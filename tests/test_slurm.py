@@ -24,6 +24,7 @@ import pytest
 from e2e import check_invariant, prompts
 from procs import PY, env, wait_for_done
 
+from gen_pipeline.claims import shard_of
 from gen_pipeline.rundir import RunDir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -223,27 +224,45 @@ def test_killed_claimer_and_cancelled_task_lose_nothing(slurm_env, tmp_path):
     assert_whole(out, ids)
 
 
-def time_limit_near(slurm_env: dict[str, str], out: Path, job: str, task: str) -> tuple[dict[str, Any], set[int]]:
-    """Once task `task` is mid-run, USR1 to its batch script only, as Slurm does at --signal=B:USR1@T; what
-    the task's claimer last said (its status file) once it drained, and every shard it was seen holding."""
+IN_HAND = 2 * 4 * 2  # rows a task's claimer can have read: 2 servers x --concurrency 4, and as many waiting
+SIGNAL_SLACK = 12  # rows it may yet take in the time the signal takes to arrive
+
+
+def time_limit_near(slurm_env: dict[str, str], out: Path, job: str, task: str,
+                    ids: list[int]) -> tuple[dict[str, Any], set[int]]:  # fmt: skip
+    """Once task `task` is mid-run and holds a shard it cannot finish from what it has in hand (more of the
+    shard's rows unwritten than it can have read, with slack), USR1 to its batch script only, as Slurm does at
+    --signal=B:USR1@T; what the task's claimer last said (its status file) once it drained, and every shard it
+    was seen holding. (A claimer drained near the end of its shards rightly finishes them from what it has in
+    flight and lets go of nothing: the CI failure this guards against.)"""
     claimer_of(out, task, 60)
     seen: set[int] = set()
+    rows = {s: 0 for s in range(SHARDS)}
+    for i in ids:
+        rows[shard_of(i, None, SHARDS)] += 1
 
-    def look() -> list[dict[str, Any]]:
+    def look() -> tuple[list[dict[str, Any]], set[int]]:
         mine = [c for c in claimers(out) if c["claimer"]["slurm"].get("task") == task]
-        for c in mine:
-            seen.update(c["claimer"]["shards"])
-        return [c for c in mine if c["state"] == "finished"]
+        held = {s for c in mine if c["state"] == "running" for s in c["claimer"]["shards"]}
+        seen.update(held)
+        return [c for c in mine if c["state"] == "finished"], held
+
+    def unwritten(shard: int) -> int:
+        path = RunDir(out).shard(shard).writer.completions
+        return rows[shard] - (path.read_bytes().count(b"\n") if path.exists() else 0)
 
     deadline = time.monotonic() + 60
-    while done_rows(out) < 150:  # mid-run; what it holds is seen meanwhile
-        assert time.monotonic() < deadline and not look(), "the run did not get to 150 rows"
+    while True:  # mid-run, holding a shard with rows it has not read yet; what it holds is seen meanwhile
+        finished, held = look()
+        assert time.monotonic() < deadline and not finished, f"task {task} never held a shard it could not finish"
+        if done_rows(out) >= 50 and any(unwritten(s) >= IN_HAND + SIGNAL_SLACK for s in held):
+            break
         time.sleep(0.05)
     subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_{task}"], env=slurm_env, check=True, timeout=30)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if drained := look():
-            return drained[0], seen
+        if finished := look()[0]:
+            return finished[0], seen
         time.sleep(0.05)
     raise AssertionError(f"task {task}'s claimer did not drain")
 
@@ -287,7 +306,7 @@ def test_usr1_drains_and_requeues_the_task(slurm_env, tmp_path):
     inp, ids = write_input(tmp_path, 600)
     out = tmp_path / "out"
     job = submit(slurm_env, inp, out, "0-3", 0.01)
-    drained, seen = time_limit_near(slurm_env, out, job, "1")
+    drained, seen = time_limit_near(slurm_env, out, job, "1", ids)
     tasks = wait_array(slurm_env, job)
     log = (out / "slurm" / f"{job}_1.out").read_text()
     assert tasks == {str(t): ("COMPLETED", "0:0") for t in range(4)}, log
@@ -306,7 +325,7 @@ def test_usr1_where_requeue_is_not_allowed_submits_again(slurm_env, tmp_path):
     inp, ids = write_input(tmp_path, 600)
     out = tmp_path / "out"
     job = submit(slurm_env, inp, out, "0-3", 0.01, "--no-requeue")
-    drained, seen = time_limit_near(slurm_env, out, job, "1")
+    drained, seen = time_limit_near(slurm_env, out, job, "1", ids)
     tasks = wait_array(slurm_env, job)
     log = (out / "slurm" / f"{job}_1.out").read_text()
     again = re.search(r"gen-pipeline: submitted again as job (\d+)", log)
