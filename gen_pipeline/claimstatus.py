@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .claims import ShardTable, input_fingerprint
+from .inputfile import input_lines
 from .locks import is_held
 from .records import TRANSIENT_REASONS
 from .report import ledger_reasons, read_json
@@ -104,10 +105,11 @@ def rows_left(run: Path, manifest: dict[str, Any]) -> tuple[int, int | None]:
 
     done = sum(count_lines(p) for p in RunDir(run).completion_files())
     source = Path(str(manifest.get("input", "")))
-    if not source.is_file():
+    lines = input_lines(source) if source.is_file() else None
+    if lines is None:
         return done, None
     ledgered = sum(n for reason, n in ledger_reasons(run).items() if reason not in TRANSIENT_REASONS)
-    total = count_lines(source) * int(manifest.get("samples") or 1)
+    total = lines * int(manifest.get("samples") or 1)
     return done, max(0, total - done - ledgered)
 
 

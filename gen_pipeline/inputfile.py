@@ -114,6 +114,19 @@ def open_stream(path: Path, kind: str | None) -> BinaryIO:
         raise InputError(f"cannot read {path}: {exc}") from exc
 
 
+def input_lines(path: Path) -> int | None:
+    """Lines of the input as the run reads it (decompressed), for status's totals; None when it cannot be read
+    (a truncated or corrupt stream: generate says why, status only leaves the total out)."""
+    n = 0
+    try:
+        with open_stream(path, compression(path)) as f:
+            while block := f.read(SKIP_BLOCK):
+                n += block.count(b"\n")
+    except (InputError, OSError, EOFError, ValueError):
+        return None
+    return n
+
+
 def skip(f: BinaryIO, n: int) -> None:
     """Read and drop `n` bytes (a compressed stream cannot seek cheaply); InputError when it ends first."""
     while n > 0:

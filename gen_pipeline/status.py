@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .inputfile import input_lines
 from .locks import holder, is_held
 from .progress import format_summary
 from .report import completion_files, ledger_reasons, read_json
@@ -134,8 +135,8 @@ def file_counts(run: Path, manifest: dict[str, Any] | None) -> str:
     done = sum(count_lines(p) for p in completion_files(run))
     text = f"files: {done} completions, ledger {dict(ledger_reasons(run))} (newest entry per id)"
     source = Path(str((manifest or {}).get("input", "")))
-    if source.is_file():
-        text += f"; the input has {count_lines(source)} lines"
+    if source.is_file() and (lines := input_lines(source)) is not None:
+        text += f"; the input has {lines} lines"
     return text
 
 

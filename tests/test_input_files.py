@@ -241,3 +241,21 @@ def test_the_size_floor_never_exceeds_the_count(which, qwen3_counter):
         messages = [{"role": "user", "content": "".join(rng.choice(TEXTS) for _ in range(rng.randint(500, 4000)))}]
         bound = floor.tokens_over(messages, 0)
         assert bound is not None and bound <= counter.count([messages])[0]
+
+
+def test_status_counts_a_compressed_inputs_rows_not_its_bytes_newlines(tmp_path):
+    """`status` and the claimers' ETA total read the input's lines decompressed (a gzip stream's own bytes
+    hold newlines too); a truncated stream leaves the total out instead of failing status."""
+    from gen_pipeline.inputfile import input_lines
+    from gen_pipeline.status import file_counts
+
+    text = lines_of(prompts(500))
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(gzip.compress(text, mtime=0))
+    assert gzip.compress(text, mtime=0).count(b"\n") != 500  # the miscount this guards against is possible
+    assert input_lines(path) == 500
+    run = tmp_path / "run"
+    run.mkdir()
+    assert file_counts(run, {"input": str(path)}).endswith("; the input has 500 lines")
+    path.write_bytes(gzip.compress(text)[:-40])
+    assert input_lines(path) is None and "input has" not in file_counts(run, {"input": str(path)})
