@@ -143,7 +143,9 @@ class PromptSource:
             self.lines += 1
             self.hasher.update(raw)
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                yield self._too_long(f, len(raw))
+                size, line = self._rest_of_line(f, len(raw)), self.lines
+                if self.mine is None or self.mine(line):  # no id can be read: its line number places it
+                    yield self._too_long(line, size)
                 continue
             raw = strip_bom(raw, offset).rstrip(b"\r\n")
             if not raw or raw.isspace():
@@ -157,18 +159,21 @@ class PromptSource:
         """How much of the input this pass has read (compressed bytes for a compressed file)."""
         return self.input.fraction(self._stream, self.bytes_read) if self._stream is not None else 0.0
 
-    def _too_long(self, f: BinaryIO, size: int) -> BadRow:
-        """The rest of a line over MAX_LINE_BYTES, read in blocks and dropped: a bad row."""
-        line = self.lines
+    def _rest_of_line(self, f: BinaryIO, size: int) -> int:
+        """Read and drop the rest of a line over MAX_LINE_BYTES, in blocks; the whole line's size."""
         while not (block := f.readline(MAX_LINE_BYTES)).endswith(b"\n") and block:
             self.bytes_read += len(block)
             self.hasher.update(block)
             size += len(block)
         self.bytes_read += len(block)
         self.hasher.update(block)
+        return size + len(block)
+
+    def _too_long(self, line: int, size: int) -> BadRow:
+        """A line over MAX_LINE_BYTES: a bad row."""
         self.note_bad(line)
         self._watch(None)
-        return BadRow(line, f"line is {size + len(block)} bytes, over the {MAX_LINE_BYTES >> 20} MiB line limit")
+        return BadRow(line, f"line is {size} bytes, over the {MAX_LINE_BYTES >> 20} MiB line limit")
 
     def _watch(self, item: Prompt | BadRow | Skipped | None) -> None:
         """Stop a pass from the top whose first ALL_BAD_LIMIT rows are all bad (None: a bad row)."""

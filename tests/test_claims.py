@@ -170,3 +170,21 @@ def test_a_transient_failure_keeps_only_its_shard_open(write_jsonl, tmp_path):
     assert again.exit_code == 0 and again.summary["completed"] == flaky.summary["failed"]["server_error"]
     assert all(RunDir(out).shard(s).settled.exists() for s in range(32))
     check_invariant([r["id"] for r in rows], out)
+
+
+def test_a_line_over_the_size_limit_is_ledgered_once_by_its_own_shard(write_jsonl, tmp_path, monkeypatch):
+    """A line too long to read an id from falls in the shard of its line number, like any row without an
+    id: a claimer holding other shards passes it by (it crashed on it, having no files for its shard), and
+    the one holding its shard ledgers it once."""
+    from gen_pipeline import source
+
+    monkeypatch.setattr(source, "MAX_LINE_BYTES", 1000)
+    rows = prompts(60)
+    huge = orjson.dumps({"id": "big", "prompt": "x" * 5000})
+    path, out = write_jsonl([*rows[:30], huge, *rows[30:]]), tmp_path / "out"
+    outcome, _ = run_sim(path, out, {"n_ports": 2}, shards=8)
+    assert outcome.summary["completed"] == 60 and outcome.summary["failed"] == {"bad_input": 1}
+    ledger = [(s, f) for s in range(8) for f in read_jsonl(RunDir(out).shard(s).writer.failures)]
+    assert [(s, f["line"], f["reason"]) for s, f in ledger] == [(shard_of(None, 31, 8), 31, "bad_input")]
+    assert all(RunDir(out).shard(s).settled.exists() for s in range(8))
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 60, "ledger": 0}
