@@ -112,6 +112,27 @@ class SharedRunLock:
             self.fd = None
 
 
+def _take_exclusive(fd: int) -> bool:
+    """A shard's lock, exclusive; False when a claimer holds it. A look (is_held: `status`, or another claimer
+    looking for free shards) holds it shared for an instant: that is waited out, for ACQUIRE_RETRY seconds at
+    most, as a claimer would otherwise pass by an open shard nobody holds (the last one, and end the run)."""
+    deadline = time.monotonic() + ACQUIRE_RETRY
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only beside shared holders: looks, no claimer
+        except BlockingIOError:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(RETRY_STEP)
+
+
 def _flock(fd: int, kind: int) -> bool:
     """Take a flock without blocking, trying for ACQUIRE_RETRY seconds (a `status` probe holds it an instant)."""
     deadline = time.monotonic() + ACQUIRE_RETRY
@@ -168,9 +189,7 @@ class ShardTable:
             fd = os.open(shard.lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise OutputError(f"cannot create {shard.lock}: {exc.strerror or exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take_exclusive(fd):
             os.close(fd)
             return None
         if self.settled(index):  # settled by its holder between our look and our lock

@@ -188,3 +188,25 @@ def test_a_line_over_the_size_limit_is_ledgered_once_by_its_own_shard(write_json
     assert [(s, f["line"], f["reason"]) for s, f in ledger] == [(shard_of(None, 31, 8), 31, "bad_input")]
     assert all(RunDir(out).shard(s).settled.exists() for s in range(8))
     assert check_invariant([r["id"] for r in rows], out) == {"done": 60, "ledger": 0}
+
+
+def test_a_look_at_a_free_shard_does_not_turn_a_claimer_away(tmp_path):
+    """`status` or another claimer looking whether a shard is held takes its lock shared for an instant: a
+    claim in that instant waits it out (it passed the shard by, and a last shard could be left open with no
+    claimer), while a shard a claimer holds is still refused at once."""
+    import fcntl
+    import os
+    import threading
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"{}\n")
+    table = ShardTable(RunDir(tmp_path), 4, input_fingerprint(inp))
+    table.try_claim(2).release()  # the shard's folder and lock file exist, nobody holds it
+    look = os.open(RunDir(tmp_path).shard(2).lock, os.O_RDONLY)
+    fcntl.flock(look, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a look in progress, ended 50 ms from now
+    threading.Timer(0.05, os.close, (look,)).start()
+    claim = table.try_claim(2)
+    assert claim is not None
+    began = time.monotonic()
+    assert table.try_claim(2) is None and time.monotonic() - began < 0.05  # held: refused without waiting
+    claim.release()
