@@ -234,35 +234,42 @@ def time_limit_near(slurm_env: dict[str, str], out: Path, job: str, task: str,
     shard's rows unwritten than it can have read, with slack), USR1 to its batch script only, as Slurm does at
     --signal=B:USR1@T; what the task's claimer last said (its status file) once it drained, and every shard it
     was seen holding. (A claimer drained near the end of its shards rightly finishes them from what it has in
-    flight and lets go of nothing: the CI failure this guards against.)"""
-    claimer_of(out, task, 60)
+    flight and lets go of nothing: the CI failure this guards against.) What it holds is read from the shards'
+    lock files, which name their holder at once (its status file names them every 2 s: too late for a claim
+    of one shard, done in about that time)."""
+    pid = claimer_of(out, task, 60)
     seen: set[int] = set()
     rows = {s: 0 for s in range(SHARDS)}
     for i in ids:
         rows[shard_of(i, None, SHARDS)] += 1
 
-    def look() -> tuple[list[dict[str, Any]], set[int]]:
-        mine = [c for c in claimers(out) if c["claimer"]["slurm"].get("task") == task]
-        held = {s for c in mine if c["state"] == "running" for s in c["claimer"]["shards"]}
-        seen.update(held)
-        return [c for c in mine if c["state"] == "finished"], held
+    def held() -> set[int]:
+        mine = set()
+        for s in range(SHARDS):
+            shard = RunDir(out).shard(s)
+            with contextlib.suppress(OSError):
+                if shard.lock.read_text().startswith(f"pid {pid} ") and not shard.settled.exists():
+                    mine.add(s)
+        seen.update(mine)
+        return mine
 
     def unwritten(shard: int) -> int:
         path = RunDir(out).shard(shard).writer.completions
         return rows[shard] - (path.read_bytes().count(b"\n") if path.exists() else 0)
 
+    def finished() -> list[dict[str, Any]]:
+        return [c for c in claimers(out) if c["claimer"]["slurm"].get("task") == task and c["state"] == "finished"]
+
     deadline = time.monotonic() + 60
-    while True:  # mid-run, holding a shard with rows it has not read yet; what it holds is seen meanwhile
-        finished, held = look()
-        assert time.monotonic() < deadline and not finished, f"task {task} never held a shard it could not finish"
-        if done_rows(out) >= 50 and any(unwritten(s) >= IN_HAND + SIGNAL_SLACK for s in held):
-            break
-        time.sleep(0.05)
+    while not (done_rows(out) >= 50 and any(unwritten(s) >= IN_HAND + SIGNAL_SLACK for s in held())):
+        assert time.monotonic() < deadline and not finished(), f"task {task} never held a shard it could not finish"
+        time.sleep(0.02)
     subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_{task}"], env=slurm_env, check=True, timeout=30)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if finished := look()[0]:
-            return finished[0], seen
+        held()
+        if drained := finished():
+            return drained[0], seen
         time.sleep(0.05)
     raise AssertionError(f"task {task}'s claimer did not drain")
 
