@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from .errors import ConfigError, OutputError
-from .locks import ACQUIRE_RETRY, RETRY_STEP, FileLock, is_held
+from .locks import FileLock, is_held, take_flock
 from .records import RowId, id_key
 from .rows import BadRow
 from .rundir import RunDir, ShardDir, write_json_atomic
@@ -92,7 +92,7 @@ class SharedRunLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise OutputError(f"cannot create {self.path}: {exc.strerror or exc}") from exc
-        if not _flock(fd, fcntl.LOCK_SH if self.join else fcntl.LOCK_EX):
+        if not take_flock(fd, fcntl.LOCK_SH if self.join else fcntl.LOCK_EX):
             os.close(fd)
             hint = (
                 "it is written by a run that does not share it" if self.join else "add --join to claim shards beside it"
@@ -110,40 +110,6 @@ class SharedRunLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-
-def _take_exclusive(fd: int) -> bool:
-    """A shard's lock, exclusive; False when a claimer holds it. A look (is_held: `status`, or another claimer
-    looking for free shards) holds it shared for an instant: that is waited out, for ACQUIRE_RETRY seconds at
-    most, as a claimer would otherwise pass by an open shard nobody holds (the last one, and end the run)."""
-    deadline = time.monotonic() + ACQUIRE_RETRY
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            pass
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only beside shared holders: looks, no claimer
-        except BlockingIOError:
-            return False
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(RETRY_STEP)
-
-
-def _flock(fd: int, kind: int) -> bool:
-    """Take a flock without blocking, trying for ACQUIRE_RETRY seconds (a `status` probe holds it an instant)."""
-    deadline = time.monotonic() + ACQUIRE_RETRY
-    while True:
-        try:
-            fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(RETRY_STEP)
 
 
 @dataclass
@@ -189,7 +155,7 @@ class ShardTable:
             fd = os.open(shard.lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise OutputError(f"cannot create {shard.lock}: {exc.strerror or exc}") from exc
-        if not _take_exclusive(fd):
+        if not take_flock(fd, fcntl.LOCK_EX, looks_only=True):
             os.close(fd)
             return None
         if self.settled(index):  # settled by its holder between our look and our lock

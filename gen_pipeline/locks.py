@@ -29,6 +29,32 @@ RETRY_STEP = 0.01
 ORPHAN_WAIT = 5.0
 
 
+def take_flock(fd: int, kind: int, looks_only: bool = False) -> bool:
+    """Take a flock (LOCK_EX or LOCK_SH) without blocking, trying for ACQUIRE_RETRY seconds: a look (is_held,
+    from `status` or a claimer looking for free shards) holds a lock shared for an instant. With `looks_only`
+    (a shard's claim), give up at once when a holder other than looks has it: an exclusive one, which a shared
+    lock is never granted beside."""
+    deadline = time.monotonic() + ACQUIRE_RETRY
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline or (looks_only and not _only_looks(fd)):
+                return False
+            time.sleep(RETRY_STEP)
+
+
+def _only_looks(fd: int) -> bool:
+    """Whether the lock on `fd`'s file is held shared only (a shared lock is granted beside them)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
 class FileLock:
     """An exclusive flock on one file, which says who holds it (`label` is added after the pid)."""
 
@@ -42,17 +68,10 @@ class FileLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise OutputError(f"cannot create {self.path}: {exc.strerror or exc}") from exc
-        deadline = time.monotonic() + ACQUIRE_RETRY
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-                    os.close(fd)
-                    raise ConfigError(self.refusal(holder)) from None
-                time.sleep(RETRY_STEP)
+        if not take_flock(fd, fcntl.LOCK_EX):
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(self.refusal(holder))
         self.fd = fd
         with contextlib.suppress(OSError):  # a full disk: the lock holds all the same, only unnamed
             os.ftruncate(fd, 0)
