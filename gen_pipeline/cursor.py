@@ -35,7 +35,7 @@ import orjson
 
 from .donekeys import INDEX_DIR, INDEX_EVERY, KeyMap
 from .errors import InputError
-from .inputfile import compression, open_stream
+from .inputfile import STREAM_ERRORS, compression, open_stream
 from .source import PromptSource, Start
 from .store import ResumeState
 
@@ -131,7 +131,7 @@ def load(
         with path.open("rb") as f:
             f.seek(body_at)
             pairs.fromfile(f, 2 * (n_owners + n_bad))
-    except (OSError, ValueError, KeyError, TypeError, EOFError, InputError):
+    except (*STREAM_ERRORS, KeyError, TypeError, InputError):
         return None
     if state.later_samples_ledgered and retry & set(state.last_reason.values()):
         return None  # a retried sample > 0 may hide behind its row's done sample 0: read from the top

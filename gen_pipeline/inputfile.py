@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -33,6 +34,8 @@ REFUSED = {
 UTF8_BOM = b"\xef\xbb\xbf"
 SNIFF_BYTES = 64 << 10  # the head of the (decompressed) input looked at for NUL bytes
 SKIP_BLOCK = 1 << 20
+# what reading a truncated or corrupt gzip/zstd stream raises (a corrupt gzip block: zlib.error)
+STREAM_ERRORS = (OSError, EOFError, ValueError, zlib.error)
 
 
 def _head(path: Path, n: int = 16) -> bytes:
@@ -122,7 +125,7 @@ def input_lines(path: Path) -> int | None:
         with open_stream(path, compression(path)) as f:
             while block := f.read(SKIP_BLOCK):
                 n += block.count(b"\n")
-    except (InputError, OSError, EOFError, ValueError):
+    except (InputError, *STREAM_ERRORS):
         return None
     return n
 
@@ -142,7 +145,7 @@ def check_input(path: Path) -> str | None:
     try:
         with open_stream(path, kind) as f:
             head = f.read(SNIFF_BYTES)
-    except (OSError, EOFError, ValueError) as exc:  # a truncated or corrupt gzip/zstd stream
+    except STREAM_ERRORS as exc:
         raise InputError(f"cannot read {path} as {kind}: {exc}") from exc
     first = head.split(b"\n", 1)[0]
     if b"\x00" in first:

@@ -259,3 +259,19 @@ def test_status_counts_a_compressed_inputs_rows_not_its_bytes_newlines(tmp_path)
     assert file_counts(run, {"input": str(path)}).endswith("; the input has 500 lines")
     path.write_bytes(gzip.compress(text)[:-40])
     assert input_lines(path) is None and "input has" not in file_counts(run, {"input": str(path)})
+
+
+def test_a_corrupt_gzip_input_is_refused_in_one_line(tmp_path, capsys):
+    """A gzip file whose blocks are corrupt (zlib's error, not an EOF or an OSError) is one clear error from
+    generate, not a traceback; status leaves its total out."""
+    from gen_pipeline.inputfile import input_lines
+
+    data = bytearray(gzip.compress(lines_of(prompts(200)), mtime=0))
+    for i in range(30, len(data) - 30):
+        data[i] ^= 0x55
+    path = tmp_path / "prompts.jsonl.gz"
+    path.write_bytes(bytes(data))
+    code = main(["generate", "-i", str(path), "-o", str(tmp_path / "o"), "-s", "127.0.0.1:1", "--startup-timeout", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "cannot read" in err[0] and str(path) in err[0], err
+    assert input_lines(path) is None
