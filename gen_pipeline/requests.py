@@ -140,6 +140,7 @@ class RequestPath:
             context_length=self.context_length,
             margin=self.config.safety_margin,
             min_tokens=room_needed(self.config, prompt.max_tokens),
+            counted=None if prompt.at_least else prompt.input_tokens + self.learner.offset,
         )
 
     async def _with_retries(self, payload: dict[str, Any], track: Track) -> ChatResult:
@@ -164,6 +165,7 @@ class RequestPath:
                 self.stats.in_flight -= 1
                 track.latency = time.monotonic() - started
             self.pool.record_success(server, track.latency, result.completion_tokens or 0, lease.started)
+            server.note_usage(result.prompt_tokens, result.cached_tokens)
             return result
 
     def _checked(self, result: ChatResult, payload: dict[str, Any], track: Track) -> ChatResult:
