@@ -135,8 +135,11 @@ SUMMARY_RULES: dict[str, Any] = {
     "token_drift": {"compared": SUM, "by_offset": TALLY},
     "servers": PerKey(
         {
-            **dict.fromkeys(("requests", "completions", "output_tokens", "capacity", "queue_margin"), SUM),
+            **dict.fromkeys(("requests", "completions", "output_tokens", "prompt_tokens", "capacity"), SUM),
+            "queue_margin": SUM,
+            "cached_tokens": Rule(lambda v: None if all(x is None for x in v) else total(v)),
             "failures": TALLY,
+            "capacity_source": Rule(_joined),
             "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
             # the slowest part's view: the parts share the servers, a mean of means would hide a slow one
             "mean_latency_s": Rule(largest),

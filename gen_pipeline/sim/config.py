@@ -37,7 +37,9 @@ class SimConfig:
     gen_pipeline's own ChatTemplate instead (the same text, ~0.1 ms less CPU a request), for benchmarks
     where the simulator shares the machine's cores with the client it serves.
     Scheduler: `max_running` requests run at once per port; the rest queue, unbounded unless
-    `max_queued` is set (then 503 "The request queue is full."). `max_total_tokens` is the KV
+    `max_queued` is set (then 503 "The request queue is full."). As in SGLang 0.5.23, /server_info says
+    max_running_requests null unless `report_max_running` (--max-running-requests given); /v1/loads and
+    internal_states give the figure. `max_total_tokens` is the KV
     pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter.
     Timing: a completion sleeps `prefill_latency + prompt_tokens * prompt_token_latency + n * token_latency`
     holding a running slot;
@@ -46,7 +48,9 @@ class SimConfig:
     template the client does not know); `reserved_tokens` (EAGLE) are added to the input of
     checks (A) and (B) and their messages only; `legacy_offbyone` makes (B) reject
     `input + max_new >= ctx` (<= 0.5.9); `explicit_context_length` models `--context-length`
-    (check (D), and a non-null context_length in /server_info).
+    (check (D), and a non-null context_length in /server_info); `cache_report` models
+    --enable-cache-report (usage.prompt_tokens_details.cached_tokens: the prompt less one token on a
+    prefix-cache hit, else 0).
     Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`; with
     `reasoning_words` > 0 a chat reply also carries up to that many words of `reasoning_content`, as SGLang does
     with `--reasoning-parser` (the thinking split out of `content`); the thinking spends max_tokens first
@@ -72,6 +76,7 @@ class SimConfig:
     light_template: bool = False
     # scheduler
     max_running: int = 64
+    report_max_running: bool = False
     max_queued: int | None = None
     max_total_tokens: int | None = None
     # timing
@@ -84,6 +89,7 @@ class SimConfig:
     reserved_tokens: int = 0
     legacy_offbyone: bool = False
     explicit_context_length: bool = False
+    cache_report: bool = False
     # content
     completion_words: int = 48
     reasoning_words: int = 0
