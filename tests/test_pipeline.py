@@ -254,3 +254,15 @@ def test_reasoning_content_is_kept_and_exported(write_jsonl, tmp_path):
     assert export.main(parser.parse_args(argv)) == 0
     rows = {r["id"]: r["reasoning_content"] for r in datasets.load_from_disk(str(tmp_path / "ds"))}
     assert rows == {str(r["id"]): r["reasoning_content"] for r in lines}
+
+
+def test_a_row_too_deep_to_write_is_ledgered_and_the_run_goes_on(write_jsonl, tmp_path):
+    """A row nested 600 levels (read fine, unwritable by orjson) is bad_input; the rows after it complete."""
+    deep = b'{"id": "deep", "prompt": "hi", "extra": ' + b"[" * 600 + b"]" * 600 + b"}"
+    rows = [*prompts(3), deep, *prompts(3, start=3)]
+    out = tmp_path / "out"
+    outcome, _ = run_sim(write_jsonl(rows), out)
+    assert outcome.exit_code == 0
+    assert check_invariant([*range(6), "deep"], out) == {"done": 6, "ledger": 1}
+    [entry] = read_jsonl(out / "failures.jsonl")
+    assert entry["id"] == "deep" and entry["reason"] == "bad_input" and "nested" in entry["detail"]
