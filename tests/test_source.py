@@ -66,6 +66,7 @@ def test_repeat_once_conflict_is_bad(write_jsonl):
     items = list(source)
     assert [type(i).__name__ for i in items] == ["Prompt", "BadRow", "Prompt"]
     assert "seen before with different content" in items[1].detail and items[1].line == 3
+    assert items[1].id is None  # not that id's row: its ledger entry must not stand for the id
     assert source.repeats == 2
 
 
