@@ -8,13 +8,13 @@ from typing import Any
 
 import aiohttp
 import orjson
+from e2e import prompts
 from prometheus_client.parser import text_string_to_metric_families
 
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.metrics import server_label, worker_args, worker_file
 from gen_pipeline.pipeline import run_async
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-from tests.e2e import prompts
 
 SERIES = (
     "gen_pipeline_rows_total",
@@ -140,7 +140,7 @@ def test_each_worker_gets_its_own_port_file_and_label(tmp_path: Path) -> None:
 
 def test_metrics_file_holds_the_final_figures(tmp_path: Path) -> None:
     """--metrics-file: the textfile parses and, after the run, says what summary.json says."""
-    from tests.e2e import run_sim
+    from e2e import run_sim
 
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(20)))
