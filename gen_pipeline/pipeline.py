@@ -29,7 +29,7 @@ from .reader import BatchReader
 from .recorder import Recorder
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
-from .rundir import RunDir
+from .rundir import RunDir, make_dir
 from .runtime import install_run_handlers
 from .setup import build_pool, resume_point, settle_manifest
 from .status import write_status
@@ -226,7 +226,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     if not config.input.is_file():
         raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
-    config.out.mkdir(parents=True, exist_ok=True)
+    make_dir(config.out)
     from . import claimrun
 
     if claimrun.claimed(config):  # claimed shards: many processes share the directory (claims.py)
