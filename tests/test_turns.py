@@ -10,27 +10,13 @@ from typing import Any
 
 import orjson
 import pytest
-from e2e import read_jsonl, run_sim
+from e2e import SYSTEM, conversation_rows, read_jsonl, run_sim
 
 from gen_pipeline.donekeys import line_key
 from gen_pipeline.records import id_key
 from gen_pipeline.rows import RowError
 from gen_pipeline.samples import line_place, place_key, sample_key, turn_key
 from gen_pipeline.turns import split_turns
-
-SYSTEM = {"role": "system", "content": "be brief"}
-
-
-def conversation_rows(n: int, turns: int = 3, start: int = 0) -> list[dict[str, Any]]:
-    """`n` conversations of `turns` user turns, each with the original model's assistant turns."""
-    rows = []
-    for i in range(start, start + n):
-        messages: list[dict[str, Any]] = [SYSTEM]
-        for t in range(turns + i % 2):
-            messages.append({"role": "user", "content": f"c{i} question {t}: " + "tell me " * (1 + (i + t) % 5)})
-            messages.append({"role": "assistant", "content": f"ORIGINAL answer {i}.{t}"})
-        rows.append({"id": f"c{i}", "messages": messages})
-    return rows
 
 
 def places(out: Path) -> Counter[tuple[str, int, int]]:
