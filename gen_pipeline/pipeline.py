@@ -24,6 +24,7 @@ from .fleet import FleetInfo
 from .http import Client, open_transport
 from .inputfile import check_input
 from .locks import refuse_shard_writers
+from .metrics import exporting
 from .progress import RunStats, snapshot, watch_run
 from .reader import BatchReader
 from .recorder import Recorder
@@ -82,6 +83,12 @@ class Runner:
             self.stopping.set()
 
     async def run(self) -> None:
+        async with exporting(self.config, self.stats, self.pool) as exporter:
+            await self._run()
+            if exporter is not None and self.stop_code == EXIT_INTERRUPTED:
+                exporter.linger = 0.0  # a Ctrl-C does not wait for a last scrape
+
+    async def _run(self) -> None:
         workers = self.pool.worker_count()
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
