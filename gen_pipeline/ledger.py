@@ -2,9 +2,9 @@
 
 The newest entry per (id, sample) (and turn, under --turns all) decides (by its `time`, so ledger
 shards written side by side compare); an entry whose (id, sample) has a completion line counts
-nowhere (the row failed, then succeeded; or an earlier version ledgered a row that reused a done id under that id); a bad row
-without an id counts once. `status`, `report` and export's dataset card all count this way, so their
-figures agree.
+nowhere (the row failed, then succeeded; or an earlier version ledgered a row that reused a done id
+under that id); a bad row without an id counts once. `status`, `report` and export's dataset card all
+count this way, so their figures agree.
 """
 
 from __future__ import annotations
