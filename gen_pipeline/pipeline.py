@@ -244,7 +244,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     try:
         if config.shard is None:  # an earlier --workers run's worker would write beside us
             await asyncio.to_thread(refuse_shard_writers, config.out)
-        async with open_transport(config.api_key) as transport:
+        async with open_transport(config.api_key, auth=config.server_auth) as transport:
             return await _run_locked(config, Client(transport), counter, handle_signals)
     finally:
         lock.release()
