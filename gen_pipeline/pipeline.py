@@ -37,6 +37,7 @@ from .store import DirLock, ResumeState, RunWriter, repair_all, write_json_atomi
 from .summary import Outcome, run_summary
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner, dispatch_budget
+from .usage import usage_warnings
 
 log = logging.getLogger("gen_pipeline")
 
@@ -180,7 +181,8 @@ class Runner:
 
 def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
-    summary = run_summary(runner.stats, runner.pool, exit_code, fleet.warnings + runner.warnings)
+    warnings = fleet.warnings + runner.warnings + usage_warnings(runner.pool.servers)
+    summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(
         stop_reason=runner.stop_reason or None,
         input_cursor=runner.reader.started,
