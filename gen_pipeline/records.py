@@ -156,6 +156,8 @@ class Completion:
     reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
     extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
+    # when the answer came back (epoch s, as the ledger's `time`): the report's time axis
+    time: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
         if self.key < 0:
@@ -180,6 +182,7 @@ class Completion:
                     "server": self.server,
                     "attempts": self.attempts,
                     "latency_s": round(self.latency_s, 4),
+                    "time": round(self.time, 3),
                     "model": self.model,
                     "meta": self.meta,
                     **self.extra,

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any
 
+from . import metrics
 from .claimrun import claimer_summaries, with_shards
 from .claims import SharedRunLock
 from .config import API_KEY_ENV, RunConfig
@@ -84,7 +85,7 @@ def merged_exit_code(codes: list[int]) -> int:
 async def _settle(config: RunConfig) -> None:
     from .setup import settle_settings
 
-    async with open_transport(config.api_key) as transport:
+    async with open_transport(config.api_key, auth=config.server_auth) as transport:
         await settle_settings(config, Client(transport))
 
 
@@ -135,7 +136,7 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
 
 
 def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) -> subprocess.Popen[bytes]:
-    argv = worker_argv(argv, index, config.workers, alive_r)
+    argv = [*worker_argv(argv, index, config.workers, alive_r), *metrics.worker_args(config, index)]
     env = worker_env(config)
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
 
