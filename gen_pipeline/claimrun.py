@@ -136,6 +136,8 @@ def _runner(
     runner = ClaimRunner(config, counter, path, pool, feed.writer, resume, feed.stats, feed, None, client=client)  # type: ignore[arg-type]
     runner.claimer, runner.feed = claimer, feed
     runner.dispatch = SampleDispatch(path, thinking_fields(config, fleet), runner.warnings.append)
+    if config.turns == "all":
+        runner.use_turns()
 
     def may_settle() -> bool:
         unread = runner.stats.input_error is not None  # a rerun reads it again, and says why it stops
