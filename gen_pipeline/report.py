@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from .cost import cost_lines
 from .errors import ConfigError
 from .ledger import ledger_reasons
 from .rundir import MANIFEST, SUMMARY, RunDir
@@ -48,6 +49,7 @@ class Completions:
     input_tokens: array[int] = field(default_factory=lambda: array("q"))
     completion_tokens: array[int] = field(default_factory=lambda: array("q"))
     latency: array[float] = field(default_factory=lambda: array("d"))
+    time: array[float] = field(default_factory=lambda: array("d"))  # when each came back (epoch s); nan: no time
     budget: array[int] = field(default_factory=lambda: array("q"))  # max_tokens as sent
     servers: Counter[str] = field(default_factory=Counter)
     finish: Counter[str] = field(default_factory=Counter)
@@ -61,6 +63,8 @@ class Completions:
         self.input_tokens.append(int(obj.get("input_tokens") or 0))
         self.completion_tokens.append(int(obj.get("completion_tokens") or 0))
         self.latency.append(float(obj.get("latency_s") or 0.0))
+        when = obj.get("time")  # lines written before completions carried their time have none
+        self.time.append(float(when) if isinstance(when, int | float) and not isinstance(when, bool) else math.nan)
         self.budget.append(int(obj.get("max_tokens") or 0))
         self.servers[str(obj.get("server"))] += 1
         self.finish[str(obj.get("finish_reason"))] += 1
@@ -111,6 +115,7 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
         f"throughput  {summary.get('requests_per_s')} req/s, {summary.get('output_tokens_per_s')} out tok/s "
         f"over {summary.get('elapsed_s')} s (last run)",
         f"drift       {drift_text(summary.get('token_drift') or {})}; learned offset {summary.get('learned_offset')}",
+        *(f"cost        {line}" for line in cost_lines(summary)),
     ]
 
 
