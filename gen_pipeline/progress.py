@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cost import cost_lines
 from .errors import EXIT_OUTAGE
 
 log = logging.getLogger("gen_pipeline")
@@ -59,6 +60,8 @@ class RunStats:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens, where the servers report it
+    valid_output_tokens: int = 0  # completion tokens of written rows (cost.py)
+    untruncated_output_tokens: int = 0  # of those, rows not cut at max_tokens
     requests: int = 0
     latency: Latencies = field(default_factory=Latencies)  # every request to a server
     in_flight: int = 0
@@ -71,6 +74,8 @@ class RunStats:
     handed_over: int = 0  # rows the reader has passed on (ahead of `read` by up to a batch), with input_fraction
     last_error: dict[str, str] = field(default_factory=dict)  # newest detail per ledger reason
     truncated_in_reasoning: int = 0  # cut at max_tokens while still thinking (no answer)
+    unfinished_line: int | None = None  # the input's last line, left unread: no newline, not whole JSON yet
+    input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
@@ -247,6 +252,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"finish_reason {summary['finish_reasons']}",
     ]
     lines += _samples_lines(summary)
+    lines += cost_lines(summary)
     if cursor := summary.get("input_cursor"):
         lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")
     drift = summary["token_drift"]
