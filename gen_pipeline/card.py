@@ -3,35 +3,20 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .formats import jsonl_rows
-from .records import id_key
-from .rundir import MANIFEST, RunDir
-from .samples import record_sample, sample_key
+from .ledger import ledger_reasons
+from .report import read_json
+from .rundir import MANIFEST, SUMMARY
 
 if TYPE_CHECKING:
     from .export import ExportConfig, ExportStats
 
 # Manifest fields shown in the card's settings table (the whole manifest follows it).
 CARD_SETTINGS = ("model", "tokenizer", "context_length", "max_tokens", "safety_margin", "sampling")
-
-
-def ledger_counts(runs: tuple[Path, ...], done: set[int]) -> Counter[str]:
-    """Ledger reasons (newest per id) of the ids that have no completion."""
-    last: dict[int, tuple[float, str]] = {}
-    for run in runs:
-        for obj in (o for path in RunDir(run).failure_files() for o in jsonl_rows(path)):
-            sample = record_sample(obj) if isinstance(obj, dict) else None
-            if isinstance(obj, dict) and obj.get("id") is not None and "reason" in obj and sample is not None:
-                key, when = sample_key(id_key(obj["id"]), sample), float(obj.get("time") or 0.0)
-                if when >= last.get(key, (float("-inf"), ""))[0]:
-                    last[key] = (when, str(obj["reason"]))
-    return Counter(reason for key, (_, reason) in last.items() if key not in done)
 
 
 def read_manifest(run: Path) -> dict[str, Any]:
@@ -61,8 +46,13 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
         ("left out: duplicate (id, sample)", stats.duplicates),
         ("left out: unreadable lines", stats.unreadable),
     ]
-    ledger = ledger_counts(config.runs, stats.done)
+    if stats.conversations:  # a --turns all run: rows are conversations, the counts above are turns
+        rows[0] = ("turns (rows of the output)", stats.rows)
+        rows += [(f"conversations: {k}", n) for k, n in stats.conversations.items()]
+        rows.append(("left out: conversations (a turn left out, or --drop-incomplete)", stats.conversations_left_out))
+    ledger = ledger_reasons(config.runs)  # as status and report count it
     rows += [(f"not generated: {reason} (ledger)", n) for reason, n in ledger.most_common()]
+    rows += _cost_rows(config)
     lines = [
         *_front_matter(config),
         "",
@@ -81,6 +71,28 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
     for run in config.runs:
         lines += _settings(run)
     return "\n".join(lines) + "\n"
+
+
+def _cost_rows(config: ExportConfig) -> list[tuple[str, Any]]:
+    """Each run's last GPU-hours (its summary.json) and their cost per million tokens of the kind this
+    export keeps (untruncated with --drop-truncated, every written row otherwise)."""
+    kind = "untruncated" if config.drop_truncated else "valid"
+    rows: list[tuple[str, Any]] = []
+    for run in config.runs:
+        summary = read_json(run / SUMMARY) or {}
+        if summary.get("gpu_hours") is None:
+            continue
+        name = f" ({run.name})" if len(config.runs) > 1 else ""
+        rows.append(
+            (f"GPU-hours, last run{name} ({summary.get('gpus_per_server', 1)} GPUs per server)", summary["gpu_hours"])
+        )
+        rows.append(
+            (
+                f"GPU-hours per million {kind} output tokens, last run{name}",
+                summary.get(f"gpu_hours_per_million_{kind}_tokens"),
+            )
+        )
+    return rows
 
 
 def _settings(run: Path) -> list[str]:

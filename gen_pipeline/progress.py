@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
+import math
 import os
 import sys
 import time
@@ -12,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cost import cost_lines
 from .errors import EXIT_OUTAGE
 
 log = logging.getLogger("gen_pipeline")
@@ -22,6 +26,24 @@ STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
 # smooth the ups and downs of generation lengths, short enough to follow a server going down.
 ETA_WINDOW = 120.0
 RATE_SAMPLE = 1.0  # seconds between the samples the window is made of
+# Upper bounds (seconds) of the request-latency histogram (metrics.py's gen_pipeline_request_seconds).
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
+
+
+@dataclass
+class Latencies:
+    """How long requests took: a count per LATENCY_BUCKETS bound (the first it fits under) and the total."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    total_s: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total_s += seconds
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(bound, requests that took at most that long), as a Prometheus histogram lists them."""
+        return list(zip(LATENCY_BUCKETS, itertools.accumulate(self.counts), strict=True))
 
 
 @dataclass
@@ -37,7 +59,11 @@ class RunStats:
     finish_reasons: Counter[str] = field(default_factory=Counter)
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens, where the servers report it
+    valid_output_tokens: int = 0  # completion tokens of written rows (cost.py)
+    untruncated_output_tokens: int = 0  # of those, rows not cut at max_tokens
     requests: int = 0
+    latency: Latencies = field(default_factory=Latencies)  # every request to a server
     in_flight: int = 0
     drift: Counter[int] = field(default_factory=Counter)  # server prompt_tokens - ours -> rows
     # rows compared per request shape (tokens.conversation.SHAPES), and "<shape> drifted" for those that differed
@@ -48,14 +74,20 @@ class RunStats:
     handed_over: int = 0  # rows the reader has passed on (ahead of `read` by up to a batch), with input_fraction
     last_error: dict[str, str] = field(default_factory=dict)  # newest detail per ledger reason
     truncated_in_reasoning: int = 0  # cut at max_tokens while still thinking (no answer)
+    unfinished_line: int | None = None  # the input's last line, left unread: no newline, not whole JSON yet
+    input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
+    progressed: tuple[float, int] = (-1.0, 0)  # (clock, worked()) when rate() last saw worked() grow
 
     def __post_init__(self) -> None:
         if self.started < 0:
             self.started = self.clock()
         self.rate_points.append((self.started, 0))
+        self.progressed = (self.started, 0)
 
     def note_input(self, rows: int, fraction: float) -> None:
         """The reader has passed on `rows` more rows, having consumed `fraction` of the input."""
@@ -91,12 +123,20 @@ class RunStats:
     def rate(self) -> float:
         """Rows settled per second over the last ETA_WINDOW seconds (since the start, early on)."""
         now, worked = self.clock(), self.worked()
+        if worked != self.progressed[1]:
+            self.progressed = (now, worked)
         if now - self.rate_points[-1][0] >= RATE_SAMPLE:
             self.rate_points.append((now, worked))
         while len(self.rate_points) > 2 and now - self.rate_points[1][0] >= ETA_WINDOW:
             self.rate_points.popleft()  # the oldest kept is the last one at least a window old
         since, then = self.rate_points[0]
         return (worked - then) / (now - since) if now > since else 0.0
+
+    def idle(self) -> float:
+        """Seconds since a row was last settled (since the start, before the first one), as seen by rate()'s
+        callers (status.json every STATUS_INTERVAL s)."""
+        self.rate()
+        return self.clock() - self.progressed[0]
 
     def elapsed(self) -> float:
         return max(self.clock() - self.started, 1e-9)
@@ -170,8 +210,10 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dic
     """The status.json document (schema in gen_pipeline/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
+    updated = time.time()
     return {
-        "updated": time.time(),
+        "updated": updated,
+        "last_settled": round(updated - stats.idle(), 1),  # a row's end; the start before the first
         "pid": os.getpid(),
         "state": state,
         "counts": {
@@ -230,6 +272,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"finish_reason {summary['finish_reasons']}",
     ]
     lines += _samples_lines(summary)
+    lines += cost_lines(summary)
     if cursor := summary.get("input_cursor"):
         lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")
     drift = summary["token_drift"]

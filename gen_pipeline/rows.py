@@ -6,6 +6,7 @@ tokens.conversation's to judge, so that the count and the request agree.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,11 @@ RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completio
 
 
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling", "samples", *TEMPLATE_FIELDS})
+
+# orjson reads 1024 nested levels but writes only 254. A row's fields go one level down in its output line
+# (under `meta`) and a few more in an exported row, so a row must still be writable this many levels down.
+WRITE_MARGIN = 4
+MAX_NESTING = 254 - WRITE_MARGIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,20 @@ def _options(row: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
     return max_tokens, sampling
 
 
+def _check_writable(raw: bytes, row: dict[str, Any]) -> None:
+    """RowError for a row that could be read but not written back (nested too deep for orjson's writer):
+    it would stop the run at its output line instead of becoming a ledger entry."""
+    if raw.count(b"[") + raw.count(b"{") < MAX_NESTING:
+        return  # cannot nest that deep (brackets inside strings count too: a cheap upper bound)
+    wrapped: Any = row
+    for _ in range(WRITE_MARGIN):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError as exc:
+        raise RowError(f"row is nested more than {MAX_NESTING} levels deep, too deep to be written ({exc})") from None
+
+
 def parse_row(raw: bytes, line: int) -> Prompt:
     """One JSONL line as a validated Prompt, or RowError."""
     try:
@@ -127,6 +147,26 @@ def parse_row(raw: bytes, line: int) -> Prompt:
         raise RowError(f"invalid JSON: {exc}") from exc
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object")
+    try:
+        return _prompt(raw, row, line)
+    except RowError as exc:
+        raise RowError(as_written(str(exc), raw)) from None
+
+
+# An integer literal too long for 64 bits, which orjson reads as a float (1.58e+29).
+_BIG_INTEGER = re.compile(rb"-?\d{19,}(?![\d.eE])")
+
+
+def as_written(detail: str, raw: bytes) -> str:
+    """`detail` with each integer the line holds beyond 64 bits shown as written, not as the float JSON
+    parsing made of it ("not 158000000000000000000000000000", not "not 1.58e+29")."""
+    for literal in {m.group() for m in _BIG_INTEGER.finditer(raw)}:
+        detail = detail.replace(repr(float(literal)), literal.decode())
+    return detail
+
+
+def _prompt(raw: bytes, row: dict[str, Any], line: int) -> Prompt:
+    _check_writable(raw, row)
     messages = _messages(row)
     max_tokens, sampling = _options(row)
     tools, template_kwargs, sampling = _template_inputs(row, sampling)
@@ -149,14 +189,18 @@ def own_samples(raw: bytes) -> bool:
 
 def same_content(a: bytes, b: bytes) -> bool:
     """Whether two lines with the same id are one row ("a repeat"): the same bytes, or the same JSON
-    object (key order and spacing aside). An id-less row's id is its normalized messages, so two such
-    rows with one id always are. Only called for rows whose id came before (rare)."""
+    object (key order and spacing aside; the id may be written `42` in one and `"42"` in the other, which
+    is one id). An id-less row's id is its normalized messages, so two such rows with one id always are.
+    Only called for rows whose id came before (rare)."""
     if a == b:
         return True
     try:
         x, y = orjson.loads(a), orjson.loads(b)
     except orjson.JSONDecodeError:
         return False
-    if isinstance(x, dict) and isinstance(y, dict) and x.get("id") is None and y.get("id") is None:
+    if not (isinstance(x, dict) and isinstance(y, dict)):
+        return bool(x == y)
+    if x.get("id") is None and y.get("id") is None:
         return True  # the same derived id: the same normalized messages
-    return bool(x == y)
+    same_id = x.keys() == y.keys() and str(x.get("id")) == str(y.get("id"))
+    return same_id and all(x[k] == y[k] for k in x if k != "id")

@@ -122,6 +122,8 @@ class PortServer:
 
     async def _route(self, request: Request) -> web.Response:
         """The handler of the request's method and path; FastAPI's 404 and 405 otherwise."""
+        if self.cfg.authorization is not None and request.headers.get("Authorization") != self.cfg.authorization:
+            return json_response({"error": "Unauthorized"}, 401)
         path = request.path
         handler = self._routes.get(request.method, {}).get(path)
         if handler is not None:
@@ -245,7 +247,8 @@ class PortServer:
             await self.scheduler.decode(longest, prompt_tokens, prefill=not cached, produced=produced)
         self.log.write(self.port, key, payload, cached, made)
         body = choices.chat_choices(req, made, prompt_tokens)
-        if self.cfg.cache_report:  # all but the last token of a cached prompt is served from the cache
+        if self.cfg.cache_report or self.cfg.prefix_cache:  # as SGLang with --enable-cache-report: all but
+            # the last token of a cached prompt come from the cache
             body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens - 1 if cached else 0}
         return body
 
