@@ -1,7 +1,6 @@
 """gen-pipeline: prompts in, completions out, on a fleet of SGLang servers."""
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .api import agenerate, generate
 from .config import RetryPolicy, RunConfig
 from .errors import (
@@ -12,7 +11,7 @@ from .errors import (
     PipelineError,
     RequestError,
 )
-from .pipeline import run
+from .modes import run
 from .summary import Outcome
 
 __all__ = [

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from .exportconfig import ExportConfig, ExportStats
 from .formats import jsonl_rows
 from .records import id_key
 from .rundir import MANIFEST, RunDir
 from .samples import record_sample, sample_key
-
-if TYPE_CHECKING:
-    from .export import ExportConfig, ExportStats
 
 # Manifest fields shown in the card's settings table (the whole manifest follows it).
 CARD_SETTINGS = ("model", "tokenizer", "context_length", "max_tokens", "safety_margin", "sampling")

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gen_pipeline.plots import PLOTS, draw_servers, input_bins, mean_in_flight, plot_inputs, throughput_series
-from gen_pipeline.report import Completions, drift_text
+from gen_pipeline.report import drift_text
+from gen_pipeline.rundata import Completions
 
 pytest.importorskip("matplotlib")
 
