@@ -16,6 +16,7 @@ from .config import RunConfig
 from .errors import ConfigError
 from .inputfile import check_input
 from .pipeline import run_single
+from .rundir import make_dir
 from .summary import Outcome
 from .tokens import TokenCounter
 from .workers import run_worker, run_workers
@@ -30,7 +31,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     if not config.input.is_file():
         raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
-    config.out.mkdir(parents=True, exist_ok=True)
+    make_dir(config.out)
     if claimed(config):  # claimed shards: many processes share the directory (claims.py)
         return await run_claimer(config, counter, handle_signals)
     return await run_single(config, counter, handle_signals)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .rundata import Completions, completion_files, distribution, ledger_reasons, read_completions, read_json
+from .ledger import ledger_reasons
+from .rundata import Completions, completion_files, distribution, read_completions, read_json
 from .rundir import MANIFEST, SUMMARY
 
 INSTALL_HINT = "plots need matplotlib: pip install 'gen-pipeline[report]'"
@@ -77,7 +78,7 @@ def render_table(run: Path, rows: Completions, summary: dict[str, Any] | None, m
     m = manifest or {}
     lines = [f"run {run}: model {m.get('model')}, context {m.get('context_length')}, tokenizer {m.get('tokenizer')}"]
     lines += _summary_lines(summary) if summary else ["no summary.json: the run has not finished (or crashed)"]
-    lines.append(f"ledger      {dict(ledger_reasons(run))} (newest entry per id)")
+    lines.append(f"ledger      {dict(ledger_reasons([run]))} (newest entry per id)")
     lines.append(f"completions {len(rows)} lines")
     lines.append(f"input tok   sum {sum(rows.input_tokens):,}  {_dist_text(distribution(rows.input_tokens))}")
     lines.append(f"output tok  sum {sum(rows.completion_tokens):,}  {_dist_text(distribution(rows.completion_tokens))}")

@@ -1,5 +1,5 @@
 """What a run directory's files say, read for the views (status, report, plots, export): the columns of
-the completion lines, the ledger's reasons, the JSON files. Nothing here prints or writes."""
+the completion lines and the JSON files (the ledger's reasons: ledger.py). Nothing here prints or writes."""
 
 from __future__ import annotations
 
@@ -81,19 +81,3 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, orjson.JSONDecodeError):
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def ledger_reasons(run: Path) -> Counter[str]:
-    """Ledger reasons, the newest entry per (id, sample) deciding (bad rows without an id count once each)."""
-    newest: dict[tuple[str, Any], tuple[float, str]] = {}
-    anonymous: Counter[str] = Counter()
-    for _, obj in (x for path in RunDir(run).failure_files() for x in iter_json_lines(path)):
-        if obj is None or "reason" not in obj:
-            continue
-        if obj.get("id") is None:
-            anonymous[obj["reason"]] += 1
-        elif (when := float(obj.get("time") or 0.0)) >= newest.get(
-            key := (str(obj["id"]), obj.get("sample", 0)), (float("-inf"), "")
-        )[0]:
-            newest[key] = (when, obj["reason"])
-    return anonymous + Counter(reason for _, reason in newest.values())

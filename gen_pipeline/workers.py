@@ -35,7 +35,7 @@ from .config import API_KEY_ENV, RunConfig
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .http import Client, open_transport
 from .locks import ShardLock, refuse_shard_writers
-from .rundir import RunDir, write_json_atomic
+from .rundir import RunDir, make_dir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
 from .store import repair_all
 from .summary import Outcome, merge_summaries
@@ -94,7 +94,7 @@ def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
         from .errors import ConfigError
 
         raise ConfigError(f"input file not found: {config.input}")
-    config.out.mkdir(parents=True, exist_ok=True)
+    make_dir(config.out)
     config = with_shards(config)  # the workers are claimers of the run's shards (claims.py)
     lock = SharedRunLock(config.out, config.join)
     lock.acquire()
@@ -166,7 +166,7 @@ def run_worker(config: RunConfig, parent_fd: int | None, run: Callable[[RunConfi
         follow_parent(parent_fd)
     if config.shard is None:
         return run(config)
-    config.out.mkdir(parents=True, exist_ok=True)
+    make_dir(config.out)
     lock = ShardLock(config.out, *config.shard)
     lock.acquire()
     try:
