@@ -228,6 +228,12 @@ class RunConfig:
     shards: int | None = None
     join: bool = False
     share: int = 1
+    # observing (metrics.py): /metrics on metrics_host:metrics_port, the textfile metrics_file; every series
+    # carries worker=metrics_worker (set by --workers K for each claimer)
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    metrics_file: Path | None = None
+    metrics_worker: str = "0"
 
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
@@ -235,6 +241,8 @@ class RunConfig:
         object.__setattr__(self, "servers", parse_servers(servers))
         object.__setattr__(self, "input", Path(self.input))
         object.__setattr__(self, "out", Path(self.out))
+        if self.metrics_file is not None:
+            object.__setattr__(self, "metrics_file", Path(self.metrics_file))
         checks = [
             (self.limit is None or self.limit >= 1, "--limit must be at least 1"),
             (self.system_prompt is None or bool(self.system_prompt.strip()), "--system-prompt is empty"),
@@ -252,6 +260,7 @@ class RunConfig:
             (self.workers >= 1, "--workers must be at least 1"),
             (self.shards is None or self.shards >= 1, "--shards must be at least 1"),
             (self.share >= 1, "bad --share"),
+            (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),

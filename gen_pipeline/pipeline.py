@@ -24,6 +24,7 @@ from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
 from .http import Client, open_transport
 from .locks import refuse_shard_writers
+from .metrics import exporting
 from .prober import watch_servers
 from .progress import RunStats, snapshot, watch_run
 from .reader import BatchReader
@@ -76,6 +77,12 @@ class Runner:
             self.stopping.set()
 
     async def run(self) -> None:
+        async with exporting(self.config, self.stats, self.pool) as exporter:
+            await self._run()
+            if exporter is not None and self.stop_code == EXIT_INTERRUPTED:
+                exporter.linger = 0.0  # a Ctrl-C does not wait for a last scrape
+
+    async def _run(self) -> None:
         workers = self.pool.worker_count()
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]

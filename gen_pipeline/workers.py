@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import metrics
 from .claimrun import claimer_summaries, with_shards
 from .claims import SharedRunLock
 from .config import API_KEY_ENV, RunConfig
@@ -135,7 +136,7 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
 
 
 def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) -> subprocess.Popen[bytes]:
-    argv = worker_argv(argv, index, config.workers, alive_r)
+    argv = [*worker_argv(argv, index, config.workers, alive_r), *metrics.worker_args(config, index)]
     env = worker_env(config)
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
 
