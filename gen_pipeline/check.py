@@ -235,7 +235,7 @@ def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any],
 async def _fleet_and_probes(
     config: RunConfig, counter: TokenCounter | None, report: dict[str, Any], found: Findings
 ) -> tuple[TokenCounter, str, int] | None:
-    async with open_transport(config.api_key) as transport:
+    async with open_transport(config.api_key, auth=config.server_auth) as transport:
         client = Client(transport)
         checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
         report["fleet"] = [c.view(config) for c in checks]

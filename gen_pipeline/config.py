@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from .errors import ConfigError
 from .records import ALL_REASONS, MAX_SAMPLES
@@ -40,12 +41,16 @@ DEFAULT_FSYNC_INTERVAL = 1.0
 DEFAULT_OUTAGE_TIMEOUT = 1800.0
 DEFAULT_TOKENIZE_BATCH = 256
 SAMPLES_VIA = ("n", "requests")
+TURNS = ("last", "all")  # --turns: answer the last user turn, or regenerate every turn
 # A learned count offset (speculative-decoding reserve, an uncounted template prefix) is capped here.
 MAX_LEARNED_OFFSET = 256
 OFFSET_EVIDENCE = 3
 
 MAX_PORT = 65535
 _PORTS = re.compile(r"^(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
+# "user:password@" in a server URL (up to the last @ before the path): sent as HTTP Basic auth, never part
+# of the name a server is shown and recorded under
+_USERINFO = re.compile(r"(?<=://)[^/?#]*@")
 
 
 def parse_ports(spec: str) -> list[int]:
@@ -66,22 +71,46 @@ def parse_ports(spec: str) -> list[int]:
 
 def parse_servers(spec: str) -> tuple[str, ...]:
     """Base URLs from "host:30000-30007", "host:port", "http://host:port" (a range too), bare ports, or a
-    comma list of them; a bad host or port is a ConfigError."""
+    comma list of them; a bad host or port is a ConfigError. A URL's `user:password@` stays on each of its
+    URLs (RunConfig takes it off: `server_name`); no message shows it."""
     urls: list[str] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         if _PORTS.match(part):
             urls.extend(f"http://127.0.0.1:{p}" for p in parse_ports(part))
-        elif part.startswith(("http://", "https://")):
-            urls.extend(_url_servers(part, part))
-        elif "/" not in part and ":" in part:
-            urls.extend(_url_servers(f"http://{part}", part))
-        else:
-            raise ConfigError(f"bad server {part!r}: use host:port, host:lo-hi or a URL")
+            continue
+        bare = not part.startswith(("http://", "https://"))
+        url = f"http://{part}" if bare else part
+        shown = redact(url).removeprefix("http://") if bare else redact(url)
+        if bare and ("/" in part or ":" not in part):
+            raise ConfigError(f"bad server {shown!r}: use host:port, host:lo-hi or a URL")
+        userinfo = _userinfo(url)
+        urls.extend(u.replace("://", f"://{userinfo}", 1) for u in _url_servers(redact(url), shown))
     if not urls:
         raise ConfigError("no servers given")
-    if len(set(urls)) != len(urls):
-        raise ConfigError(f"a server is listed twice in {spec!r}")
+    if len({server_name(u)[0] for u in urls}) != len(urls):
+        raise ConfigError(f"a server is listed twice in {redact(spec)!r}")
     return tuple(urls)
+
+
+def _userinfo(url: str) -> str:
+    """The `user:password@` of a URL ("" when it has none)."""
+    m = _USERINFO.search(url)
+    return m[0] if m else ""
+
+
+def redact(text: str) -> str:
+    """`text` with every URL's `user:password@` taken out: what a message may show of a server."""
+    return _USERINFO.sub("", text)
+
+
+def server_name(url: str) -> tuple[str, tuple[str, str] | None]:
+    """A server URL as it is shown and recorded (without `user:password@`), and those credentials, if any
+    (percent-escapes decoded: they are sent as HTTP Basic auth)."""
+    userinfo = _userinfo(url)
+    if not userinfo:
+        return url, None
+    user, _, password = userinfo[:-1].partition(":")
+    return redact(url), (unquote(user), unquote(password))
 
 
 def _url_servers(url: str, given: str) -> list[str]:
@@ -168,6 +197,8 @@ class RunConfig:
         model: the model name to send; None means the id the servers report.
         sampling: extra request fields (temperature, top_p, seed, ...); rows may override them.
         api_key: sent as a Bearer token; never written anywhere.
+        server_auth: (user, password) by server, from `http://user:password@host` in `servers`: sent as
+            HTTP Basic auth, never shown or written (the servers are named without it).
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
         progress: "auto" (a bar on a terminal, log lines otherwise), "bar", "log" or "off".
@@ -175,6 +206,8 @@ class RunConfig:
         samples_via: "n" (one request with n = the samples missing, where the server honours it) or
             "requests" (one request per sample, all on one server so its prefix cache serves the prompt).
         thinking_budget: the server's thinking-token budget to send (None: none sent).
+        turns: "last" (answer each row's last user turn) or "all" (replay each row's conversation, every
+            user turn answered by the target with its own earlier answers as history; turns.py).
         limit: read only the first `limit` lines of the input (None: all of it).
         system_prompt: a system turn put first in every row that has none (counted and sent like the rest).
         tools / chat_template_kwargs: the OpenAI tools list and template switches of every row that has
@@ -191,6 +224,7 @@ class RunConfig:
     context_length: int | None = None
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    server_auth: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
     # budget
     max_tokens: int = DEFAULT_MAX_TOKENS
     min_tokens: int = DEFAULT_MIN_TOKENS
@@ -200,6 +234,7 @@ class RunConfig:
     samples: int = 1
     samples_via: str = "n"
     thinking_budget: int | None = None
+    turns: str = "last"
     # rows
     limit: int | None = None
     system_prompt: str | None = None
@@ -238,7 +273,12 @@ class RunConfig:
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
         servers = self.servers if isinstance(self.servers, str) else ",".join(self.servers)
-        object.__setattr__(self, "servers", parse_servers(servers))
+        named = [server_name(url) for url in parse_servers(servers)]
+        object.__setattr__(self, "servers", tuple(name for name, _ in named))
+        auth = {**self.server_auth, **{name: cred for name, cred in named if cred is not None}}
+        object.__setattr__(self, "server_auth", auth)
+        if auth and self.api_key:
+            raise ConfigError("a --servers URL carries user:password@ and --api-key is set too: use one of them")
         object.__setattr__(self, "input", Path(self.input))
         object.__setattr__(self, "out", Path(self.out))
         if self.metrics_file is not None:
@@ -265,6 +305,7 @@ class RunConfig:
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
             (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
+            (self.turns in TURNS, f"--turns: {' or '.join(TURNS)}"),
             ("n" not in self.sampling, '"n" in --sampling: use --samples (the run keeps every sample)'),
         ]
         for ok, message in checks:

@@ -17,6 +17,7 @@ from typing import Any
 from . import cursor
 from .balancer import ServerPool
 from .config import RunConfig
+from .converse import TurnDispatch
 from .cursor import CursorKeeper, MarkTracker
 from .dispatch import SampleDispatch, thinking_fields
 from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, OutputError
@@ -57,6 +58,7 @@ class Runner:
     keeper: CursorKeeper | None = None  # None: no input cursor is written
     client: Client | None = None
     dispatch: SampleDispatch | None = None  # None: a plain SampleDispatch over `path`
+    turns: TurnDispatch | None = None  # --turns all: each prompt's conversations (set by `use_turns`)
     recorder: Recorder = field(init=False)
     tracker: MarkTracker = field(default_factory=MarkTracker)
     warnings: list[str] = field(default_factory=list)
@@ -69,6 +71,11 @@ class Runner:
         self.recorder = Recorder(
             self.config, self.writer, self.stats, self.counter.name, self.request_stop, self.warnings
         )
+
+    def use_turns(self) -> None:
+        """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
+        dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
+        self.turns = TurnDispatch(dispatch, self.counter, self.recorder, self.stopping)
 
     def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
@@ -95,6 +102,8 @@ class Runner:
             for t in [monitor, prober, producer, *tasks]:
                 t.cancel()
             await asyncio.gather(monitor, prober, producer, *tasks, return_exceptions=True)
+            if self.turns is not None:
+                self.turns.close()
 
     async def _until_done_or_stopped(self, producer: asyncio.Task[None], tasks: list[Any]) -> None:
         stop = asyncio.create_task(self.stopping.wait())
@@ -156,16 +165,27 @@ class Runner:
             self.undispatched -= 1
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
-            # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
-            budget = self._budget(prompt)
-            if budget is None:
-                self.tracker.settled(prompt.line)
-                continue
-            sent = await dispatch.generate(prompt, budget, prompt.pending or (0,))
-            transient = self.recorder.sent(prompt, sent)
+            transient = await (self._converse(prompt) if self.turns is not None else self._send(prompt, dispatch))
+            if transient is None:
+                continue  # not settled here: the next run goes on with it
             if transient:
                 self.reader.source.logging = False  # the input cursor stops short of this row
             self.tracker.settled(prompt.line, ok=not transient)
+
+    async def _send(self, prompt: Prompt, dispatch: SampleDispatch) -> bool | None:
+        """The samples one prompt owes: True when one failed for a transient reason (None: not sent)."""
+        # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
+        budget = self._budget(prompt)
+        if budget is None:
+            return False
+        return self.recorder.sent(prompt, await dispatch.generate(prompt, budget, prompt.pending or (0,)))
+
+    async def _converse(self, prompt: Prompt) -> bool | None:
+        """--turns all: the conversations one prompt owes, each budgeted turn by turn; None when the run
+        stopped before they settled."""
+        assert self.turns is not None
+        end = await self.turns.run(prompt)
+        return None if end == "stopped" else end == "waiting"
 
     def save_cursor(self) -> None:
         """Record how far the input is settled (the next run starts reading there)."""
@@ -214,7 +234,7 @@ async def run_single(config: RunConfig, counter: TokenCounter | None, handle_sig
     try:
         if config.shard is None:  # an earlier --workers run's worker would write beside us
             await asyncio.to_thread(refuse_shard_writers, config.out)
-        async with open_transport(config.api_key) as transport:
+        async with open_transport(config.api_key, auth=config.server_auth) as transport:
             return await _run_locked(config, Client(transport), counter, handle_signals)
     finally:
         lock.release()
@@ -243,6 +263,8 @@ async def _run_locked(
     )
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)
+    if config.turns == "all":
+        runner.use_turns()
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
     if resume.torn_bytes:

@@ -38,6 +38,7 @@ class Completions:
     input_tokens: array[int] = field(default_factory=lambda: array("q"))
     completion_tokens: array[int] = field(default_factory=lambda: array("q"))
     latency: array[float] = field(default_factory=lambda: array("d"))
+    time: array[float] = field(default_factory=lambda: array("d"))  # when each came back (epoch s); nan: no time
     budget: array[int] = field(default_factory=lambda: array("q"))  # max_tokens as sent
     servers: Counter[str] = field(default_factory=Counter)
     finish: Counter[str] = field(default_factory=Counter)
@@ -51,6 +52,8 @@ class Completions:
         self.input_tokens.append(int(obj.get("input_tokens") or 0))
         self.completion_tokens.append(int(obj.get("completion_tokens") or 0))
         self.latency.append(float(obj.get("latency_s") or 0.0))
+        when = obj.get("time")  # lines written before completions carried their time have none
+        self.time.append(float(when) if isinstance(when, int | float) and not isinstance(when, bool) else math.nan)
         self.budget.append(int(obj.get("max_tokens") or 0))
         self.servers[str(obj.get("server"))] += 1
         self.finish[str(obj.get("finish_reason"))] += 1

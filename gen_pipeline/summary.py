@@ -231,7 +231,16 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "servers": pool.views(),
         "tail_s": None if tail is None else round(tail, 2),
         "warnings": warnings,
+        **conversations_view(stats),
     }
+
+
+def conversations_view(stats: Any) -> Doc:
+    """--turns all: this run's conversations by how they ended, and the turns the early ones ended at."""
+    if not stats.conversations:
+        return {}
+    ended = {str(t): n for t, n in sorted(stats.ended_at_turn.items())}
+    return {"conversations": {**dict(stats.conversations), "ended_at_turn": ended}}
 
 
 def describe(outcome: Outcome, out: Path) -> str:

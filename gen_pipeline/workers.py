@@ -85,7 +85,7 @@ def merged_exit_code(codes: list[int]) -> int:
 async def _settle(config: RunConfig) -> None:
     from .setup import settle_settings
 
-    async with open_transport(config.api_key) as transport:
+    async with open_transport(config.api_key, auth=config.server_auth) as transport:
         await settle_settings(config, Client(transport))
 
 

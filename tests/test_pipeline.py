@@ -35,6 +35,7 @@ def test_all_rows_complete_and_balance(write_jsonl, tmp_path):
         "server",
         "attempts",
         "latency_s",
+        "time",
         "model",
         "meta",
     ):

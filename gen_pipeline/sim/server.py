@@ -121,6 +121,8 @@ class PortServer:
 
     async def _route(self, request: Request) -> web.Response:
         """The handler of the request's method and path; FastAPI's 404 and 405 otherwise."""
+        if self.cfg.authorization is not None and request.headers.get("Authorization") != self.cfg.authorization:
+            return json_response({"error": "Unauthorized"}, 401)
         path = request.path
         handler = self._routes.get(request.method, {}).get(path)
         if handler is not None:
