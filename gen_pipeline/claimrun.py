@@ -28,7 +28,7 @@ from .errors import OutputError
 from .fleet import FleetInfo
 from .http import Client, open_transport
 from .locks import refuse_shard_writers
-from .pipeline import Runner, final_exit_code, no_handlers, runner_summary
+from .pipeline import Runner, final_exit_code, no_handlers, run_error, runner_summary
 from .progress import RunStats, snapshot
 from .requests import RequestPath
 from .rundir import MANIFEST, SUMMARY, RunDir, write_json_atomic
@@ -107,8 +107,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
         else:
             runner = _runner(config, client, counter, fleet, model, ctx, feed, claimer)
             code = await _serve(runner, feed, handle)
-            fatal = runner.recorder.fatal
-            error = str(fatal) if fatal is not None else None
+            error = run_error(runner)
             summary = merge_summaries([runner_summary(runner, fleet, code)], time.monotonic() - start, code)
     finally:
         claimer.release()
@@ -140,7 +139,8 @@ def _runner(
         runner.use_turns()
 
     def may_settle() -> bool:
-        return not runner.stopping.is_set() and runner.recorder.fatal is None and config.limit is None
+        unread = runner.stats.input_error is not None  # a rerun reads it again, and says why it stops
+        return not runner.stopping.is_set() and runner.recorder.fatal is None and config.limit is None and not unread
 
     runner.tracker = ClaimTracker(feed, claimer.ident, may_settle)
     feed.idle = lambda: runner.undispatched == 0

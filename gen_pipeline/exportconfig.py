@@ -17,10 +17,10 @@ DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
 _STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
-_STRINGS += ("truncated_in", "logprobs")  # logprobs: the server's JSON, as a string
+_STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage")  # logprobs, server_usage: JSON strings
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
-COLUMN_TYPES["latency_s"] = "float64"
+COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def column_value(obj: dict[str, Any], column: str) -> Any:
     """One column of a training row; ids and meta values become strings for a stable schema."""
     if column.startswith("meta."):
         value = (obj.get("meta") or {}).get(column[5:])
-    elif column in ("id", "meta", "logprobs"):
+    elif column in ("id", "meta", "logprobs", "server_usage"):
         value = obj.get(column)
     else:
         return obj.get(column)

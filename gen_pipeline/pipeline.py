@@ -20,7 +20,7 @@ from .config import RunConfig
 from .converse import TurnDispatch
 from .cursor import CursorKeeper, MarkTracker
 from .dispatch import SampleDispatch, thinking_fields
-from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, OutputError
+from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, OutputError
 from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
 from .http import Client, open_transport
@@ -39,6 +39,7 @@ from .store import DirLock, ResumeState, RunWriter, repair_all, write_json_atomi
 from .summary import Outcome, run_summary, write_status
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner, dispatch_budget
+from .usage import usage_warnings
 
 log = logging.getLogger("gen_pipeline")
 
@@ -201,7 +202,9 @@ class Runner:
 
 def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
-    summary = run_summary(runner.stats, runner.pool, exit_code, fleet.warnings + runner.warnings)
+    warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
+    warnings += usage_warnings(runner.pool.servers)
+    summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(
         stop_reason=runner.stop_reason or None,
         input_cursor=runner.reader.started,
@@ -223,7 +226,30 @@ def final_exit_code(runner: Runner) -> int:
         return EXIT_OUTPUT
     if runner.stopping.is_set():
         return runner.stop_code
-    return EXIT_INCOMPLETE if TRANSIENT_REASONS & runner.stats.failed.keys() else EXIT_OK
+    if runner.stats.input_error is not None:
+        return EXIT_ERROR  # every readable row is settled; the rest of the input cannot be read
+    incomplete = TRANSIENT_REASONS & runner.stats.failed.keys() or runner.stats.unfinished_line is not None
+    return EXIT_INCOMPLETE if incomplete else EXIT_OK
+
+
+def run_error(runner: Runner) -> str | None:
+    """The one line for stderr: why the output could not be written, or the input not read to its end."""
+    fatal = runner.recorder.fatal
+    return str(fatal) if fatal is not None else runner.stats.input_error
+
+
+def input_warnings(config: RunConfig, stats: RunStats) -> list[str]:
+    """What the summary says about an input that could not be read whole."""
+    warnings = []
+    if stats.unfinished_line is not None:
+        warnings.append(
+            f"line {stats.unfinished_line} of {config.input.name} has no newline at its end and is not whole JSON: "
+            "left unread, as a producer may still be writing it; it is read by the next run once it ends in a "
+            "newline"
+        )
+    if stats.input_error is not None:
+        warnings.append(f"{stats.input_error}; every row before that point is settled")
+    return warnings
 
 
 async def run_single(config: RunConfig, counter: TokenCounter | None, handle_signals: bool) -> Outcome:
@@ -303,5 +329,4 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
         write_json_atomic(RunDir(config.out).writer(config.worker).summary, summary)
-    fatal = runner.recorder.fatal
-    return Outcome(summary, exit_code, str(fatal) if fatal is not None else None)
+    return Outcome(summary, exit_code, run_error(runner))

@@ -71,6 +71,8 @@ class RunStats:
     handed_over: int = 0  # rows the reader has passed on (ahead of `read` by up to a batch), with input_fraction
     last_error: dict[str, str] = field(default_factory=dict)  # newest detail per ledger reason
     truncated_in_reasoning: int = 0  # cut at max_tokens while still thinking (no answer)
+    unfinished_line: int | None = None  # the input's last line, left unread: no newline, not whole JSON yet
+    input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"

@@ -84,6 +84,8 @@ class BatchReader:
                     break
         self.stats.repeats = self.source.repeats
         self.stats.input_fraction = self.source.fraction()
+        self.stats.unfinished_line = self.source.unfinished or self.stats.unfinished_line
+        self.stats.input_error = self.source.read_error or self.stats.input_error
         failed = self._count(prompts)
         counted: list[Prompt | BadRow | Skipped] = []
         for x in out:

@@ -138,6 +138,7 @@ SUMMARY_RULES: dict[str, Any] = {
         {
             **dict.fromkeys(("requests", "completions", "output_tokens", "capacity", "queue_margin"), SUM),
             "failures": TALLY,
+            "impossible_usage": Rule(total, optional=True),
             "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
             # the slowest part's view: the parts share the servers, a mean of means would hide a slow one
             "mean_latency_s": Rule(largest),
