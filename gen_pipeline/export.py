@@ -23,13 +23,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .card import dataset_card, read_manifest
+from .card import dataset_card
 from .errors import ExportCheckError
-from .exportconfig import COLUMN_TYPES, DEFAULT_COLUMNS, DEFAULT_SHARD_ROWS, ExportConfig, ExportStats, column_value
+from .exportconfig import (
+    COLUMN_TYPES,
+    DEFAULT_COLUMNS,
+    DEFAULT_SHARD_ROWS,
+    ExportConfig,
+    ExportStats,
+    column_value,
+    is_completion,
+)
 from .formats import jsonl_rows
 from .records import id_key
-from .rundata import completion_files
-from .samples import record_sample, sample_key
+from .rundata import completion_files, read_manifest
+from .samples import place_key, record_place
 
 
 def check_settled(config: ExportConfig) -> None:
@@ -45,15 +53,6 @@ def check_settled(config: ExportConfig) -> None:
                 f"{run}: {left} of {manifest['shards']} shards are not settled; finish the run "
                 "(the same generate command, or more claimers), or export what is there with --partial"
             )
-
-
-def _is_completion(obj: Any) -> bool:
-    return (
-        isinstance(obj, dict)
-        and obj.get("id") is not None
-        and isinstance(obj.get("messages"), list)
-        and isinstance(obj.get("completion"), str)
-    )
 
 
 def training_row(obj: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
@@ -76,14 +75,15 @@ def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[
 def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterator[dict[str, Any]]:
     """kept_completions for one file; `seen`: the keys of this claimed-shard run so far and their files."""
     for obj in jsonl_rows(f):
-        sample = record_sample(obj) if _is_completion(obj) else None
-        if sample is None:
+        place = record_place(obj) if is_completion(obj) else None
+        if place is None:
             stats.unreadable += 1
             continue
-        key = sample_key(id_key(obj["id"]), sample)
+        key = place_key(id_key(obj["id"]), *place)
         if seen is not None:
             if key in seen:
-                stats.twice.append(f"id {obj['id']!r} sample {sample} ({seen[key]} and {f})")
+                turn = f" turn {place[1]}" if "turn" in obj else ""
+                stats.twice.append(f"id {obj['id']!r} sample {place[0]}{turn} ({seen[key]} and {f})")
             seen.setdefault(key, f)
         if key in stats.done:
             stats.duplicates += 1
@@ -103,7 +103,13 @@ def _dropped(config: ExportConfig, obj: dict[str, Any]) -> bool:
 
 
 def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
-    """Every exportable completion as a training row (or, with group_samples, every prompt's group)."""
+    """Every exportable completion as a training row (or, with group_samples, every prompt's group; of a
+    --turns all run, every conversation)."""
+    if config.turns:
+        from .turnexport import conversation_rows
+
+        yield from conversation_rows(config, stats, kept_completions(config, stats))
+        return
     if config.group_samples:
         from .grouped import grouped_rows
 
@@ -117,7 +123,11 @@ def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> 
     """The dataset, streamed to Arrow files under `cache_dir` (never the whole run in memory)."""
     import datasets
 
-    if config.group_samples:
+    if config.turns:
+        from .turnexport import conversation_features
+
+        features = conversation_features(config.columns, COLUMN_TYPES)
+    elif config.group_samples:
         from .grouped import grouped_features
 
         features = grouped_features(config.columns, COLUMN_TYPES)
@@ -211,6 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--push-to-hub", metavar="REPO", help="also push to this hub dataset repo")
     add("--private", action="store_true", help="make the pushed repo private")
     add("--partial", action="store_true", help="export a claimed-shard run whose shards are not all settled")
+    add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -228,8 +239,12 @@ def main(args: argparse.Namespace) -> int:
         push_to_hub=args.push_to_hub,
         private=args.private,
         partial=args.partial,
+        drop_incomplete=args.drop_incomplete,
     )
     stats = export(config)
+    if config.turns:
+        kept = sum(stats.conversations.values()) - stats.conversations_left_out
+        print(f"export: {kept} conversations {dict(stats.conversations)} from {stats.rows} turns")
     print(
         f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
         f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from .errors import ConfigError
-from .rundata import completion_files
+from .rundata import completion_files, read_manifest
 
 DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model")
 DEFAULT_SHARD_ROWS = 100_000
@@ -50,6 +50,7 @@ class ExportConfig:
     push_to_hub: str | None = None
     private: bool = False
     partial: bool = False  # export a claimed-shard run with open shards
+    drop_incomplete: bool = False  # a --turns all run: leave out conversations that ended early
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.columns if c not in COLUMN_TYPES and not c.startswith("meta.")]
@@ -63,6 +64,15 @@ class ExportConfig:
                 raise ConfigError(f"{run} is not a run directory (no completions*.jsonl)")
         if self.out.exists() and any(self.out.iterdir()) and not self.overwrite:
             raise ConfigError(f"{self.out} exists and is not empty; use --overwrite to replace it")
+        if self.turns and self.group_samples:
+            raise ConfigError("--group-samples: a --turns all run exports one row per conversation")
+        if self.drop_incomplete and not self.turns:
+            raise ConfigError("--drop-incomplete is for runs made with --turns all")
+
+    @property
+    def turns(self) -> bool:
+        """Whether the runs were made with --turns all (one row per conversation: turnexport.py)."""
+        return turns_runs(self.runs)
 
 
 @dataclass
@@ -79,6 +89,8 @@ class ExportStats:
     completion_tokens: int = 0
     done: set[int] = field(default_factory=set)
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
+    conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    conversations_left_out: int = 0  # --turns all: with a turn left out, or (--drop-incomplete) ended early
 
     def add(self, obj: dict[str, Any]) -> None:
         self.rows += 1
@@ -97,3 +109,21 @@ def column_value(obj: dict[str, Any], column: str) -> Any:
     else:
         return obj.get(column)
     return value if value is None or isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def is_completion(obj: Any) -> bool:
+    """Whether a line is a completion export can use: an id, the prompt turns and a completion text."""
+    return (
+        isinstance(obj, dict)
+        and obj.get("id") is not None
+        and isinstance(obj.get("messages"), list)
+        and isinstance(obj.get("completion"), str)
+    )
+
+
+def turns_runs(runs: tuple[Any, ...]) -> bool:
+    """Whether these runs were made with --turns all; ConfigError when some were and some were not."""
+    kinds = {read_manifest(run).get("turns") == "all" for run in runs}
+    if len(kinds) > 1:
+        raise ConfigError("some of these runs were made with --turns all and some without; export them apart")
+    return kinds == {True}
