@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cursor, health
+from . import cost, cursor, health
 from .balancer import ServerPool
 from .config import RunConfig
 from .converse import TurnDispatch
@@ -211,6 +211,11 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
         samples=runner.config.samples,
         learned_offset=runner.path.learner.offset,
     )
+    config = runner.config
+    sharing = config.shard[1] if config.shard else config.share  # --workers K share each server
+    hours = cost.gpu_hours(runner.stats.elapsed(), len(runner.pool.servers), config.gpus_per_server, sharing)
+    summary.update(gpus_per_server=config.gpus_per_server, gpu_hours=round(hours, 4))
+    summary.update(cost.derive(summary))
     return summary
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cost import cost_lines
 from .errors import EXIT_OUTAGE
 from .identical import SameSamples
 
@@ -60,6 +61,8 @@ class RunStats:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens, where the servers report it
+    valid_output_tokens: int = 0  # completion tokens of written rows (cost.py)
+    untruncated_output_tokens: int = 0  # of those, rows not cut at max_tokens
     requests: int = 0
     latency: Latencies = field(default_factory=Latencies)  # every request to a server
     in_flight: int = 0
@@ -251,6 +254,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"finish_reason {summary['finish_reasons']}",
     ]
     lines += _samples_lines(summary)
+    lines += cost_lines(summary)
     if cursor := summary.get("input_cursor"):
         lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")
     drift = summary["token_drift"]
