@@ -164,6 +164,7 @@ SUMMARY_RULES: dict[str, Any] = {
 
 STATUS_RULES: dict[str, Any] = {
     "updated": Rule(lambda v: max(float(x) for x in v) if v else 0.0, live=True),
+    "last_settled": Rule(largest, live=True, optional=True),
     "state": Rule(_state, live=True),
     "counts": {
         "done": SUM,
