@@ -4,6 +4,7 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
 
     {
       "updated": 1732900000.0,        # epoch seconds of this snapshot
+      "last_settled": 1732899990.0,   # epoch seconds when a row was last settled (the start, before one was)
       "pid": 12345,                   # the generate process
       "state": "running",             # "running" | "stopping" (after Ctrl-C / SIGTERM) | "finished"
       "counts": {
@@ -131,7 +132,9 @@ def inspect_run(run: Path, now: float | None = None) -> tuple[str, int]:
     if status is None and summary is None and manifest is None and not completion_files(run) and not workers:
         raise ConfigError(f"{run} is not a run directory (no status.json, summary.json or completions)")
     m = manifest or {}
-    lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}, {len(m.get('servers') or [])} servers"]
+    # no server count here: the servers listed below are the ones that count (claimers on other nodes
+    # bring fleets of their own; a resume may name other servers than the manifest's)
+    lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}"]
     if m.get("shards") is not None:  # claimed shards: claimers on any number of hosts (claimstatus.py)
         body, code = _describe_claimed(run, summary, m, now)
     elif workers and (status is None or float(status.get("updated", 0)) < max(w.updated for w in workers)):

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 CHUNK = 1 << 20
+# Seconds without a row settled before a running run is shown as stalled (an outage, a hung fleet): its
+# rates (run averages) and ETA would go on showing how it was doing before.
+STALLED_AFTER = 60.0
 
 
 def duration(seconds: float) -> str:
@@ -48,13 +51,25 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         f"done {counts.get('done', 0)} | skipped {counts.get('skipped', 0)} | "
         f"failed {f'{sum(failed.values())} {failed}' if failed else 0} | "
         f"in flight {counts.get('in_flight', 0)}" + (f" | queued {counts['queued']}" if "queued" in counts else ""),
-        f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
+        stalled(status)
+        or f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
         f"ETA {duration(eta) if eta is not None else 'unknown'}",
         f"servers: {healthy} of {len(servers)} healthy",
     ]
     lines += [_server_line(url, s) for url, s in servers.items()]
     lines += [f"last {reason}: {text}" for reason, text in (status.get("last_error") or {}).items()]
     return lines
+
+
+def stalled(status: dict[str, Any]) -> str | None:
+    """The rates line of a run that has settled no row for STALLED_AFTER seconds (None: it has lately)."""
+    if status.get("last_settled") is None or status.get("state", "running") != "running":
+        return None
+    idle = float(status.get("updated", 0)) - float(status["last_settled"])
+    if idle < STALLED_AFTER:
+        return None
+    since = time.strftime("%H:%M:%S", time.localtime(float(status["last_settled"])))
+    return f"STALLED: no row settled for {duration(idle)} (since {since}) | rate and ETA unknown"
 
 
 def count_lines(path: Path) -> int:
