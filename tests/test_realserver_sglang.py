@@ -26,7 +26,7 @@ from e2e import WEATHER_TOOL, prompts, read_jsonl
 
 from gen_pipeline.check import render_check, run_check
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import free_ports
 from gen_pipeline.tokens import load_counter
 
