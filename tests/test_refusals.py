@@ -1,5 +1,6 @@
 """Telling rows from servers. The same 400 from every server, row after row, is the fleet's fault: the run
-stops and settles nothing; a 400 only some rows get is theirs (`bad_request`)."""
+stops and settles nothing; a 400 only some rows get is theirs (`bad_request`). A row every server answers
+5xx while they serve other requests is the row's fault (`poison`); a fleet that fails everything is not."""
 
 from __future__ import annotations
 
@@ -81,3 +82,29 @@ def test_one_message_from_one_server_of_two_is_not_the_fleet():
     judge.finish()
     assert len(stops) == 1 and "the only server" in stops[0]
 
+
+def test_a_row_that_breaks_every_server_is_poison_and_named(write_jsonl, tmp_path):
+    """Every server answers one row 500 and serves the others: it is ledgered `poison` with the server's
+    message and named in the summary; a rerun skips it (it paid the attempts and exited 3 every time);
+    --retry-failed poison sends it again."""
+    rows = prompts(60)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    first, _ = run_sim(path, out, {"poison": "Q7:", "n_ports": 3})
+    assert first.exit_code == 0 and first.summary["failed"] == {"poison": 1}
+    [entry] = read_jsonl(out / "failures.jsonl")
+    assert (entry["id"], entry["reason"], entry["status"]) == (7, "poison", 500) and "Q7:" in entry["detail"]
+    [named] = [w for w in first.summary["warnings"] if "poison" in w]
+    assert named.startswith("row 7 (line 8)") and "Internal server error on 'Q7:'" in named
+    again, fleet = run_sim(path, out, {"poison": "Q7:", "n_ports": 3})
+    assert again.exit_code == 0 and again.summary["skipped"] == {"done": 59, "poison": 1}
+    assert sum(s.requests for s in fleet.stats.values()) == 0
+    mended, _ = run_sim(path, out, {"n_ports": 3}, retry_failed=frozenset({"poison"}))
+    assert mended.exit_code == 0 and mended.summary["completed"] == 1
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 60, "ledger": 1}
+
+
+def test_a_fleet_failing_everything_is_not_poison(write_jsonl, tmp_path):
+    """Servers that answer every request 500 are sick, not the rows: server_error, retried by a rerun."""
+    path, out = write_jsonl(prompts(4)), tmp_path / "out"
+    outcome, _ = run_sim(path, out, {"p500": 1.0, "n_ports": 3})
+    assert outcome.exit_code == 3 and outcome.summary["failed"] == {"server_error": 4}
