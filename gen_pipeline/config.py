@@ -269,6 +269,8 @@ class RunConfig:
     metrics_host: str = "0.0.0.0"
     metrics_file: Path | None = None
     metrics_worker: str = "0"
+    # cost (cost.py): GPUs behind each server, for GPU-hours in summary.json
+    gpus_per_server: int = 1
 
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
@@ -300,6 +302,7 @@ class RunConfig:
             (self.workers >= 1, "--workers must be at least 1"),
             (self.shards is None or self.shards >= 1, "--shards must be at least 1"),
             (self.share >= 1, "bad --share"),
+            (self.gpus_per_server >= 1, "--gpus-per-server must be at least 1"),
             (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),

@@ -23,6 +23,7 @@ from .http import ChatResult
 from .records import Completion, Failure, Prompt
 from .requests import RequestPath, Track
 from .samples import sample_key, sample_seed, truncated_in, turn_seed
+from .usage import server_usage
 
 log = logging.getLogger("gen_pipeline")
 
@@ -54,7 +55,9 @@ class Sent:
     cached_tokens: int = 0  # prompt tokens the servers' prefix caches served, where they report them
 
     def count(self, result: ChatResult) -> None:
-        """Add one answer's usage (a request with n reports its samples together)."""
+        """Add one answer's usage (a request with n reports its samples together); an impossible one adds nothing."""
+        if result.usage_problem is not None:
+            return
         self.output_tokens += result.completion_tokens or 0
         self.cached_tokens += result.cached_tokens or 0
         if result.reasoning_tokens is not None:
@@ -155,5 +158,9 @@ class SampleDispatch:
             extra["reasoning_tokens"] = answer.reasoning_tokens
         if choice.logprobs is not None:
             extra["logprobs"] = choice.logprobs
+        if answer.usage_problem is not None:  # null counts: every reader leaves them out of its figures
+            done.prompt_tokens = done.completion_tokens = None
+            extra.pop("reasoning_tokens", None)
+            extra.update(usage_invalid=answer.usage_problem, server_usage=server_usage(answer))
         done.extra = extra
         return done

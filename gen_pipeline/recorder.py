@@ -8,13 +8,16 @@ that show a tokenizer the servers do not use.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from .config import RunConfig
+from .cost import useful_tokens
 from .dispatch import Sent
 from .errors import EXIT_ERROR, EXIT_OUTPUT, OutputError
 from .findings import DRIFT_EVIDENCE, early_drift_problem
+from .identical import greedy
 from .progress import RunStats
 from .reader import conversation
 from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
@@ -23,6 +26,8 @@ from .runtime import say
 from .source import Skipped
 from .store import RunWriter
 from .tokens.conversation import shapes
+
+log = logging.getLogger("gen_pipeline")
 
 # Poison rows named one by one in the summary's warnings (the ledger holds them all).
 POISON_NAMED = 10
@@ -67,12 +72,24 @@ class Recorder:
                 self._count(outcome, kinds)
         self.stats.output_tokens += sent.output_tokens
         self.stats.cached_tokens += sent.cached_tokens
+        valid, untruncated = useful_tokens(sent.outcomes, sent.output_tokens)
+        self.stats.valid_output_tokens += valid
+        self.stats.untruncated_output_tokens += untruncated
         if sent.reasoning_tokens is not None:
             self.stats.reasoning_tokens += sent.reasoning_tokens
             self.stats.reasoned_output_tokens += sent.output_tokens
-        if any(isinstance(o, Completion) for o in sent.outcomes):
+        done = [o for o in sent.outcomes if isinstance(o, Completion)]
+        if done:
             self.stats.input_tokens += prompt.input_tokens  # once: one request with n, or a cached prefix
+            self._judge_samples(prompt, done)
         return transient
+
+    def _judge_samples(self, prompt: Prompt, done: list[Completion]) -> None:
+        """Count prompts whose samples all came back the same (not asked greedy); warn once when many did."""
+        if greedy({**self.config.sampling, **(prompt.sampling or {})}):
+            return
+        if self.stats.same_samples.note(done):
+            log.warning("%s", self.stats.same_samples.warning())
 
     def failure(self, failure: Failure) -> None:
         """One ledger line, and the reason's count and newest detail."""

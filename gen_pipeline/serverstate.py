@@ -38,6 +38,8 @@ class ServerState:
     out_of_service_s: float = 0.0  # closed out-of-service periods
     trial: bool = False  # half-open: one fresh request at a time until one succeeds
     quiet_since: float = 0.0  # the last answer, or when it got work after being idle
+    bad_usage: int = 0  # answers whose usage was impossible (usage.py), and the first one's reason
+    bad_usage_first: str = ""
 
     @property
     def limit(self) -> int:
@@ -79,4 +81,5 @@ class ServerState:
             "out_of_service_s": round(self.out_of_service(now), 1),
             "capacity": self.capacity,
             "queue_margin": self.margin,
+            **({"impossible_usage": self.bad_usage} if self.bad_usage else {}),
         }

@@ -15,7 +15,7 @@ from e2e import check_invariant, prompts, read_jsonl
 
 from gen_pipeline.config import RetryPolicy, RunConfig, parse_reasons
 from gen_pipeline.http import ChatResult
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.tokens import TINY_TOKENIZER
 
@@ -38,7 +38,11 @@ def odd_app(answer: dict[str, Any], served: str = MODEL) -> web.Application:
         body = await request.json()
         choice = {"index": 0, "message": {"role": "assistant", **answer.get("message", {})}, "finish_reason": "stop"}
         return web.json_response(
-            {"model": answer.get("model", body["model"]), "choices": [choice], "usage": {"completion_tokens": 0}}
+            {
+                "model": answer.get("model", body["model"]),
+                "choices": [choice],
+                "usage": answer.get("usage", {"completion_tokens": 0}),
+            }
         )
 
     app = web.Application()

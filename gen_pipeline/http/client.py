@@ -41,6 +41,7 @@ class ChatResult:
     # content, finish_reason and logprobs; usage is the request's, on this result only
     choices: tuple[ChatResult, ...] = ()
     model: str | None = None  # the model the body says answered (SGLang and vLLM echo the request's)
+    usage_problem: str | None = None  # why its usage is impossible (set by the request path: usage.py)
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (SGLang --enable-cache-report)
 
 
