@@ -46,6 +46,10 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
         ("left out: duplicate (id, sample)", stats.duplicates),
         ("left out: unreadable lines", stats.unreadable),
     ]
+    if stats.conversations:  # a --turns all run: rows are conversations, the counts above are turns
+        rows[0] = ("turns (rows of the output)", stats.rows)
+        rows += [(f"conversations: {k}", n) for k, n in stats.conversations.items()]
+        rows.append(("left out: conversations (a turn left out, or --drop-incomplete)", stats.conversations_left_out))
     ledger = ledger_reasons(config.runs)  # as status and report count it
     rows += [(f"not generated: {reason} (ledger)", n) for reason, n in ledger.most_common()]
     rows += _cost_rows(config)

@@ -201,6 +201,10 @@ def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
     parts = last_session(claimer_summaries(rundir), span)
     elapsed = max((span(p)[1] for p in parts), default=0.0) - min((span(p)[0] for p in parts), default=0.0)
     merged = merge_summaries(parts, elapsed, code)
+    if code == EXIT_OK and merged["stop_reason"]:
+        # the run ended well: a claimer's own stop (a Slurm task cancelled or requeued) did not stop it
+        merged["warnings"].append(f"a claimer stopped early ({merged['stop_reason']}); the others went on")
+        merged["stop_reason"] = None
     if parts:
         merged.update(started=min(span(p)[0] for p in parts), ended=max(span(p)[1] for p in parts))
     merged["claimers"] = merged.pop("workers")

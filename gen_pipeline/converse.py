@@ -112,6 +112,7 @@ class TurnDispatch:
         result, sent_budget = answer
         done = self.dispatch.completion(request, result, sent_budget, track, sample, result)
         done.turn, done.key = turn, place_key(prompt.key, sample, turn)
+        done.extra["turns"] = len(prompt.turns or ())  # export tells a complete conversation by it
         outcome = Sent([done])
         outcome.count(result)
         self.recorder.sent(request, outcome)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .cost import cost_lines
 from .errors import EXIT_OUTAGE
+from .identical import SameSamples
 
 log = logging.getLogger("gen_pipeline")
 
@@ -78,14 +79,17 @@ class RunStats:
     input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
     ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
+    progressed: tuple[float, int] = (-1.0, 0)  # (clock, worked()) when rate() last saw worked() grow
 
     def __post_init__(self) -> None:
         if self.started < 0:
             self.started = self.clock()
         self.rate_points.append((self.started, 0))
+        self.progressed = (self.started, 0)
 
     def note_input(self, rows: int, fraction: float) -> None:
         """The reader has passed on `rows` more rows, having consumed `fraction` of the input."""
@@ -121,12 +125,20 @@ class RunStats:
     def rate(self) -> float:
         """Rows settled per second over the last ETA_WINDOW seconds (since the start, early on)."""
         now, worked = self.clock(), self.worked()
+        if worked != self.progressed[1]:
+            self.progressed = (now, worked)
         if now - self.rate_points[-1][0] >= RATE_SAMPLE:
             self.rate_points.append((now, worked))
         while len(self.rate_points) > 2 and now - self.rate_points[1][0] >= ETA_WINDOW:
             self.rate_points.popleft()  # the oldest kept is the last one at least a window old
         since, then = self.rate_points[0]
         return (worked - then) / (now - since) if now > since else 0.0
+
+    def idle(self) -> float:
+        """Seconds since a row was last settled (since the start, before the first one), as seen by rate()'s
+        callers (status.json every STATUS_INTERVAL s)."""
+        self.rate()
+        return self.clock() - self.progressed[0]
 
     def elapsed(self) -> float:
         return max(self.clock() - self.started, 1e-9)
@@ -200,8 +212,10 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts
     """The status.json document (schema in gen_pipeline/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
+    updated = time.time()
     return {
-        "updated": time.time(),
+        "updated": updated,
+        "last_settled": round(updated - stats.idle(), 1),  # a row's end; the start before the first
         "pid": os.getpid(),
         "state": state,
         "counts": {

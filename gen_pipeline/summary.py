@@ -136,6 +136,7 @@ SUMMARY_RULES: dict[str, Any] = {
     **dict.fromkeys(COUNTS, SUM),
     **dict.fromkeys(("skipped", "failed", "finish_reasons"), TALLY),
     "token_drift": {"compared": SUM, "by_offset": TALLY},
+    "identical_samples": {"compared": SUM, "identical": SUM},
     "servers": PerKey(
         {
             **dict.fromkeys(("requests", "completions", "output_tokens", "capacity", "queue_margin"), SUM),
@@ -163,6 +164,7 @@ SUMMARY_RULES: dict[str, Any] = {
 
 STATUS_RULES: dict[str, Any] = {
     "updated": Rule(lambda v: max(float(x) for x in v) if v else 0.0, live=True),
+    "last_settled": Rule(largest, live=True, optional=True),
     "state": Rule(_state, live=True),
     "counts": {
         "done": SUM,
@@ -239,6 +241,7 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "truncated_in_reasoning": stats.truncated_in_reasoning,
         "reasoning_tokens": stats.reasoning_view(),
         "token_drift": stats.drift_view(),
+        "identical_samples": stats.same_samples.view(),
         "cut_by_server": stats.server_cut,
         "learned_offset": 0,
         "servers": pool.views(),

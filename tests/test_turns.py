@@ -181,3 +181,62 @@ def test_check_plans_the_first_turns_and_says_the_rest_wait_for_answers(write_js
     assert plan["prompts"] == 4 and plan["samples"] == 8 and plan["input_length"]["n"] == 4
     assert plan["later_turns"] == 2 * (2 + 3 + 2 + 3)
     assert any("depend on the answers" in line for line in plan_lines(report))
+
+
+def test_export_writes_one_row_per_conversation(write_jsonl, tmp_path):
+    """A --turns all run exports one row per (id, sample): the regenerated conversation with its reasoning,
+    complete or ended early; --drop-incomplete leaves the ended ones out."""
+    import pyarrow.parquet as pq
+
+    from gen_pipeline.export import ExportConfig, export
+
+    long = [{"role": "user", "content": "word " * 120} for _ in range(6)]
+    rows = [{"id": "long", "messages": long}, *conversation_rows(3)]
+    run = tmp_path / "run"
+    sim = {"n_ports": 2, "context_length": 700, "reasoning_words": 3}
+    run_sim(write_jsonl(rows), run, sim=sim, turns="all", samples=2, max_tokens=32)
+    stats = export(ExportConfig(runs=(run,), out=tmp_path / "ds"))
+    table = pq.read_table(next((tmp_path / "ds" / "data").glob("*.parquet"))).to_pylist()
+    assert len(table) == 8 and stats.conversations == {"complete": 6, "ended_early": 2}
+    lines = {(r["id"], r["sample"], r["turn"]): r for r in read_jsonl(run / "completions.jsonl")}
+    for row in table:
+        segments = split_turns(next(r for r in rows if r["id"] == row["id"])["messages"])
+        assert row["conversation"] == ("ended_early" if row["id"] == "long" else "complete")
+        assert [m["role"] for m in row["messages"]].count("assistant") == row["turns"]
+        assert row["turns"] == (len(segments) if row["id"] != "long" else row["turns"])
+        answers = [m for m in row["messages"] if m["role"] == "assistant"]
+        recorded = [lines[(row["id"], row["sample"], t)] for t in range(row["turns"])]
+        assert [a["content"] for a in answers] == [r["completion"] for r in recorded]
+        assert [a["reasoning_content"] for a in answers] == [r.get("reasoning_content") for r in recorded]
+        assert all(a["reasoning_content"] for a in answers)
+    export(ExportConfig(runs=(run,), out=tmp_path / "ds2", drop_incomplete=True))
+    kept = pq.read_table(next((tmp_path / "ds2" / "data").glob("*.parquet"))).to_pylist()
+    assert sorted((r["id"], r["sample"]) for r in kept) == sorted((f"c{i}", s) for i in range(3) for s in range(2))
+
+
+def sharegpt(turns: list[tuple[str, str]], **extra: Any) -> dict[str, Any]:
+    return {"conversations": [{"from": f, "value": v} for f, v in turns], **extra}
+
+
+def test_prepare_keep_turns_keeps_the_system_and_user_turns_and_dedups_on_them(tmp_path, write_jsonl):
+    """--keep-turns: a ShareGPT conversation keeps its system and user turns, deduplicated on them (other
+    answers make no other row), tool conversations are invalid; a --turns all run's ids are excluded."""
+    from gen_pipeline.cli import main
+
+    rows = [
+        sharegpt([("system", "S"), ("human", "A"), ("gpt", "B"), ("human", "C"), ("gpt", "D")]),
+        sharegpt([("system", "S"), ("human", "A"), ("gpt", "other"), ("human", "C "), ("gpt", "E")]),
+        sharegpt([("human", "A"), ("gpt", "B")]),
+        sharegpt([("human", "A"), ("function_call", "f()"), ("observation", "r")]),
+        sharegpt([("human", "new"), ("gpt", "x"), ("human", "two")]),
+    ]
+    src, out = write_jsonl(rows, "src.jsonl"), tmp_path / "prompts.jsonl"
+    assert main(["prepare", "--input", str(src), "--out", str(out), "--keep-turns"]) == 0
+    kept = read_jsonl(out)
+    assert [[m["content"] for m in r["messages"]] for r in kept] == [["S", "A", "C"], ["A"], ["new", "two"]]
+    assert all(m["role"] != "assistant" for r in kept for m in r["messages"])
+    run = tmp_path / "run"
+    run_sim(out, run, sim={"n_ports": 1}, turns="all")
+    again = tmp_path / "again.jsonl"
+    assert main(["prepare", "--input", str(src), "--out", str(again), "--keep-turns", "--exclude", str(run)]) == 0
+    assert read_jsonl(again) == []
