@@ -10,7 +10,7 @@ from typing import Any
 from gen_pipeline.alerts import IDLE_S, Watch, run_command
 from gen_pipeline.progress import RunStats, snapshot
 from gen_pipeline.serverstate import ServerState
-from gen_pipeline.status import render_status
+from gen_pipeline.statustext import render_status
 from gen_pipeline.summary import merge_statuses
 
 
