@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cost, cursor
+from .alerts import Watch
 from .balancer import ServerPool
 from .config import RunConfig
 from .converse import TurnDispatch
@@ -69,12 +70,15 @@ class Runner:
     stop_reason: str = ""
     stop_code: int = 0  # the exit code the stop asks for
     undispatched: int = 0  # prompts in the queue, not yet taken by a worker
+    watch: Watch = field(init=False)  # the alerts status.json and the progress line show
+    alerts: list[str] = field(default_factory=list)  # the alerts that held at the last look
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(
             self.config, self.writer, self.stats, self.counter.name, self.request_stop, self.warnings
         )
         self.judge = RefusalJudge(len(self.pool.servers), self._release, lambda r: self.request_stop(r, EXIT_OUTAGE))
+        self.watch = Watch(self.config.stall_minutes * 60, self.config.on_stall, str(self.config.out))
 
     def use_turns(self) -> None:
         """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
@@ -210,7 +214,7 @@ class Runner:
         """Replace status.json with a snapshot (a failure to write it never stops the run)."""
         with contextlib.suppress(OutputError):
             path = RunDir(self.config.out).writer(self.config.worker).status
-            write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
+            write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts))
 
 
 def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
