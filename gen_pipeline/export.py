@@ -33,12 +33,14 @@ from .formats import jsonl_rows
 from .records import id_key
 from .report import completion_files
 from .samples import place_key, record_place
+from .tokens.conversation import SERVER_KINDS
+from .trainrow import REQUEST_COLUMNS, export_messages, request_columns, turn_features
 
 DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model")
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
 _STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
-_STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage")  # logprobs, server_usage: JSON strings
+_STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage", "tool_calls", *REQUEST_COLUMNS)
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
@@ -148,21 +150,25 @@ def _is_completion(obj: Any) -> bool:
 
 
 def _value(obj: dict[str, Any], column: str) -> Any:
-    """One column of a training row; ids and meta values become strings for a stable schema."""
-    if column.startswith("meta."):
-        value = (obj.get("meta") or {}).get(column[5:])
-    elif column in ("id", "meta", "logprobs", "server_usage"):
-        value = obj.get(column)
-    else:
-        return obj.get(column)
+    """One column of a training row; a string column's ids, meta values and JSON (logprobs, tool calls, the
+    request fields) become strings for a stable schema."""
+    value = (obj.get("meta") or {}).get(column[5:]) if column.startswith("meta.") else obj.get(column)
+    if COLUMN_TYPES.get(column, "string") != "string":
+        return value
     return value if value is None or isinstance(value, str) else orjson.dumps(value).decode()
 
 
-def training_row(obj: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
-    """A completion line as a training row: prompt turns plus the new assistant turn."""
-    turns = [{"role": m.get("role"), "content": m.get("content")} for m in obj["messages"]]
-    row = {"messages": [*turns, {"role": "assistant", "content": obj["completion"]}]}
-    row.update((c, _value(obj, c)) for c in columns)
+def server_kind(config: ExportConfig) -> str:
+    """The server kind whose joining of text parts the exported turns follow (the first run's)."""
+    kind = read_manifest(config.runs[0]).get("server_kind") if config.runs else None
+    return kind if kind in SERVER_KINDS else "sglang"
+
+
+def training_row(obj: dict[str, Any], columns: tuple[str, ...], kind: str = "sglang") -> dict[str, Any]:
+    """A completion line as a training row: every prompt turn and the new assistant turn as the model saw
+    and made them, the request fields beside them (trainrow.py), and the chosen columns."""
+    row = {"messages": export_messages(obj, kind), **request_columns(obj)}
+    row.update((c, _value(obj, c)) for c in columns if c not in row)
     return row
 
 
@@ -216,10 +222,11 @@ def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str
     if config.group_samples:
         from .grouped import grouped_rows
 
-        yield from grouped_rows(kept_completions(config, stats), config.columns)
+        yield from grouped_rows(kept_completions(config, stats), config.columns, server_kind(config))
         return
+    kind = server_kind(config)
     for obj in kept_completions(config, stats):
-        yield training_row(obj, config.columns)
+        yield training_row(obj, config.columns, kind)
 
 
 def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> Any:
@@ -237,7 +244,8 @@ def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> 
     else:
         features = datasets.Features(
             {
-                "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+                "messages": [turn_features()],
+                **dict.fromkeys(REQUEST_COLUMNS, datasets.Value("string")),
                 **{c: datasets.Value(COLUMN_TYPES.get(c, "string")) for c in config.columns},
             }
         )
