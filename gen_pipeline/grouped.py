@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from .exportconfig import column_value
 from .records import id_key
 from .trainrow import export_turn, request_columns, turn_features
 
@@ -28,17 +29,15 @@ def grouped_rows(
     lines: Iterable[dict[str, Any]], columns: tuple[str, ...], kind: str = "sglang"
 ) -> Iterator[dict[str, Any]]:
     """One row per prompt from its kept completion lines, samples in order."""
-    from .export import _value  # one definition of how a column reads a line
-
     listed = _listed(columns)
     groups: dict[int, tuple[dict[str, Any], list[tuple[int, str, list[Any]]]]] = {}
     for obj in lines:
         key = id_key(obj["id"])
         group = groups.get(key)
         if group is None:
-            head = {"id": _value(obj, "id"), "messages": [export_turn(m, kind) for m in obj["messages"]]}
+            head = {"id": column_value(obj, "id"), "messages": [export_turn(m, kind) for m in obj["messages"]]}
             group = groups[key] = ({**head, **request_columns(obj)}, [])
-        group[1].append((obj.get("sample") or 0, obj["completion"], [_value(obj, c) for c in listed]))
+        group[1].append((obj.get("sample") or 0, obj["completion"], [column_value(obj, c) for c in listed]))
     for head, samples in groups.values():
         samples.sort(key=lambda s: s[0])
         row = {**head, "completions": [text for _, text, _ in samples]}

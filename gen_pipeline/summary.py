@@ -17,6 +17,7 @@ from typing import Any
 from . import cost
 from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_OUTPUT
 from .progress import format_summary
+from .rundir import write_json_atomic
 
 Doc = dict[str, Any]
 
@@ -175,6 +176,7 @@ STATUS_RULES: dict[str, Any] = {
     },
     "rates": {"req_per_s": Rule(_rounded(2), live=True), "out_tok_per_s": Rule(_rounded(1), live=True)},
     "eta_s": Rule(_eta, live=True),
+    "alerts": Rule(lambda v: sorted({a for alerts in v for a in alerts or []}), live=True, optional=True),
     "servers": PerKey(
         {
             "in_flight": Rule(total, live=True),
@@ -264,3 +266,8 @@ def describe(outcome: Outcome, out: Path) -> str:
     if outcome.exit_code in (EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_INCOMPLETE, EXIT_OUTPUT):
         text += f"\nto resume, run the same command again (output in {out})"
     return text
+
+
+def write_status(path: Path, status: dict[str, Any]) -> None:
+    """Replace a status file (status.json, a claimer's) in one step, so a reader never sees half of it."""
+    write_json_atomic(path, status)

@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 
-from .tokens.conversation import content_texts, join_texts
+from .exportconfig import REQUEST_COLUMNS, ExportConfig, column_value
+from .rundata import read_manifest
+from .tokens.conversation import SERVER_KINDS, content_texts, join_texts
 
-REQUEST_COLUMNS = ("tools", "chat_template_kwargs", "sampling")  # always exported, beside `messages`
 TURN_FIELDS = ("role", "content", "reasoning_content", "name", "tool_call_id")
 
 
@@ -56,6 +57,20 @@ def answer_turn(obj: dict[str, Any]) -> dict[str, Any]:
 def export_messages(obj: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     """A completion line's prompt turns and its answer, in the schema."""
     return [export_turn(m, kind) for m in [*obj["messages"], answer_turn(obj)]]
+
+
+def server_kind(config: ExportConfig) -> str:
+    """The server kind whose joining of text parts the exported turns follow (the first run's)."""
+    kind = read_manifest(config.runs[0]).get("server_kind") if config.runs else None
+    return kind if kind in SERVER_KINDS else "sglang"
+
+
+def training_row(obj: dict[str, Any], columns: tuple[str, ...], kind: str = "sglang") -> dict[str, Any]:
+    """A completion line as a training row: every prompt turn and the new assistant turn as the model saw
+    and made them, the request fields beside them, and the chosen columns."""
+    row = {"messages": export_messages(obj, kind), **request_columns(obj)}
+    row.update((c, column_value(obj, c)) for c in columns if c not in row)
+    return row
 
 
 def request_columns(obj: dict[str, Any]) -> dict[str, Any]:
