@@ -16,7 +16,7 @@ from test_answers import fleet
 
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.export import ExportConfig, export
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 
 CALL = {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
 
