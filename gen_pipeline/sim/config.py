@@ -65,6 +65,10 @@ class SimConfig:
     `crash_after` {port: n}: the port serves n generation requests and the next one crashes it
     (listener closed, in-flight connections reset); with `restart_after` seconds it comes back,
     `/health` answering 503 for `warmup` seconds while /v1/* is already served.
+    `template_error`: every chat request is answered 400 with this message, as a server whose chat template
+    fails (jinja2 missing, a template error) answers; `poison`: a request whose prompt contains this text is
+    answered `poison_status` (500: a row that breaks the server's request handling; 400: a row the server
+    refuses) by every port, with a message naming the text; other rows are served.
     """
 
     # fleet
@@ -108,6 +112,9 @@ class SimConfig:
     crash_after: Mapping[int, int] = field(default_factory=dict)
     restart_after: float | None = None
     warmup: float = 2.0
+    template_error: str | None = None
+    poison: str | None = None
+    poison_status: int = 500
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
@@ -145,6 +152,8 @@ class SimConfig:
             raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
         if self.restart_after is not None and self.restart_after < 0:
             raise ConfigError("simulator: restart_after must be >= 0")
+        if not 400 <= self.poison_status <= 599:
+            raise ConfigError(f"simulator: poison_status must be a 4xx or 5xx status, got {self.poison_status}")
 
     @property
     def live_ports(self) -> tuple[int, ...]:
