@@ -4,24 +4,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from .exportconfig import ExportConfig, ExportStats
 from .ledger import ledger_reasons
-from .report import read_json
-from .rundir import MANIFEST, SUMMARY
-
-if TYPE_CHECKING:
-    from .export import ExportConfig, ExportStats
+from .rundata import read_json, read_manifest
+from .rundir import SUMMARY
 
 # Manifest fields shown in the card's settings table (the whole manifest follows it).
 CARD_SETTINGS = ("model", "tokenizer", "context_length", "max_tokens", "safety_margin", "sampling")
-
-
-def read_manifest(run: Path) -> dict[str, Any]:
-    path = run / MANIFEST
-    return orjson.loads(path.read_bytes()) if path.exists() else {}
 
 
 def _front_matter(config: ExportConfig) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .cost import cost_lines
 from .errors import EXIT_OUTAGE
+from .identical import SameSamples
 
 log = logging.getLogger("gen_pipeline")
 
@@ -78,6 +79,7 @@ class RunStats:
     input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
     ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
@@ -206,7 +208,7 @@ class Progress:
             self.bar.close()
 
 
-def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dict[str, Any]:
+def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
     """The status.json document (schema in gen_pipeline/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
@@ -236,6 +238,7 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dic
             for s in servers
         },
         "last_error": dict(stats.last_error),
+        "alerts": list(alerts),
     }
 
 
@@ -295,6 +298,10 @@ async def watch_run(runner: Any) -> None:
             outage = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
+            runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock())
+            if runner.alerts:
+                more = f" (+{len(runner.alerts) - 1} more: gen-pipeline status)" if len(runner.alerts) > 1 else ""
+                extra += f" | ALERT: {runner.alerts[0]}{more}"
             progress.update(runner.stats, extra)
             if outage > runner.config.outage_timeout:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)

@@ -38,6 +38,7 @@ class ServerState:
     out_of_service_s: float = 0.0  # closed out-of-service periods
     trial: bool = False  # half-open: one fresh request at a time until one succeeds
     quiet_since: float = 0.0  # the last answer, or when it got work after being idle
+    last_sent: float = -math.inf  # when it was last given a request (alerts.py: a server left idle)
     bad_usage: int = 0  # answers whose usage was impossible (usage.py), and the first one's reason
     bad_usage_first: str = ""
 

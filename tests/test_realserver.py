@@ -21,7 +21,7 @@ from e2e import check_invariant, prompts, read_jsonl, shape_rows
 from procs import wait_for_lines
 
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "run" / "llama"))

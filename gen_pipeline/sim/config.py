@@ -54,7 +54,8 @@ class SimConfig:
     with `--reasoning-parser` (the thinking split out of `content`); the thinking spends max_tokens first
     (capped by a request's `thinking_budget`), so a small budget ends "length" with empty content.
     Samples: a request's `n` and `seed` are honoured (each choice derived from the prompt, seed and its
-    index); the last `prefix_cache` prompts of a port skip `prefill_latency`; `request_log` is a file
+    index; `ignore_sampling`: not, every choice is the prompt's one answer, as a server ignoring seed and
+    sampling gives); the last `prefix_cache` prompts of a port skip `prefill_latency`; `request_log` is a file
     that gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
     `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `bad_gateway`
@@ -64,6 +65,10 @@ class SimConfig:
     `crash_after` {port: n}: the port serves n generation requests and the next one crashes it
     (listener closed, in-flight connections reset); with `restart_after` seconds it comes back,
     `/health` answering 503 for `warmup` seconds while /v1/* is already served.
+    `template_error`: every chat request is answered 400 with this message, as a server whose chat template
+    fails (jinja2 missing, a template error) answers; `poison`: a request whose prompt contains this text is
+    answered `poison_status` (500: a row that breaks the server's request handling; 400: a row the server
+    refuses) by every port, with a message naming the text; other rows are served.
     """
 
     # fleet
@@ -94,6 +99,7 @@ class SimConfig:
     # samples
     prefix_cache: int = 0
     request_log: str | None = None
+    ignore_sampling: bool = False
     # faults
     dead: tuple[int, ...] = ()
     flaky: Mapping[int, float] = field(default_factory=dict)
@@ -106,6 +112,9 @@ class SimConfig:
     crash_after: Mapping[int, int] = field(default_factory=dict)
     restart_after: float | None = None
     warmup: float = 2.0
+    template_error: str | None = None
+    poison: str | None = None
+    poison_status: int = 500
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
@@ -143,6 +152,8 @@ class SimConfig:
             raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
         if self.restart_after is not None and self.restart_after < 0:
             raise ConfigError("simulator: restart_after must be >= 0")
+        if not 400 <= self.poison_status <= 599:
+            raise ConfigError(f"simulator: poison_status must be a 4xx or 5xx status, got {self.poison_status}")
 
     @property
     def live_ports(self) -> tuple[int, ...]:
