@@ -129,6 +129,7 @@ class Prompt:
     at_least: bool = False  # input_tokens is a lower bound from the row's size: too long to be worth counting
     tools: list[Any] | None = None  # the OpenAI tools the template gets: the row's own, else the run's
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, likewise
+    tool_choice: Any = None  # the tool_choice it is sent with (its sampling's, else the run's): SGLang renders by it
     turns: list[Messages] | None = None  # --turns all: the segments, one per user turn (turns.split_turns)
     resume: dict[int, tuple[int, Messages]] = field(default_factory=dict)  # sample -> (first turn, history)
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
@@ -240,7 +241,11 @@ class Failure:
 
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.
 # empty_completion: every attempt got a 200 with no content and no reasoning (README's ledger table).
-PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion"})
+# poison: every server answered the row 5xx while it served other rows (the row breaks them, resending it
+# cannot help; --retry-failed poison sends it again once the servers are fixed).
+PERMANENT_REASONS = frozenset(
+    {"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion", "poison"}
+)
 # Ledger reasons from transport or fleet trouble; a plain rerun retries them. wrong_model: every attempt was
 # answered by a server naming another model (fix the fleet, then rerun).
 TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection", "wrong_model"})

@@ -8,10 +8,11 @@ client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names anothe
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .balancer import ServerPool
@@ -23,6 +24,7 @@ from .errors import (
     EndpointError,
     FleetError,
     RequestError,
+    ServerError,
     WrongModelError,
 )
 from .http import ChatResult, Client
@@ -77,6 +79,15 @@ class Track:
     prefer: str | None = None  # the server to use when it has a free slot (its prefix cache holds the prompt)
     refused: int = 0  # attempts whose 200 check_answer refused
     input_tokens: int = 0  # our count of the prompt, for judging the server's
+    broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
+    other_failures: bool = False  # an attempt failed otherwise (a timeout, a refused connection, a 503...)
+
+    def failed(self, server: str, error: RequestError) -> None:
+        """Note one failed attempt on `server`."""
+        if isinstance(error, ServerError) and (error.status or 0) >= 500:
+            self.broke.add(server)
+        else:
+            self.other_failures = True
 
 
 class RequestPath:
@@ -139,7 +150,10 @@ class RequestPath:
                 break
             return result, max_tokens
         assert error is not None
-        return self._failure(prompt, error, max_tokens, track)
+        failure = self._failure(prompt, error, max_tokens, track)
+        if failure.reason == "server_error" and await self._breaks_servers(track):
+            failure.reason = "poison"
+        return failure
 
     def _rebudget(self, exc: ContextOverflowError, sent: int, prompt: Prompt) -> int | None:
         return rebudget(
@@ -148,6 +162,7 @@ class RequestPath:
             context_length=self.context_length,
             margin=self.config.safety_margin,
             min_tokens=room_needed(self.config, prompt.max_tokens),
+            counted=None if prompt.at_least else prompt.input_tokens + self.learner.offset,
         )
 
     async def _with_retries(self, payload: dict[str, Any], track: Track) -> ChatResult:
@@ -166,6 +181,7 @@ class RequestPath:
                 result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track)
                 result = self._judged(result, payload, track, server)
             except RequestError as exc:
+                track.failed(server.url, exc)
                 self.pool.record_failure(server, exc, lease.started)
                 track.exclude = frozenset({server.url})
                 raise
@@ -175,6 +191,8 @@ class RequestPath:
                 self.stats.latency.add(track.latency)
             used = 0 if result.usage_problem else result.completion_tokens or 0
             self.pool.record_success(server, track.latency, used, lease.started)
+            if not result.usage_problem:
+                server.note_usage(result.prompt_tokens, result.cached_tokens)
             return result
 
     def _judged(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
@@ -215,6 +233,22 @@ class RequestPath:
             key=prompt.key,
             reasoning_content=result.reasoning_content,
         )
+
+    async def _breaks_servers(self, track: Track) -> bool:
+        """Whether the row, not the fleet, is at fault: every attempt was answered 5xx, by at least two servers
+        (or the only one), and each of them answers a request of our own (a sick server fails that too)."""
+        if track.other_failures or len(track.broke) < min(2, len(self.pool.servers)):
+            return False
+        return all(await asyncio.gather(*(self._serves(url) for url in sorted(track.broke))))
+
+    async def _serves(self, url: str) -> bool:
+        """Whether `url` completes a one-token request that no row can spoil."""
+        probe = {"model": self.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1}
+        try:
+            await self.client.chat(url, probe, self.config.timeout_for(1))
+        except RequestError:
+            return False
+        return True
 
     def _failure(self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track) -> Failure:
         reason = error.reason
