@@ -159,9 +159,38 @@ def parse_row(raw: bytes, line: int) -> Prompt:
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object", "not_json_object")
     try:
-        return _prompt(raw, row, line)
+        return _prompt(raw, from_batch(row) if "custom_id" in row else row, line)
     except RowError as exc:
         raise RowError(as_written(str(exc), raw), exc.tag) from None
+
+
+BATCH_KEYS = frozenset({"custom_id", "method", "url", "body"})
+BATCH_URLS = frozenset({"/v1/chat/completions", "/chat/completions"})
+
+
+def from_batch(line: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI Batch request line (custom_id, method, url, body) as the row it asks for: the id is its
+    custom_id; the body's messages, its max_tokens (or max_completion_tokens) and its other request fields
+    as the row's sampling. The body's model and stream are the run's to set."""
+    if extra := sorted(line.keys() - BATCH_KEYS):
+        raise RowError(f"an OpenAI Batch line holds custom_id, method, url and body only, not {extra}")
+    custom_id, body = line["custom_id"], line.get("body")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise RowError(f"custom_id must be a non-empty string, not {custom_id!r}")
+    if line.get("method", "POST") != "POST" or line.get("url", "/v1/chat/completions") not in BATCH_URLS:
+        raise RowError(
+            f"an OpenAI Batch line must be POST /v1/chat/completions, not {line.get('method')} {line.get('url')}"
+        )
+    if not isinstance(body, dict):
+        raise RowError("an OpenAI Batch line's body must be an object")
+    if body.get("stream"):
+        raise RowError("an OpenAI Batch body may not ask to stream")
+    sampling = {k: v for k, v in body.items() if k not in RESERVED_SAMPLING}
+    given = [body[k] for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None]
+    if len(given) == 2 and given[0] != given[1]:
+        raise RowError("the body's max_tokens and max_completion_tokens differ; keep one")
+    row: dict[str, Any] = {"id": custom_id, "messages": body.get("messages"), "sampling": sampling or None}
+    return {**row, "max_tokens": given[0]} if given else row
 
 
 # An integer literal too long for 64 bits, which orjson reads as a float (1.58e+29).
