@@ -254,10 +254,8 @@ class RunConfig:
     grace_period: float = DEFAULT_GRACE_PERIOD
     fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     progress: str = "auto"
-    # processes: `workers` > 1 splits the input by a stable hash of the ids; `shard` = (index, count) is
-    # set by that parent for each worker process it starts
+    # processes: `workers` > 1 starts that many claimer processes on this node (workers.py)
     workers: int = 1
-    shard: tuple[int, int] | None = None
     # claimed shards (claims.py): `shards` = V of a new run directory, `join` = claim beside other processes,
     # `share` = how many claimers of one node split each server's capacity (--workers K sets K)
     shards: int | None = None
@@ -304,7 +302,6 @@ class RunConfig:
             (self.share >= 1, "bad --share"),
             (self.gpus_per_server >= 1, "--gpus-per-server must be at least 1"),
             (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
-            (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
             (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
@@ -325,20 +322,10 @@ class RunConfig:
     def capacity_for(self, reported: int | None) -> int:
         """Requests this process keeps in flight on a server that reports `reported` running slots.
 
-        Worker processes share a server's capacity, each taking its part (rounded up).
+        The claimers of one node (--workers K) share a server's capacity, each taking its part (rounded up).
         """
         total = self.concurrency or reported or DEFAULT_CONCURRENCY
-        parts = self.shard[1] if self.shard else self.share
-        return -(-total // parts)
-
-    @property
-    def worker(self) -> int | None:
-        """The worker number of this process under --workers (None: the run's single writer)."""
-        return self.shard[0] if self.shard else None
-
-    def mine(self, key: int) -> bool:
-        """Whether the row with this id key belongs to this process."""
-        return self.shard is None or key % self.shard[1] == self.shard[0]
+        return -(-total // self.share)
 
     def timeout_for(self, max_tokens: int) -> float:
         """The timeout of one request that may generate `max_tokens` tokens."""
