@@ -190,8 +190,8 @@ class RunConfig:
         max_tokens: the default output budget; a row's own max_tokens caps it further.
         min_tokens: below this many tokens of room a prompt is not sent (ledger: over_length).
         safety_margin: tokens kept free beyond the exact count.
-        concurrency: requests in flight per server; None means each server's own
-            max_running_requests (from /server_info) where it reports one, else DEFAULT_CONCURRENCY.
+        concurrency: requests in flight per server; None means what each server says (capacity.py: its
+            running slots, capped by its KV token pool), else DEFAULT_CONCURRENCY.
         queue_margin: requests kept queued on a server beyond the running ones it reports, so a finished
             request is replaced without a round trip; None means the balancer's default (0 with --concurrency).
         model: the model name to send; None means the id the servers report.
@@ -269,6 +269,9 @@ class RunConfig:
     metrics_worker: str = "0"
     # cost (cost.py): GPUs behind each server, for GPU-hours in summary.json
     gpus_per_server: int = 1
+    # alerts (alerts.py): no completion for stall_minutes is a stall; on_stall runs once per stall
+    stall_minutes: float = 10.0
+    on_stall: str | None = None
 
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
@@ -301,6 +304,7 @@ class RunConfig:
             (self.shards is None or self.shards >= 1, "--shards must be at least 1"),
             (self.share >= 1, "bad --share"),
             (self.gpus_per_server >= 1, "--gpus-per-server must be at least 1"),
+            (self.stall_minutes > 0, "--stall-minutes must be positive"),
             (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
@@ -319,12 +323,9 @@ class RunConfig:
         if reserved & self.sampling.keys():
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
 
-    def capacity_for(self, reported: int | None) -> int:
-        """Requests this process keeps in flight on a server that reports `reported` running slots.
-
-        The claimers of one node (--workers K) share a server's capacity, each taking its part (rounded up).
-        """
-        total = self.concurrency or reported or DEFAULT_CONCURRENCY
+    def capacity_for(self, total: int) -> int:
+        """This process's part of a server's capacity of `total` requests (capacity.server_capacity): the
+        claimers of one node (--workers K) share it, each taking its part (rounded up)."""
         return -(-total // self.share)
 
     def timeout_for(self, max_tokens: int) -> float:

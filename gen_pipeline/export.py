@@ -29,15 +29,16 @@ from .exportconfig import (
     COLUMN_TYPES,
     DEFAULT_COLUMNS,
     DEFAULT_SHARD_ROWS,
+    REQUEST_COLUMNS,
     ExportConfig,
     ExportStats,
-    column_value,
     is_completion,
 )
 from .formats import jsonl_rows
 from .records import id_key
 from .rundata import completion_files, read_manifest
 from .samples import place_key, record_place
+from .trainrow import server_kind, training_row, turn_features
 
 
 def check_settled(config: ExportConfig) -> None:
@@ -53,14 +54,6 @@ def check_settled(config: ExportConfig) -> None:
                 f"{run}: {left} of {manifest['shards']} shards are not settled; finish the run "
                 "(the same generate command, or more claimers), or export what is there with --partial"
             )
-
-
-def training_row(obj: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
-    """A completion line as a training row: prompt turns plus the new assistant turn."""
-    turns = [{"role": m.get("role"), "content": m.get("content")} for m in obj["messages"]]
-    row = {"messages": [*turns, {"role": "assistant", "content": obj["completion"]}]}
-    row.update((c, column_value(obj, c)) for c in columns)
-    return row
 
 
 def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
@@ -113,10 +106,11 @@ def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str
     if config.group_samples:
         from .grouped import grouped_rows
 
-        yield from grouped_rows(kept_completions(config, stats), config.columns)
+        yield from grouped_rows(kept_completions(config, stats), config.columns, server_kind(config))
         return
+    kind = server_kind(config)
     for obj in kept_completions(config, stats):
-        yield training_row(obj, config.columns)
+        yield training_row(obj, config.columns, kind)
 
 
 def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> Any:
@@ -134,7 +128,8 @@ def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> 
     else:
         features = datasets.Features(
             {
-                "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+                "messages": [turn_features()],
+                **dict.fromkeys(REQUEST_COLUMNS, datasets.Value("string")),
                 **{c: datasets.Value(COLUMN_TYPES.get(c, "string")) for c in config.columns},
             }
         )

@@ -17,7 +17,9 @@ DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
 _STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
-_STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage")  # logprobs, server_usage: JSON strings
+# What the request carried beside its messages (always exported, as JSON strings: trainrow.py)
+REQUEST_COLUMNS = ("tools", "chat_template_kwargs", "sampling")
+_STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage", "tool_calls", *REQUEST_COLUMNS)
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
@@ -101,13 +103,11 @@ class ExportStats:
 
 
 def column_value(obj: dict[str, Any], column: str) -> Any:
-    """One column of a training row; ids and meta values become strings for a stable schema."""
-    if column.startswith("meta."):
-        value = (obj.get("meta") or {}).get(column[5:])
-    elif column in ("id", "meta", "logprobs", "server_usage"):
-        value = obj.get(column)
-    else:
-        return obj.get(column)
+    """One column of a training row; a string column's ids, meta values and JSON (logprobs, tool calls, the
+    request fields) become strings for a stable schema."""
+    value = (obj.get("meta") or {}).get(column[5:]) if column.startswith("meta.") else obj.get(column)
+    if COLUMN_TYPES.get(column, "string") != "string":
+        return value
     return value if value is None or isinstance(value, str) else orjson.dumps(value).decode()
 
 

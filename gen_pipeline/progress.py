@@ -208,7 +208,7 @@ class Progress:
             self.bar.close()
 
 
-def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dict[str, Any]:
+def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
     """The status.json document (schema in gen_pipeline/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
@@ -238,6 +238,7 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dic
             for s in servers
         },
         "last_error": dict(stats.last_error),
+        "alerts": list(alerts),
     }
 
 
@@ -251,6 +252,14 @@ def _samples_lines(summary: dict[str, Any]) -> list[str]:
     if reasoning := summary.get("reasoning_tokens"):
         lines.append(f"output tokens: reasoning {reasoning['reasoning']}, answer {reasoning['answer']}")
     return lines
+
+
+def _cache_note(view: dict[str, Any]) -> str:
+    """A server's prefix-cache hits, where it reports them (SGLang --enable-cache-report)."""
+    cached, prompt = view.get("cached_tokens"), view.get("prompt_tokens")
+    if cached is None or not prompt:
+        return ""
+    return f", prefix cache {cached} of {prompt} prompt tokens ({100 * cached / prompt:.0f}%)"
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -276,7 +285,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     for url, view in summary["servers"].items():
         lines.append(
             f"  {url}: {view['completions']} done, failures {view['failures'] or 0}, "
-            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s"
+            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s, "
+            f"capacity {view.get('capacity')} ({view.get('capacity_source')}){_cache_note(view)}"
         )
     lines.extend(f"WARNING: {w}" for w in summary["warnings"])
     return "\n".join(lines)
@@ -297,6 +307,10 @@ async def watch_run(runner: Any) -> None:
             outage = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
+            runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock())
+            if runner.alerts:
+                more = f" (+{len(runner.alerts) - 1} more: gen-pipeline status)" if len(runner.alerts) > 1 else ""
+                extra += f" | ALERT: {runner.alerts[0]}{more}"
             progress.update(runner.stats, extra)
             if outage > runner.config.outage_timeout:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)

@@ -8,10 +8,11 @@ client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names anothe
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .balancer import ServerPool
@@ -23,6 +24,7 @@ from .errors import (
     EndpointError,
     FleetError,
     RequestError,
+    ServerError,
     WrongModelError,
 )
 from .http import ChatResult, Client
@@ -31,6 +33,7 @@ from .records import Completion, Failure, Prompt
 from .retry import with_transport_retries
 from .serverstate import ServerState
 from .tokens.budget import OffsetLearner, rebudget, room_needed
+from .tokens.conversation import TEMPLATE_FIELDS
 from .usage import usage_problem
 
 log = logging.getLogger("gen_pipeline")
@@ -48,15 +51,29 @@ def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_token
     return body
 
 
+# Request fields that say nothing about what the model saw: the model, the prompt itself (the line's
+# messages), the budget (its max_tokens) and n (how the samples were batched).
+NOT_SHAPING = frozenset({"model", "messages", "max_tokens", "n"})
+
+
+def shaping_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """What a request carried beside its messages that shapes the answer, for its output line: `tools` and
+    `chat_template_kwargs` as sent, every other field (temperature, a sample's seed, ...) under `sampling`."""
+    out = {k: body[k] for k in TEMPLATE_FIELDS if body.get(k) is not None}
+    sampling = {k: v for k, v in body.items() if k not in NOT_SHAPING and k not in TEMPLATE_FIELDS}
+    return {**out, "sampling": sampling} if sampling else out
+
+
 # Reasons of answers refused by check_answer: a row's failure keeps one only when every attempt got it.
 REFUSED_ANSWERS = frozenset({EmptyCompletionError.reason, WrongModelError.reason})
 
 
 def check_answer(result: ChatResult, model: str, server: str) -> ChatResult:
-    """The result when it is a completion of `model`; else the error that counts against the server."""
+    """The result when it is a completion of `model` (text, thinking or tool calls); else the error that
+    counts against the server."""
     if result.model is not None and result.model != model:
         raise WrongModelError(f"the answer names model {result.model!r}, not {model!r}", server=server, status=200)
-    if not result.content and not result.reasoning_content:
+    if not result.content and not result.reasoning_content and not result.tool_calls:
         raise EmptyCompletionError(
             f"200 with no content and no reasoning (finish_reason {result.finish_reason!r}, "
             f"{result.completion_tokens} completion tokens)",
@@ -76,7 +93,17 @@ class Track:
     latency: float = 0.0
     prefer: str | None = None  # the server to use when it has a free slot (its prefix cache holds the prompt)
     refused: int = 0  # attempts whose 200 check_answer refused
+    body: dict[str, Any] = dataclasses.field(default_factory=dict)  # the request last sent (its shaping fields)
     input_tokens: int = 0  # our count of the prompt, for judging the server's
+    broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
+    other_failures: bool = False  # an attempt failed otherwise (a timeout, a refused connection, a 503...)
+
+    def failed(self, server: str, error: RequestError) -> None:
+        """Note one failed attempt on `server`."""
+        if isinstance(error, ServerError) and (error.status or 0) >= 500:
+            self.broke.add(server)
+        else:
+            self.other_failures = True
 
 
 class RequestPath:
@@ -121,7 +148,8 @@ class RequestPath:
         track.input_tokens = prompt.input_tokens
         for _ in range(self.config.retry.budget_attempts):
             try:
-                result = await self._with_retries({**self.payload(prompt, max_tokens), **extra}, track)
+                track.body = {**self.payload(prompt, max_tokens), **extra}
+                result = await self._with_retries(track.body, track)
             except ContextOverflowError as exc:
                 error = exc
                 self.learner.observe(prompt.input_tokens, exc.counts)
@@ -139,7 +167,10 @@ class RequestPath:
                 break
             return result, max_tokens
         assert error is not None
-        return self._failure(prompt, error, max_tokens, track)
+        failure = self._failure(prompt, error, max_tokens, track)
+        if failure.reason == "server_error" and await self._breaks_servers(track):
+            failure.reason = "poison"
+        return failure
 
     def _rebudget(self, exc: ContextOverflowError, sent: int, prompt: Prompt) -> int | None:
         return rebudget(
@@ -148,6 +179,7 @@ class RequestPath:
             context_length=self.context_length,
             margin=self.config.safety_margin,
             min_tokens=room_needed(self.config, prompt.max_tokens),
+            counted=None if prompt.at_least else prompt.input_tokens + self.learner.offset,
         )
 
     async def _with_retries(self, payload: dict[str, Any], track: Track) -> ChatResult:
@@ -166,6 +198,7 @@ class RequestPath:
                 result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track)
                 result = self._judged(result, payload, track, server)
             except RequestError as exc:
+                track.failed(server.url, exc)
                 self.pool.record_failure(server, exc, lease.started)
                 track.exclude = frozenset({server.url})
                 raise
@@ -175,6 +208,8 @@ class RequestPath:
                 self.stats.latency.add(track.latency)
             used = 0 if result.usage_problem else result.completion_tokens or 0
             self.pool.record_success(server, track.latency, used, lease.started)
+            if not result.usage_problem:
+                server.note_usage(result.prompt_tokens, result.cached_tokens)
             return result
 
     def _judged(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
@@ -214,7 +249,25 @@ class RequestPath:
             meta=prompt.meta,
             key=prompt.key,
             reasoning_content=result.reasoning_content,
+            tool_calls=result.tool_calls,
+            request=shaping_fields(track.body),
         )
+
+    async def _breaks_servers(self, track: Track) -> bool:
+        """Whether the row, not the fleet, is at fault: every attempt was answered 5xx, by at least two servers
+        (or the only one), and each of them answers a request of our own (a sick server fails that too)."""
+        if track.other_failures or len(track.broke) < min(2, len(self.pool.servers)):
+            return False
+        return all(await asyncio.gather(*(self._serves(url) for url in sorted(track.broke))))
+
+    async def _serves(self, url: str) -> bool:
+        """Whether `url` completes a one-token request that no row can spoil."""
+        probe = {"model": self.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1}
+        try:
+            await self.client.chat(url, probe, self.config.timeout_for(1))
+        except RequestError:
+            return False
+        return True
 
     def _failure(self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track) -> Failure:
         reason = error.reason

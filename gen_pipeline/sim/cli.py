@@ -95,11 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="SGLang <= 0.5.9: reject input + max_tokens >= ctx",
     )
+    add("--explicit-context-length", action="store_true", help="as if --context-length was passed to SGLang")
     add(
-        "--explicit-context-length",
+        "--report-max-running",
         action="store_true",
-        help="as if --context-length was passed to SGLang",
+        help="as if --max-running-requests was passed: /server_info reports it (else null, as SGLang 0.5.23)",
     )
+    add("--cache-report", action="store_true", help="as if --enable-cache-report: usage carries cached_tokens")
     add(
         "--completion-words",
         type=int,
@@ -152,6 +154,9 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     add("--p503", type=float, default=0.0, help="fraction answered 503 queue full (every port)")
     add("--p-drop", type=float, default=0.0, help="fraction whose connection is reset with no reply")
     add("--p-hang", type=float, default=0.0, help="fraction never answered")
+    add("--template-error", metavar="MESSAGE", help="answer every chat request 400 with MESSAGE (a broken template)")
+    add("--poison", metavar="TEXT", help="answer every request whose prompt contains TEXT with --poison-status")
+    add("--poison-status", type=int, default=500, help="the status --poison answers (default 500)")
     add(
         "--crash-after",
         type=_pair(int),
@@ -186,6 +191,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         model=args.model,
         light_template=args.light_template,
         max_running=args.max_running,
+        report_max_running=args.report_max_running,
         max_queued=args.max_queued,
         max_total_tokens=args.max_total_tokens,
         token_latency=args.token_latency,
@@ -196,6 +202,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         reserved_tokens=args.reserved_tokens,
         legacy_offbyone=args.legacy_offbyone,
         explicit_context_length=args.explicit_context_length,
+        cache_report=args.cache_report,
         completion_words=args.completion_words,
         reasoning_words=args.reasoning_words,
         seed=args.seed,
@@ -212,6 +219,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         crash_after=_by_port(args.crash_after, live[0], "--crash-after"),
         restart_after=args.restart_after,
         warmup=args.warmup,
+        template_error=args.template_error,
+        poison=args.poison,
+        poison_status=args.poison_status,
     )
 
 

@@ -39,7 +39,9 @@ class SimConfig:
     `authorization`: the Authorization header every request must carry (401 {"error": "Unauthorized"}
     otherwise, as SGLang's --api-key or a proxy with Basic auth answers).
     Scheduler: `max_running` requests run at once per port; the rest queue, unbounded unless
-    `max_queued` is set (then 503 "The request queue is full."). `max_total_tokens` is the KV
+    `max_queued` is set (then 503 "The request queue is full."). As in SGLang 0.5.23, /server_info says
+    max_running_requests null unless `report_max_running` (--max-running-requests given); /v1/loads and
+    internal_states give the figure. `max_total_tokens` is the KV
     pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter.
     Timing: a completion sleeps `prefill_latency + prompt_tokens * prompt_token_latency + n * token_latency`
     holding a running slot;
@@ -48,7 +50,9 @@ class SimConfig:
     template the client does not know); `reserved_tokens` (EAGLE) are added to the input of
     checks (A) and (B) and their messages only; `legacy_offbyone` makes (B) reject
     `input + max_new >= ctx` (<= 0.5.9); `explicit_context_length` models `--context-length`
-    (check (D), and a non-null context_length in /server_info).
+    (check (D), and a non-null context_length in /server_info); `cache_report` models
+    --enable-cache-report (usage.prompt_tokens_details.cached_tokens: the prompt less one token on a
+    prefix-cache hit, else 0).
     Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`; with
     `reasoning_words` > 0 a chat reply also carries up to that many words of `reasoning_content`, as SGLang does
     with `--reasoning-parser` (the thinking split out of `content`); the thinking spends max_tokens first
@@ -65,6 +69,10 @@ class SimConfig:
     `crash_after` {port: n}: the port serves n generation requests and the next one crashes it
     (listener closed, in-flight connections reset); with `restart_after` seconds it comes back,
     `/health` answering 503 for `warmup` seconds while /v1/* is already served.
+    `template_error`: every chat request is answered 400 with this message, as a server whose chat template
+    fails (jinja2 missing, a template error) answers; `poison`: a request whose prompt contains this text is
+    answered `poison_status` (500: a row that breaks the server's request handling; 400: a row the server
+    refuses) by every port, with a message naming the text; other rows are served.
     """
 
     # fleet
@@ -76,6 +84,7 @@ class SimConfig:
     authorization: str | None = None
     # scheduler
     max_running: int = 64
+    report_max_running: bool = False
     max_queued: int | None = None
     max_total_tokens: int | None = None
     # timing
@@ -88,6 +97,7 @@ class SimConfig:
     reserved_tokens: int = 0
     legacy_offbyone: bool = False
     explicit_context_length: bool = False
+    cache_report: bool = False
     # content
     completion_words: int = 48
     reasoning_words: int = 0
@@ -108,6 +118,9 @@ class SimConfig:
     crash_after: Mapping[int, int] = field(default_factory=dict)
     restart_after: float | None = None
     warmup: float = 2.0
+    template_error: str | None = None
+    poison: str | None = None
+    poison_status: int = 500
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
@@ -145,6 +158,8 @@ class SimConfig:
             raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
         if self.restart_after is not None and self.restart_after < 0:
             raise ConfigError("simulator: restart_after must be >= 0")
+        if not 400 <= self.poison_status <= 599:
+            raise ConfigError(f"simulator: poison_status must be a 4xx or 5xx status, got {self.poison_status}")
 
     @property
     def live_ports(self) -> tuple[int, ...]:

@@ -51,6 +51,7 @@ class PortServer:
                 "/get_model_info": self._model_info,
                 "/server_info": self._server_info,
                 "/get_server_info": self._server_info,
+                "/v1/loads": self._loads,
             },
             "POST": {
                 "/v1/chat/completions": self._chat,
@@ -165,6 +166,10 @@ class PortServer:
         """The server args plus scheduler info."""
         return json_response(info.server_info(self.cfg, self.port, self.started))
 
+    async def _loads(self, request: Request) -> web.Response:
+        """The scheduler's load: running and waiting requests, and its running slots."""
+        return json_response(info.loads(self.cfg, self.stats.running, self.stats.queued))
+
     async def _tokenize(self, request: Request) -> web.Response:
         """/v1/tokenize of a prompt or of chat messages; max_model_len is the tokenizer's."""
         try:
@@ -214,6 +219,7 @@ class PortServer:
         _raise_fault(fault)
         payload = await _read_json(request)
         req = (sglang.parse_chat if chat else sglang.parse_completion)(payload, self.cfg.model)
+        self._misconfigured(payload, chat)
         if payload.get("stream"):
             raise sglang.bad_request("the simulator does not stream: send stream=false")
         prompt_tokens = await self.counter.count(req)
@@ -242,9 +248,23 @@ class PortServer:
             await self.scheduler.decode(longest, prompt_tokens, prefill=not cached, produced=produced)
         self.log.write(self.port, key, payload, cached, made)
         body = choices.chat_choices(req, made, prompt_tokens)
-        if self.cfg.prefix_cache:  # a cache to report on: as SGLang with --enable-cache-report
-            body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens if cached else 0}
+        if self.cfg.cache_report or self.cfg.prefix_cache:  # as SGLang with --enable-cache-report: all but
+            # the last token of a cached prompt come from the cache
+            body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens - 1 if cached else 0}
         return body
+
+    def _misconfigured(self, payload: dict[str, Any], chat: bool) -> None:
+        """The configured failures that depend on the request: a broken chat template, a poison row."""
+        if chat and self.cfg.template_error is not None:
+            raise sglang.bad_request(self.cfg.template_error)
+        poison = self.cfg.poison
+        if poison is not None and poison in str(payload.get("messages" if chat else "prompt")):
+            if self.cfg.poison_status == 400:
+                raise sglang.bad_request(f"this request cannot be served: it contains {poison!r}")
+            status = self.cfg.poison_status
+            raise Rejection(
+                status, sglang.error_body(f"Internal server error on {poison!r}", "InternalServerError", status)
+            )
 
     def _choice_key(self, key: bytes, seed: Any, index: int) -> bytes:
         """What one choice is derived from; the prompt alone when this server ignores seed and sampling."""
