@@ -29,6 +29,7 @@ from .exportconfig import (
     COLUMN_TYPES,
     DEFAULT_COLUMNS,
     DEFAULT_SHARD_ROWS,
+    EXPORT_FORMATS,
     REQUEST_COLUMNS,
     ExportConfig,
     ExportStats,
@@ -163,11 +164,13 @@ def export(config: ExportConfig) -> ExportStats:
     config.out.parent.mkdir(parents=True, exist_ok=True)
     stats = ExportStats()
     with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
+        if config.format == "openai-batch":
+            _stage_batch(config, stats, Path(tmp) / "out")
+            return stats
         ds = build_dataset(config, stats, Path(tmp) / "cache")
         if stats.twice:
             del ds
-            shown = "; ".join(stats.twice[:5]) + (f"; and {len(stats.twice) - 5} more" if len(stats.twice) > 5 else "")
-            raise ExportCheckError(f"{len(stats.twice)} keys are in the run's shard files more than once: {shown}")
+            _refuse_twice(stats)
         staged = Path(tmp) / "out"
         write_dataset(ds, staged, config)
         (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
@@ -178,6 +181,23 @@ def export(config: ExportConfig) -> ExportStats:
             shutil.rmtree(config.out)
         staged.rename(config.out)
     return stats
+
+
+def _refuse_twice(stats: ExportStats) -> None:
+    shown = "; ".join(stats.twice[:5]) + (f"; and {len(stats.twice) - 5} more" if len(stats.twice) > 5 else "")
+    raise ExportCheckError(f"{len(stats.twice)} keys are in the run's shard files more than once: {shown}")
+
+
+def _stage_batch(config: ExportConfig, stats: ExportStats, staged: Path) -> None:
+    """--format openai-batch: the output and error files, staged, then moved to `config.out`."""
+    from .batchexport import write_batch
+
+    stats.ledgered = write_batch(config, staged, kept_completions(config, stats))
+    if stats.twice:
+        _refuse_twice(stats)
+    if config.out.exists():
+        shutil.rmtree(config.out)
+    staged.rename(config.out)
 
 
 def push(ds: Any, card: Path, config: ExportConfig) -> None:
@@ -216,6 +236,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--push-to-hub", metavar="REPO", help="also push to this hub dataset repo")
     add("--private", action="store_true", help="make the pushed repo private")
     add("--partial", action="store_true", help="export a claimed-shard run whose shards are not all settled")
+    add(
+        "--format",
+        choices=EXPORT_FORMATS,
+        default="dataset",
+        help="dataset (Parquet or save_to_disk, with a card) or openai-batch (the OpenAI Batch API's "
+        "output.jsonl and errors.jsonl)",
+    )
     add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
 
 
@@ -235,6 +262,7 @@ def main(args: argparse.Namespace) -> int:
         private=args.private,
         partial=args.partial,
         drop_incomplete=args.drop_incomplete,
+        format=args.format,
     )
     stats = export(config)
     if config.turns:
@@ -243,6 +271,7 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
         f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
+        + (f"; {stats.ledgered} ledger entries -> errors.jsonl" if config.format == "openai-batch" else "")
     )
     return 0
 

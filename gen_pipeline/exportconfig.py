@@ -24,6 +24,8 @@ _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "at
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
 
+EXPORT_FORMATS = ("dataset", "openai-batch")
+
 
 @dataclass(frozen=True)
 class ExportConfig:
@@ -53,6 +55,7 @@ class ExportConfig:
     private: bool = False
     partial: bool = False  # export a claimed-shard run with open shards
     drop_incomplete: bool = False  # a --turns all run: leave out conversations that ended early
+    format: str = "dataset"  # or "openai-batch": the OpenAI Batch API's output and error files (batchexport.py)
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.columns if c not in COLUMN_TYPES and not c.startswith("meta.")]
@@ -61,6 +64,12 @@ class ExportConfig:
             raise ConfigError(f"unknown --columns {unknown}; use {known} or meta.KEY")
         if self.shard_rows < 1:
             raise ConfigError("--shard-rows must be at least 1")
+        if self.format not in EXPORT_FORMATS:
+            raise ConfigError(f"--format: {' or '.join(EXPORT_FORMATS)}")
+        dataset_only = {"--group-samples": self.group_samples, "--save-to-disk": self.save_to_disk}
+        dataset_only["--push-to-hub"] = self.push_to_hub is not None
+        if self.format != "dataset" and (flags := [f for f, on in dataset_only.items() if on]):
+            raise ConfigError(f"{', '.join(flags)} shape a dataset: not with --format {self.format}")
         for run in self.runs:
             if not completion_files(run):
                 raise ConfigError(f"{run} is not a run directory (no completions*.jsonl)")
@@ -92,6 +101,7 @@ class ExportStats:
     done: set[int] = field(default_factory=set)
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    ledgered: int = 0  # --format openai-batch: lines of errors.jsonl
     conversations_left_out: int = 0  # --turns all: with a turn left out, or (--drop-incomplete) ended early
 
     def add(self, obj: dict[str, Any]) -> None:

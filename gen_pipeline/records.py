@@ -102,7 +102,7 @@ def parsed_id(raw: bytes) -> RowId | None:
         row = orjson.loads(raw)
     except (orjson.JSONDecodeError, UnicodeDecodeError):
         return None
-    rid = row.get("id") if isinstance(row, dict) else None
+    rid = row.get("id", row.get("custom_id")) if isinstance(row, dict) else None  # custom_id: OpenAI Batch
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
