@@ -32,14 +32,14 @@ def model_not_found(name: str) -> dict[str, Any]:
     }
 
 
-def model_info(cfg: SimConfig) -> dict[str, Any]:
-    """The /model_info body: no context length here, as in SGLang."""
+def model_info(cfg: SimConfig, weight_version: str | None = None) -> dict[str, Any]:
+    """The /model_info body: no context length here, as in SGLang (`weight_version`: the port's now)."""
     return {
-        "model_path": cfg.tokenizer,
+        "model_path": cfg.checkpoint_path,
         "tokenizer_path": cfg.tokenizer,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",
+        "weight_version": weight_version or cfg.weight_version,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": "qwen3",
@@ -48,11 +48,11 @@ def model_info(cfg: SimConfig) -> dict[str, Any]:
     }
 
 
-def server_info(cfg: SimConfig, port: int, started: float) -> dict[str, Any]:
+def server_info(cfg: SimConfig, port: int, started: float, weight_version: str | None = None) -> dict[str, Any]:
     """The /server_info body: resolved server args plus scheduler info."""
     speculative = cfg.reserved_tokens > 0
     return {
-        "model_path": cfg.tokenizer,
+        "model_path": cfg.checkpoint_path,
         "tokenizer_path": cfg.tokenizer,
         "tokenizer_mode": "auto",
         "served_model_name": cfg.model,
@@ -66,6 +66,11 @@ def server_info(cfg: SimConfig, port: int, started: float) -> dict[str, Any]:
         "speculative_algorithm": "EAGLE" if speculative else None,
         "speculative_num_draft_tokens": cfg.reserved_tokens if speculative else None,
         "random_seed": cfg.seed,
+        "dtype": "auto",
+        "quantization": None,
+        "kv_cache_dtype": "auto",
+        "enable_deterministic_inference": cfg.deterministic,
+        "weight_version": weight_version or cfg.weight_version,
         "max_total_num_tokens": cfg.max_total_num_tokens,
         "max_req_input_len": cfg.max_req_input_len,
         "internal_states": [{"max_total_num_tokens": cfg.max_total_num_tokens}],
