@@ -4,7 +4,8 @@ SGLang puts the effective context length in `/v1/models` `max_model_len` and the
 `/model_info` `tokenizer_path`; llama.cpp puts the per-slot context in `/v1/models` `data[0].meta.n_ctx`.
 The server kind (sglang, vllm, llamacpp: it decides how content parts are joined before the template
 renders them) is the model card's `owned_by`; a server whose card does not say is SGLang when it has
-`/model_info` or `/server_info`, llama.cpp when it has `/props`.
+`/model_info` or `/server_info`, llama.cpp when it has `/props`. What checkpoint each serves (its
+identity: provenance.py) comes from the same answers, plus llama.cpp's `/props` and vLLM's `/version`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from .errors import AuthError, EndpointError, FleetError, RequestError, RetryableError
 from .http import Client
+from .provenance import ServerIdentity, fleet_warnings, identity_from
 from .tokens.conversation import SERVER_KINDS
 
 log = logging.getLogger("gen_pipeline")
@@ -35,6 +37,7 @@ class ServerInfo:
     tokenizer_path: str | None = None
     max_running_requests: int | None = None
     kind: str | None = None  # "sglang", "vllm" or "llamacpp" (server_kind), else the card's owned_by, or None
+    identity: ServerIdentity | None = None  # the checkpoint it serves, as far as it says (provenance.py)
 
 
 @dataclass
@@ -55,6 +58,10 @@ class FleetInfo:
         """The one server kind the fleet reports (None: none, or several)."""
         kinds = self.spread("kind")
         return next(iter(kinds)) if len(kinds) == 1 else None
+
+    def identities(self) -> list[tuple[str, ServerIdentity | None]]:
+        """(url, identity) of every server that answered."""
+        return [(s.url, s.identity) for s in self.servers]
 
     def spread(self, attr: str) -> dict[str, list[str]]:
         """The servers that answered, grouped by one ServerInfo field (servers that report none left out)."""
@@ -103,7 +110,8 @@ async def probe(client: Client, url: str) -> ServerInfo:
     server = await _optional(client, url, "/server_info")
     running = server.get("max_running_requests")
     kind = server_kind(card, info or server)
-    if kind is None and await _optional(client, url, "/props"):
+    extra = await _optional(client, url, _IDENTITY_PATHS[kind]) if kind in _IDENTITY_PATHS else {}
+    if kind is None and (extra := await _optional(client, url, "/props")):
         kind = "llamacpp"
     return ServerInfo(
         url=url,
@@ -112,7 +120,12 @@ async def probe(client: Client, url: str) -> ServerInfo:
         tokenizer_path=info.get("tokenizer_path") or server.get("tokenizer_path"),
         max_running_requests=running if isinstance(running, int) and running > 0 else None,
         kind=kind if kind is not None else _text(card.get("owned_by")),
+        identity=identity_from(kind, card, info, server, extra),
     )
+
+
+# Where a server kind reports what /model_info and /server_info do not: its checkpoint file, its version.
+_IDENTITY_PATHS = {"llamacpp": "/props", "vllm": "/version"}
 
 
 def server_kind(card: dict[str, Any], sglang_info: dict[str, Any]) -> str | None:
@@ -156,6 +169,7 @@ async def discover(client: Client, urls: tuple[str, ...], startup_timeout: float
         log.info("waiting for servers to come up (%d down)", len(down))
         await asyncio.sleep(POLL_INTERVAL)
     fleet = FleetInfo(servers=up, down=down)
+    fleet.warnings.extend(fleet_warnings(fleet.identities()))
     if down:
         fleet.warnings.append(f"{len(down)} server(s) not answering at start: {', '.join(down)}")
     return fleet

@@ -156,6 +156,10 @@ class Completion:
     reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
     extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
+    # what produced it: the fingerprint of the server's identity (the manifest lists it under provenance),
+    # and the weight_version the answer reported; each written only when known
+    checkpoint: str | None = None
+    weight_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.key < 0:
@@ -164,6 +168,7 @@ class Completion:
     def to_line(self) -> bytes:
         # reasoning_content only when the server sent one (a reasoning parser), so other lines stay as they were
         thinking = {"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}
+        made_by = {k: v for k, v in (("checkpoint", self.checkpoint), ("weight_version", self.weight_version)) if v}
         return (
             orjson.dumps(
                 {
@@ -181,6 +186,7 @@ class Completion:
                     "attempts": self.attempts,
                     "latency_s": round(self.latency_s, 4),
                     "model": self.model,
+                    **made_by,
                     "meta": self.meta,
                     **self.extra,
                 }

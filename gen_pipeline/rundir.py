@@ -148,6 +148,12 @@ class RunDir:
         return found
 
 
+def read_manifest(run: Path) -> dict[str, Any]:
+    """A run directory's manifest.json ({} when it has none)."""
+    path = RunDir(run).manifest
+    return orjson.loads(path.read_bytes()) if path.exists() else {}
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Replace a JSON file in one step, so a crash leaves the old or the new one whole."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # claimers on many hosts may replace one file
