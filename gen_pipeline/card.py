@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from .formats import jsonl_rows
+from .provenance import recorded
 from .records import id_key
-from .rundir import MANIFEST, RunDir
+from .rundir import RunDir, read_manifest
 from .samples import record_sample, sample_key
 
 if TYPE_CHECKING:
@@ -32,11 +33,6 @@ def ledger_counts(runs: tuple[Path, ...], done: set[int]) -> Counter[str]:
                 if when >= last.get(key, (float("-inf"), ""))[0]:
                     last[key] = (when, str(obj["reason"]))
     return Counter(reason for key, (_, reason) in last.items() if key not in done)
-
-
-def read_manifest(run: Path) -> dict[str, Any]:
-    path = run / MANIFEST
-    return orjson.loads(path.read_bytes()) if path.exists() else {}
 
 
 def _front_matter(config: ExportConfig) -> list[str]:
@@ -78,9 +74,28 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
         "|---|---|",
         *(f"| {name} | {value} |" for name, value in rows),
     ]
+    lines += _checkpoints(config.runs, stats)
     for run in config.runs:
         lines += _settings(run)
     return "\n".join(lines) + "\n"
+
+
+def _checkpoints(runs: tuple[Path, ...], stats: ExportStats) -> list[str]:
+    """Which checkpoint wrote how many rows (the `checkpoint` column's values), as the manifests name them."""
+    known = {i.fingerprint: i for run in runs for i in recorded(read_manifest(run))}
+    lines = [
+        "",
+        "## Checkpoints",
+        "",
+        "| checkpoint | server | model_path | weight_version | rows |",
+        "|---|---|---|---|---|",
+    ]
+    for fingerprint, rows in stats.checkpoints.most_common():
+        i = known.get(fingerprint)
+        server = " ".join(x for x in (i.kind, i.version) if x) if i else "-"
+        path, weights = (i.model_path or "-", i.weight_version or "-") if i else ("-", "-")
+        lines.append(f"| {fingerprint or '(not named)'} | {server or '-'} | {path} | {weights} | {rows} |")
+    return lines
 
 
 def _settings(run: Path) -> list[str]:

@@ -8,7 +8,10 @@ plus the new assistant turn) and the chosen columns; `--group-samples` makes one
 list of its completions (see grouped.py). Written as Parquet shards under OUT/data/ (the hub's layout)
 or, with --save-to-disk, as a `datasets` folder; OUT/README.md is a dataset card with the counts and the
 generation settings. Nothing in the run directory is changed; a torn last line is skipped, and an
-(id, sample) seen twice is exported once. A claimed-shard run (claims.py) is checked as a whole: it is
+(id, sample) seen twice from the same checkpoint is exported once: the answers of different checkpoints to
+the same ids (two runs over the same prompts, an A/B of two teachers) are all kept, side by side, with the
+`checkpoint` column naming each row's (export refuses runs of several checkpoints without that column;
+`--group-samples` groups within a checkpoint). A claimed-shard run (claims.py) is checked as a whole: it is
 refused while shards are open (unless --partial), and a key found twice in its shard files is an error
 that names the keys (the claim protocol writes each key once; two copies mean the protocol was broken).
 """
@@ -27,18 +30,21 @@ from typing import Any
 
 import orjson
 
-from .card import dataset_card, read_manifest
+from .card import dataset_card
 from .errors import ConfigError, ExportCheckError
 from .formats import jsonl_rows
+from .provenance import checkpoint_key, unnamed_checkpoints
 from .records import id_key
 from .report import completion_files
+from .rundir import read_manifest
 from .samples import record_sample, sample_key
 
-DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model")
+DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model", "checkpoint")
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
 _STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
 _STRINGS += ("truncated_in", "logprobs")  # logprobs: the server's JSON, as a string
+_STRINGS += ("checkpoint", "weight_version")  # what wrote the row (provenance.py)
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = "float64"
@@ -98,11 +104,14 @@ class ExportStats:
     finish_reasons: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    done: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)  # (id, sample) keys with a completion kept, of any checkpoint
+    kept: set[int] = field(default_factory=set)  # the same keys, each mixed with its checkpoint's
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
+    checkpoints: Counter[str] = field(default_factory=Counter)  # rows kept per checkpoint ("" not named)
 
     def add(self, obj: dict[str, Any]) -> None:
         self.rows += 1
+        self.checkpoints[str(obj.get("checkpoint") or "")] += 1
         self.truncated_in_reasoning += obj.get("truncated_in") == "reasoning"
         self.finish_reasons[str(obj.get("finish_reason"))] += 1
         self.prompt_tokens += obj.get("prompt_tokens") or 0
@@ -173,11 +182,13 @@ def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Pat
             if key in seen:
                 stats.twice.append(f"id {obj['id']!r} sample {sample} ({seen[key]} and {f})")
             seen.setdefault(key, f)
-        if key in stats.done:
+        mixed = checkpoint_key(key, obj)
+        if mixed in stats.kept:
             stats.duplicates += 1
         elif _dropped(config, obj):
             stats.truncated += 1
         else:
+            stats.kept.add(mixed)
             stats.done.add(key)
             stats.add(obj)
             yield obj
@@ -243,6 +254,8 @@ def write_dataset(ds: Any, out: Path, config: ExportConfig) -> None:
 def export(config: ExportConfig) -> ExportStats:
     """Build the dataset and its card in a temporary folder, then move it to `config.out`."""
     check_settled(config)
+    if (refused := unnamed_checkpoints([read_manifest(run) for run in config.runs], config.columns)) is not None:
+        raise ExportCheckError(refused)
     config.out.parent.mkdir(parents=True, exist_ok=True)
     stats = ExportStats()
     with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
@@ -321,6 +334,7 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
         f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
+        + (f"; rows of {len(stats.checkpoints)} checkpoints" if len(stats.checkpoints) > 1 else "")
     )
     return 0
 

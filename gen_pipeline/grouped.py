@@ -4,7 +4,8 @@ and best-of-n tools read.
     {"id": "q1", "messages": [prompt turns], "completions": ["...", "..."], "sample": [0, 1],
      "finish_reason": ["stop", "length"], ...}
 
-`id` stays one value per row; every other chosen column becomes a list in sample order. The rows are
+`id` stays one value per row; every other chosen column becomes a list in sample order. The samples of
+one prompt from different checkpoints are different rows (a row's samples share one checkpoint). The rows are
 gathered in memory before they are written (the prompt turns once per prompt, the chosen columns per
 sample), in the order each prompt's first line was met.
 """
@@ -21,9 +22,9 @@ def grouped_rows(lines: Iterable[dict[str, Any]], columns: tuple[str, ...]) -> I
     """One row per prompt from its kept completion lines, samples in order."""
     from .export import _value  # one definition of how a column reads a line
 
-    groups: dict[int, tuple[dict[str, Any], list[tuple[int, str, list[Any]]]]] = {}
+    groups: dict[tuple[Any, int], tuple[dict[str, Any], list[tuple[int, str, list[Any]]]]] = {}
     for obj in lines:
-        key = id_key(obj["id"])
+        key = (obj.get("checkpoint"), id_key(obj["id"]))
         group = groups.get(key)
         if group is None:
             turns = [{"role": m.get("role"), "content": m.get("content")} for m in obj["messages"]]
