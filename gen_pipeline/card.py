@@ -3,36 +3,20 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
 
-from .formats import jsonl_rows
+from .ledger import ledger_reasons
 from .provenance import recorded
-from .records import id_key
-from .rundir import RunDir, read_manifest
-from .samples import record_sample, sample_key
+from .rundir import read_manifest
 
 if TYPE_CHECKING:
     from .export import ExportConfig, ExportStats
 
 # Manifest fields shown in the card's settings table (the whole manifest follows it).
 CARD_SETTINGS = ("model", "tokenizer", "context_length", "max_tokens", "safety_margin", "sampling")
-
-
-def ledger_counts(runs: tuple[Path, ...], done: set[int]) -> Counter[str]:
-    """Ledger reasons (newest per id) of the ids that have no completion."""
-    last: dict[int, tuple[float, str]] = {}
-    for run in runs:
-        for obj in (o for path in RunDir(run).failure_files() for o in jsonl_rows(path)):
-            sample = record_sample(obj) if isinstance(obj, dict) else None
-            if isinstance(obj, dict) and obj.get("id") is not None and "reason" in obj and sample is not None:
-                key, when = sample_key(id_key(obj["id"]), sample), float(obj.get("time") or 0.0)
-                if when >= last.get(key, (float("-inf"), ""))[0]:
-                    last[key] = (when, str(obj["reason"]))
-    return Counter(reason for key, (_, reason) in last.items() if key not in done)
 
 
 def _front_matter(config: ExportConfig) -> list[str]:
@@ -57,7 +41,7 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
         ("left out: duplicate (id, sample)", stats.duplicates),
         ("left out: unreadable lines", stats.unreadable),
     ]
-    ledger = ledger_counts(config.runs, stats.done)
+    ledger = ledger_reasons(config.runs)  # as status and report count it
     rows += [(f"not generated: {reason} (ledger)", n) for reason, n in ledger.most_common()]
     lines = [
         *_front_matter(config),

@@ -249,7 +249,7 @@ def manifest_findings(
 async def _fleet_and_probes(
     config: RunConfig, counter: TokenCounter | None, report: dict[str, Any], found: Findings
 ) -> tuple[TokenCounter, str, int, list[ServerCheck]] | None:
-    async with open_transport(config.api_key) as transport:
+    async with open_transport(config.api_key, auth=config.server_auth) as transport:
         client = Client(transport)
         checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
         report["fleet"] = [c.view(config) for c in checks]

@@ -68,7 +68,7 @@ async def run_claimer(config: RunConfig, counter: TokenCounter | None, handle_si
         await asyncio.to_thread(refuse_shard_writers, config.out)  # a static worker of an earlier run
         if not config.join:
             repair_all(config.out)  # the top-level files of an earlier layout: we are the only one here
-        async with open_transport(config.api_key) as transport:
+        async with open_transport(config.api_key, auth=config.server_auth) as transport:
             return await _claim_loop(config, Client(transport), counter, handle_signals)
     finally:
         lock.release()

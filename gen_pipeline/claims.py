@@ -38,7 +38,7 @@ from .errors import ConfigError, OutputError
 from .locks import FileLock, is_held, take_flock
 from .records import RowId, id_key
 from .rows import BadRow
-from .rundir import RunDir, ShardDir, write_json_atomic
+from .rundir import RunDir, ShardDir, make_dir, write_json_atomic
 from .source import PromptSource
 from .store import repair_tail
 
@@ -247,7 +247,7 @@ class Claimer:
     def register(self) -> None:
         """Take this claimer's lock (the kernel drops it when the process dies)."""
         files = self.rundir.claimer(self.ident)
-        files.lock.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(files.lock.parent)
         self.lock = FileLock(files.lock)
         self.lock.acquire()
 

@@ -24,9 +24,10 @@ from typing import Any
 
 from .claims import ShardTable, input_fingerprint
 from .inputfile import input_lines
+from .ledger import ledger_reasons
 from .locks import is_held
 from .records import TRANSIENT_REASONS
-from .report import ledger_reasons, read_json
+from .report import read_json
 from .rundir import RunDir
 from .summary import merge_statuses
 
@@ -108,7 +109,7 @@ def rows_left(run: Path, manifest: dict[str, Any]) -> tuple[int, int | None]:
     lines = input_lines(source) if source.is_file() else None
     if lines is None:
         return done, None
-    ledgered = sum(n for reason, n in ledger_reasons(run).items() if reason not in TRANSIENT_REASONS)
+    ledgered = sum(n for reason, n in ledger_reasons([run]).items() if reason not in TRANSIENT_REASONS)
     total = lines * int(manifest.get("samples") or 1)
     return done, max(0, total - done - ledgered)
 

@@ -37,6 +37,7 @@ from .config import (
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OUTPUT, OutputError, PipelineError
 from .options import OPTIONS, build_config
 from .runtime import install_stop_handlers, restore_handlers, say, silence, tune_process
+from .watchflags import add_watch_flags
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
 # Subcommands that live in their own modules: name -> (module, help).
@@ -73,6 +74,7 @@ def _add_generate(sub: Any) -> None:
     p.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # set by --workers K: K share a server
     p.add_argument("--shard", type=_shard, help=argparse.SUPPRESS)  # set by --workers for each worker
     p.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
+    add_watch_flags(p)
     p.set_defaults(func=_generate)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from .errors import ConfigError
 from .records import ALL_REASONS, MAX_SAMPLES
@@ -46,6 +47,9 @@ OFFSET_EVIDENCE = 3
 
 MAX_PORT = 65535
 _PORTS = re.compile(r"^(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
+# "user:password@" in a server URL (up to the last @ before the path): sent as HTTP Basic auth, never part
+# of the name a server is shown and recorded under
+_USERINFO = re.compile(r"(?<=://)[^/?#]*@")
 
 
 def parse_ports(spec: str) -> list[int]:
@@ -66,22 +70,46 @@ def parse_ports(spec: str) -> list[int]:
 
 def parse_servers(spec: str) -> tuple[str, ...]:
     """Base URLs from "host:30000-30007", "host:port", "http://host:port" (a range too), bare ports, or a
-    comma list of them; a bad host or port is a ConfigError."""
+    comma list of them; a bad host or port is a ConfigError. A URL's `user:password@` stays on each of its
+    URLs (RunConfig takes it off: `server_name`); no message shows it."""
     urls: list[str] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         if _PORTS.match(part):
             urls.extend(f"http://127.0.0.1:{p}" for p in parse_ports(part))
-        elif part.startswith(("http://", "https://")):
-            urls.extend(_url_servers(part, part))
-        elif "/" not in part and ":" in part:
-            urls.extend(_url_servers(f"http://{part}", part))
-        else:
-            raise ConfigError(f"bad server {part!r}: use host:port, host:lo-hi or a URL")
+            continue
+        bare = not part.startswith(("http://", "https://"))
+        url = f"http://{part}" if bare else part
+        shown = redact(url).removeprefix("http://") if bare else redact(url)
+        if bare and ("/" in part or ":" not in part):
+            raise ConfigError(f"bad server {shown!r}: use host:port, host:lo-hi or a URL")
+        userinfo = _userinfo(url)
+        urls.extend(u.replace("://", f"://{userinfo}", 1) for u in _url_servers(redact(url), shown))
     if not urls:
         raise ConfigError("no servers given")
-    if len(set(urls)) != len(urls):
-        raise ConfigError(f"a server is listed twice in {spec!r}")
+    if len({server_name(u)[0] for u in urls}) != len(urls):
+        raise ConfigError(f"a server is listed twice in {redact(spec)!r}")
     return tuple(urls)
+
+
+def _userinfo(url: str) -> str:
+    """The `user:password@` of a URL ("" when it has none)."""
+    m = _USERINFO.search(url)
+    return m[0] if m else ""
+
+
+def redact(text: str) -> str:
+    """`text` with every URL's `user:password@` taken out: what a message may show of a server."""
+    return _USERINFO.sub("", text)
+
+
+def server_name(url: str) -> tuple[str, tuple[str, str] | None]:
+    """A server URL as it is shown and recorded (without `user:password@`), and those credentials, if any
+    (percent-escapes decoded: they are sent as HTTP Basic auth)."""
+    userinfo = _userinfo(url)
+    if not userinfo:
+        return url, None
+    user, _, password = userinfo[:-1].partition(":")
+    return redact(url), (unquote(user), unquote(password))
 
 
 def _url_servers(url: str, given: str) -> list[str]:
@@ -168,6 +196,8 @@ class RunConfig:
         model: the model name to send; None means the id the servers report.
         sampling: extra request fields (temperature, top_p, seed, ...); rows may override them.
         api_key: sent as a Bearer token; never written anywhere.
+        server_auth: (user, password) by server, from `http://user:password@host` in `servers`: sent as
+            HTTP Basic auth, never shown or written (the servers are named without it).
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
         accept_checkpoint: resume although the servers serve another checkpoint than the one that wrote
@@ -193,6 +223,7 @@ class RunConfig:
     context_length: int | None = None
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    server_auth: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
     # budget
     max_tokens: int = DEFAULT_MAX_TOKENS
     min_tokens: int = DEFAULT_MIN_TOKENS
@@ -231,13 +262,26 @@ class RunConfig:
     shards: int | None = None
     join: bool = False
     share: int = 1
+    # observing (metrics.py): /metrics on metrics_host:metrics_port, the textfile metrics_file; every series
+    # carries worker=metrics_worker (set by --workers K for each claimer)
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    metrics_file: Path | None = None
+    metrics_worker: str = "0"
 
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
         servers = self.servers if isinstance(self.servers, str) else ",".join(self.servers)
-        object.__setattr__(self, "servers", parse_servers(servers))
+        named = [server_name(url) for url in parse_servers(servers)]
+        object.__setattr__(self, "servers", tuple(name for name, _ in named))
+        auth = {**self.server_auth, **{name: cred for name, cred in named if cred is not None}}
+        object.__setattr__(self, "server_auth", auth)
+        if auth and self.api_key:
+            raise ConfigError("a --servers URL carries user:password@ and --api-key is set too: use one of them")
         object.__setattr__(self, "input", Path(self.input))
         object.__setattr__(self, "out", Path(self.out))
+        if self.metrics_file is not None:
+            object.__setattr__(self, "metrics_file", Path(self.metrics_file))
         checks = [
             (self.limit is None or self.limit >= 1, "--limit must be at least 1"),
             (self.system_prompt is None or bool(self.system_prompt.strip()), "--system-prompt is empty"),
@@ -255,6 +299,7 @@ class RunConfig:
             (self.workers >= 1, "--workers must be at least 1"),
             (self.shards is None or self.shards >= 1, "--shards must be at least 1"),
             (self.share >= 1, "bad --share"),
+            (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),

@@ -51,10 +51,12 @@ class Sent:
     outcomes: list[Completion | Failure] = field(default_factory=list)
     output_tokens: int = 0
     reasoning_tokens: int | None = None  # None: no answer reported them
+    cached_tokens: int = 0  # prompt tokens the servers' prefix caches served, where they report them
 
     def count(self, result: ChatResult) -> None:
         """Add one answer's usage (a request with n reports its samples together)."""
         self.output_tokens += result.completion_tokens or 0
+        self.cached_tokens += result.cached_tokens or 0
         if result.reasoning_tokens is not None:
             self.reasoning_tokens = (self.reasoning_tokens or 0) + result.reasoning_tokens
 

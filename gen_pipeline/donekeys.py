@@ -83,6 +83,12 @@ def merge_sorted(keys: array[int], new: Iterable[int], new_sorted: bool = False)
     return out
 
 
+def union(a: array[int], b: array[int]) -> array[int]:
+    """Two sorted key arrays as one (the smaller is merged into the bigger)."""
+    big, small = (a, b) if len(a) >= len(b) else (b, a)
+    return merge_sorted(big, small, new_sorted=True)
+
+
 def line_id(raw: bytes) -> RowId | None:
     """The id of one output line, or None when the line is not a completion.
 

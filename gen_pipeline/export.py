@@ -104,8 +104,7 @@ class ExportStats:
     finish_reasons: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    done: set[int] = field(default_factory=set)  # (id, sample) keys with a completion kept, of any checkpoint
-    kept: set[int] = field(default_factory=set)  # the same keys, each mixed with its checkpoint's
+    kept: set[int] = field(default_factory=set)  # (id, sample) keys kept, each mixed with its checkpoint's
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
     checkpoints: Counter[str] = field(default_factory=Counter)  # rows kept per checkpoint ("" not named)
 
@@ -189,7 +188,6 @@ def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Pat
             stats.truncated += 1
         else:
             stats.kept.add(mixed)
-            stats.done.add(key)
             stats.add(obj)
             yield obj
 

@@ -23,12 +23,13 @@ from .fleet import FleetInfo
 from .http import Client, open_transport
 from .inputfile import check_input
 from .locks import refuse_shard_writers
+from .metrics import exporting
 from .progress import RunStats, snapshot, watch_run
 from .reader import BatchReader
 from .recorder import Recorder
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
-from .rundir import RunDir
+from .rundir import RunDir, make_dir
 from .runtime import install_run_handlers
 from .setup import build_pool, resume_point, settle_manifest
 from .status import write_status
@@ -75,6 +76,12 @@ class Runner:
             self.stopping.set()
 
     async def run(self) -> None:
+        async with exporting(self.config, self.stats, self.pool) as exporter:
+            await self._run()
+            if exporter is not None and self.stop_code == EXIT_INTERRUPTED:
+                exporter.linger = 0.0  # a Ctrl-C does not wait for a last scrape
+
+    async def _run(self) -> None:
         workers = self.pool.worker_count()
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
@@ -206,7 +213,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     if not config.input.is_file():
         raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
-    config.out.mkdir(parents=True, exist_ok=True)
+    make_dir(config.out)
     from . import claimrun
 
     if claimrun.claimed(config):  # claimed shards: many processes share the directory (claims.py)
@@ -217,7 +224,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     try:
         if config.shard is None:  # an earlier --workers run's worker would write beside us
             await asyncio.to_thread(refuse_shard_writers, config.out)
-        async with open_transport(config.api_key) as transport:
+        async with open_transport(config.api_key, auth=config.server_auth) as transport:
             return await _run_locked(config, Client(transport), counter, handle_signals)
     finally:
         lock.release()

@@ -5,12 +5,14 @@
     throughput.png  output tokens/s and mean latency over every completion of the directory (all runs)
     servers.png     completions (all runs) and failed requests (last run) per server; down servers labelled
 
-Completion lines carry no timestamp, but they are in arrival order and a run keeps its servers' slots full,
-so the mean number of requests in flight is (sum of latencies) / elapsed (Little's law, from the last run:
-summary.json's `completed` lines and `elapsed_s`), and a bucket of consecutive lines took (its latency sum)
-/ (that mean) seconds. That is the time axis of throughput.png, over every line, earlier runs' too (their
-time is estimated with the last run's concurrency); without summary.json the axis is the completion number
-and the rate is the mean per-request decode speed.
+Each completion line carries `time`, when its answer came back: throughput.png puts every line of the
+directory (all runs, all shard files) on that clock, in seconds of generation since the first request; a
+stretch of more than PAUSE_S with no completion (a run ended, a later one resumed; or an outage) is cut out
+and marked. Lines written before lines carried a time are placed by an estimate instead: the mean number
+of requests in flight is (sum of latencies) / elapsed (Little's law, from the last run: summary.json's
+`completed` lines and `elapsed_s`), and a bucket of consecutive lines took (its latency sum) / (that mean)
+seconds, earlier runs' too; without summary.json the axis is the completion number and the rate is the mean
+per-request decode speed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ HIST_BINS = 50
 # would put nearly every row in the first bar.
 OVERFLOW_FACTOR = 1.5
 FINISH_COLORS = {"stop": "tab:blue", "length": "tab:orange"}
+# No completion for this long (and longer than the next answer took): a pause, cut out of the time axis.
+PAUSE_S = 300.0
 
 
 def _figure(width: float = 10, height: float = 4) -> Any:
@@ -133,22 +137,70 @@ def throughput_series(
     return [float(b) for _, b in spans], rate, mean_lat, "completion number", "output tokens/s per request"
 
 
+def timeline(times: Sequence[float], latency: Sequence[float]) -> tuple[list[int], list[float], list[float]] | None:
+    """The lines in the order their answers came back, each one's place on the time axis (seconds of
+    generation since the first request was sent, pauses cut out), and where each pause was cut; None when
+    a line has no time (written before lines carried one)."""
+    if not times or any(math.isnan(t) for t in times):
+        return None
+    order = sorted(range(len(times)), key=times.__getitem__)
+    first = order[0]
+    cut, prev = times[first] - latency[first], times[first]
+    x: list[float] = []
+    pauses: list[float] = []
+    for i in order:
+        gap = times[i] - prev
+        if gap > PAUSE_S and gap > latency[i]:  # nothing came back, and this request was sent after it
+            pauses.append(x[-1])
+            cut += gap - latency[i]
+        x.append(times[i] - cut)
+        prev = times[i]
+    return order, x, pauses
+
+
+def timed_series(
+    rows: Completions, buckets: int = BUCKETS
+) -> tuple[list[float], list[float], list[float], list[float]] | None:
+    """Bucketed (x, output tok/s, mean latency, pauses) on the lines' own clock; None when a line has no time."""
+    line = timeline(rows.time, rows.latency)
+    if line is None:
+        return None
+    order, x, pauses = line
+    width = max(x[-1], 1e-9) / buckets
+    tokens, latency, count = [0] * buckets, [0.0] * buckets, [0] * buckets
+    for i, at in zip(order, x, strict=True):
+        b = min(int(at / width), buckets - 1)
+        tokens[b] += rows.completion_tokens[i]
+        latency[b] += rows.latency[i]
+        count[b] += 1
+    ends = [width * (b + 1) for b in range(buckets)]
+    mean = [s / n if n else math.nan for s, n in zip(latency, count, strict=True)]
+    return ends, [t / width for t in tokens], mean, pauses
+
+
 def plot_throughput(rows: Completions, summary: dict[str, Any] | None, path: Path) -> None:
-    in_flight, resumed_at = mean_in_flight(rows, summary)
-    x, rate, lat, xlabel, ylabel = throughput_series(rows.latency, rows.completion_tokens, in_flight)
+    timed = timed_series(rows)
+    if timed is not None:
+        x, rate, lat, marks = timed
+        xlabel, ylabel = "seconds of generation (pauses with no completion cut out)", "output tokens/s (all servers)"
+        note = " pause cut out here"
+    else:
+        in_flight, resumed_at = mean_in_flight(rows, summary)
+        x, rate, lat, xlabel, ylabel = throughput_series(rows.latency, rows.completion_tokens, in_flight)
+        where = sum(rows.latency[:resumed_at]) / in_flight if in_flight else float(resumed_at)
+        marks, note = ([where] if resumed_at else []), " last run began here"
     fig = _figure(10, 6)
     top, bottom = fig.subplots(2, 1, sharex=True)
     top.plot(x, rate, color="tab:green")
     top.set_ylabel(ylabel)
-    top.set_title(f"throughput over all {len(rows)} completions of the directory, in arrival order")
+    top.set_title(f"throughput over all {len(rows)} completions of the directory")
     bottom.plot(x, lat, color="tab:orange")
     bottom.set_ylabel("mean latency (s)")
     bottom.set_xlabel(xlabel)
-    if resumed_at:  # the last run resumed an earlier one: show where it began
-        where = sum(rows.latency[:resumed_at]) / in_flight if in_flight else float(resumed_at)
+    for where in marks:  # where a run resumed an earlier one (or the fleet stopped answering for a while)
         for ax in (top, bottom):
             ax.axvline(where, color="grey", linestyle="--")
-        top.annotate(" last run began here", (where, max(rate, default=0)), va="top", color="grey")
+        top.annotate(note, (where, max(rate, default=0)), va="top", color="grey")
     fig.savefig(path, dpi=100)
 
 

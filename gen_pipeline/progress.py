@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
+import math
 import os
 import sys
 import time
@@ -22,6 +25,24 @@ STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
 # smooth the ups and downs of generation lengths, short enough to follow a server going down.
 ETA_WINDOW = 120.0
 RATE_SAMPLE = 1.0  # seconds between the samples the window is made of
+# Upper bounds (seconds) of the request-latency histogram (metrics.py's gen_pipeline_request_seconds).
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
+
+
+@dataclass
+class Latencies:
+    """How long requests took: a count per LATENCY_BUCKETS bound (the first it fits under) and the total."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    total_s: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total_s += seconds
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(bound, requests that took at most that long), as a Prometheus histogram lists them."""
+        return list(zip(LATENCY_BUCKETS, itertools.accumulate(self.counts), strict=True))
 
 
 @dataclass
@@ -37,7 +58,9 @@ class RunStats:
     finish_reasons: Counter[str] = field(default_factory=Counter)
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens, where the servers report it
     requests: int = 0
+    latency: Latencies = field(default_factory=Latencies)  # every request to a server
     in_flight: int = 0
     drift: Counter[int] = field(default_factory=Counter)  # server prompt_tokens - ours -> rows
     # rows compared per request shape (tokens.conversation.SHAPES), and "<shape> drifted" for those that differed

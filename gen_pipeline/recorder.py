@@ -63,6 +63,7 @@ class Recorder:
                 self._write(self.writer.write_completion, outcome)
                 self._count(outcome, kinds)
         self.stats.output_tokens += sent.output_tokens
+        self.stats.cached_tokens += sent.cached_tokens
         if sent.reasoning_tokens is not None:
             self.stats.reasoning_tokens += sent.reasoning_tokens
             self.stats.reasoned_output_tokens += sent.output_tokens

@@ -160,6 +160,8 @@ class Completion:
     # and the weight_version the answer reported; each written only when known
     checkpoint: str | None = None
     weight_version: str | None = None
+    # when the answer came back (epoch s, as the ledger's `time`): the report's time axis
+    time: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
         if self.key < 0:
@@ -185,6 +187,7 @@ class Completion:
                     "server": self.server,
                     "attempts": self.attempts,
                     "latency_s": round(self.latency_s, 4),
+                    "time": round(self.time, 3),
                     "model": self.model,
                     **made_by,
                     "meta": self.meta,

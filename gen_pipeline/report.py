@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from .errors import ConfigError
+from .ledger import ledger_reasons
 from .rundir import MANIFEST, SUMMARY, RunDir
 from .store import iter_json_lines
 
@@ -47,6 +48,7 @@ class Completions:
     input_tokens: array[int] = field(default_factory=lambda: array("q"))
     completion_tokens: array[int] = field(default_factory=lambda: array("q"))
     latency: array[float] = field(default_factory=lambda: array("d"))
+    time: array[float] = field(default_factory=lambda: array("d"))  # when each came back (epoch s); nan: no time
     budget: array[int] = field(default_factory=lambda: array("q"))  # max_tokens as sent
     servers: Counter[str] = field(default_factory=Counter)
     finish: Counter[str] = field(default_factory=Counter)
@@ -60,6 +62,8 @@ class Completions:
         self.input_tokens.append(int(obj.get("input_tokens") or 0))
         self.completion_tokens.append(int(obj.get("completion_tokens") or 0))
         self.latency.append(float(obj.get("latency_s") or 0.0))
+        when = obj.get("time")  # lines written before completions carried their time have none
+        self.time.append(float(when) if isinstance(when, int | float) and not isinstance(when, bool) else math.nan)
         self.budget.append(int(obj.get("max_tokens") or 0))
         self.servers[str(obj.get("server"))] += 1
         self.finish[str(obj.get("finish_reason"))] += 1
@@ -90,22 +94,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, orjson.JSONDecodeError):
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def ledger_reasons(run: Path) -> Counter[str]:
-    """Ledger reasons, the newest entry per (id, sample) deciding (bad rows without an id count once each)."""
-    newest: dict[tuple[str, Any], tuple[float, str]] = {}
-    anonymous: Counter[str] = Counter()
-    for _, obj in (x for path in RunDir(run).failure_files() for x in iter_json_lines(path)):
-        if obj is None or "reason" not in obj:
-            continue
-        if obj.get("id") is None:
-            anonymous[obj["reason"]] += 1
-        elif (when := float(obj.get("time") or 0.0)) >= newest.get(
-            key := (str(obj["id"]), obj.get("sample", 0)), (float("-inf"), "")
-        )[0]:
-            newest[key] = (when, obj["reason"])
-    return anonymous + Counter(reason for _, reason in newest.values())
 
 
 # the table
@@ -166,7 +154,7 @@ def render_table(run: Path, rows: Completions, summary: dict[str, Any] | None, m
     m = manifest or {}
     lines = [f"run {run}: model {m.get('model')}, context {m.get('context_length')}, tokenizer {m.get('tokenizer')}"]
     lines += _summary_lines(summary) if summary else ["no summary.json: the run has not finished (or crashed)"]
-    lines.append(f"ledger      {dict(ledger_reasons(run))} (newest entry per id)")
+    lines.append(f"ledger      {dict(ledger_reasons([run]))} (newest entry per id)")
     lines.append(f"completions {len(rows)} lines")
     lines.append(f"input tok   sum {sum(rows.input_tokens):,}  {_dist_text(distribution(rows.input_tokens))}")
     lines.append(f"output tok  sum {sum(rows.completion_tokens):,}  {_dist_text(distribution(rows.completion_tokens))}")

@@ -182,6 +182,7 @@ class RequestPath:
             finally:
                 self.stats.in_flight -= 1
                 track.latency = time.monotonic() - started
+                self.stats.latency.add(track.latency)
             self.pool.record_success(server, track.latency, result.completion_tokens or 0, lease.started)
             return result
 

@@ -21,6 +21,11 @@ RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completio
 
 _KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling", "samples", *TEMPLATE_FIELDS})
 
+# orjson reads 1024 nested levels but writes only 254. A row's fields go one level down in its output line
+# (under `meta`) and a few more in an exported row, so a row must still be writable this many levels down.
+WRITE_MARGIN = 4
+MAX_NESTING = 254 - WRITE_MARGIN
+
 
 @dataclass(frozen=True, slots=True)
 class BadRow:
@@ -115,6 +120,20 @@ def _options(row: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
     return max_tokens, sampling
 
 
+def _check_writable(raw: bytes, row: dict[str, Any]) -> None:
+    """RowError for a row that could be read but not written back (nested too deep for orjson's writer):
+    it would stop the run at its output line instead of becoming a ledger entry."""
+    if raw.count(b"[") + raw.count(b"{") < MAX_NESTING:
+        return  # cannot nest that deep (brackets inside strings count too: a cheap upper bound)
+    wrapped: Any = row
+    for _ in range(WRITE_MARGIN):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError as exc:
+        raise RowError(f"row is nested more than {MAX_NESTING} levels deep, too deep to be written ({exc})") from None
+
+
 def parse_row(raw: bytes, line: int) -> Prompt:
     """One JSONL line as a validated Prompt, or RowError."""
     try:
@@ -127,6 +146,7 @@ def parse_row(raw: bytes, line: int) -> Prompt:
         raise RowError(f"invalid JSON: {exc}") from exc
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object")
+    _check_writable(raw, row)
     messages = _messages(row)
     max_tokens, sampling = _options(row)
     tools, template_kwargs, sampling = _template_inputs(row, sampling)

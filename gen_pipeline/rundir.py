@@ -154,6 +154,16 @@ def read_manifest(run: Path) -> dict[str, Any]:
     return orjson.loads(path.read_bytes()) if path.exists() else {}
 
 
+def make_dir(path: Path) -> Path:
+    """Create a directory of the run, parents included; OutputError (one line, exit 5) when the filesystem
+    refuses it (read-only, full, no permission), as it would refuse a file in an existing one."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create {path}: {exc.strerror or exc}") from exc
+    return path
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Replace a JSON file in one step, so a crash leaves the old or the new one whole."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # claimers on many hosts may replace one file

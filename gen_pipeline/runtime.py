@@ -13,7 +13,6 @@ later write, and the interpreter's last flush, succeed silently.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import gc
@@ -114,6 +113,8 @@ def install_run_handlers(
     """While the run loop runs: SIGINT, SIGTERM and SIGHUP stop the run first, then say so (a closed stream
     cannot lose the stop); a second Ctrl-C syncs the output and exits at once. Returns what puts the
     handlers from before back."""
+    import asyncio  # here: the entry point installs the other handlers before asyncio is imported
+
     loop = asyncio.get_running_loop()
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     seen: list[str] = []

@@ -258,4 +258,6 @@ class PromptSource:
             self.repeats += 1
             return None
         self.note_bad(line)
-        return BadRow(line, f"id {rid!r} was seen before with different content", rid)
+        # ledgered without the id: this row is not that id's, so its entry must never stand for the id
+        # ("the newest entry per id decides") and make a done or pending row read as failed
+        return BadRow(line, f"id {rid!r} was seen before with different content")

@@ -58,9 +58,10 @@ from typing import Any
 
 from .errors import ConfigError
 from .inputfile import input_lines
+from .ledger import ledger_reasons
 from .locks import holder, is_held
 from .progress import format_summary
-from .report import completion_files, ledger_reasons, read_json
+from .report import completion_files, read_json
 from .rundir import LOCK, MANIFEST, STATUS, SUMMARY, RunDir, write_json_atomic
 from .summary import merge_statuses
 
@@ -133,7 +134,7 @@ def count_lines(path: Path) -> int:
 def file_counts(run: Path, manifest: dict[str, Any] | None) -> str:
     """What the files say, whoever wrote them."""
     done = sum(count_lines(p) for p in completion_files(run))
-    text = f"files: {done} completions, ledger {dict(ledger_reasons(run))} (newest entry per id)"
+    text = f"files: {done} completions, ledger {dict(ledger_reasons([run]))} (newest entry per id)"
     source = Path(str((manifest or {}).get("input", "")))
     if source.is_file() and (lines := input_lines(source)) is not None:
         text += f"; the input has {lines} lines"

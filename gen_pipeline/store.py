@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import orjson
 
-from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, merge_sorted
+from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, union
 from .errors import ManifestMismatchError, OutputError
 from .locks import DirLock as DirLock
 from .records import PERMANENT_REASONS, Completion, Failure, id_key
@@ -170,9 +170,7 @@ def scan(
         found = completion_keys(path, save_index)
         state.files[str(path.relative_to(out))] = found
         state.corrupt_lines += [f"{path.relative_to(out)}:{n}" for n in found.corrupt]
-        keys = found.keys
-        big, small = (done, keys) if len(done) >= len(keys) else (keys, done)
-        done = merge_sorted(big, small, new_sorted=True)
+        done = union(done, found.keys)
     state.done = KeySet(done, presorted=True)
     del done
     newest: dict[int, float] = {}

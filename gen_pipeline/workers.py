@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any
 
+from . import metrics
 from .claimrun import claimer_summaries, with_shards
 from .claims import SharedRunLock
 from .config import API_KEY_ENV, RunConfig
@@ -35,7 +36,7 @@ from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT
 from .http import Client, open_transport
 from .locks import ShardLock, refuse_shard_writers
 from .pipeline import run
-from .rundir import RunDir, write_json_atomic
+from .rundir import RunDir, make_dir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
 from .store import repair_all
 from .summary import Outcome, merge_summaries
@@ -84,7 +85,7 @@ def merged_exit_code(codes: list[int]) -> int:
 async def _settle(config: RunConfig) -> None:
     from .setup import settle_settings
 
-    async with open_transport(config.api_key) as transport:
+    async with open_transport(config.api_key, auth=config.server_auth) as transport:
         await settle_settings(config, Client(transport))
 
 
@@ -94,7 +95,7 @@ def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
         from .errors import ConfigError
 
         raise ConfigError(f"input file not found: {config.input}")
-    config.out.mkdir(parents=True, exist_ok=True)
+    make_dir(config.out)
     config = with_shards(config)  # the workers are claimers of the run's shards (claims.py)
     lock = SharedRunLock(config.out, config.join)
     lock.acquire()
@@ -135,7 +136,7 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
 
 
 def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) -> subprocess.Popen[bytes]:
-    argv = worker_argv(argv, index, config.workers, alive_r)
+    argv = [*worker_argv(argv, index, config.workers, alive_r), *metrics.worker_args(config, index)]
     env = worker_env(config)
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
 
@@ -166,7 +167,7 @@ def run_worker(config: RunConfig, parent_fd: int | None) -> Outcome:
         follow_parent(parent_fd)
     if config.shard is None:
         return run(config)
-    config.out.mkdir(parents=True, exist_ok=True)
+    make_dir(config.out)
     lock = ShardLock(config.out, *config.shard)
     lock.acquire()
     try:

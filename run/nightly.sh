@@ -46,7 +46,14 @@ log() { printf '%s nightly: %s\n' "$(date '+%F %T')" "$*"; }
 # TERM, INT and HUP go to the running child (prepare or generate), which stops cleanly (generate: exit
 # 130, summary written); the script then reports and exits with the child's code. The child runs in a
 # process group of its own, so a Ctrl-C reaches it once (from us), not twice (a second one exits at once).
+# That group also keeps it out of a kill of ours, so the kernel kills it when this shell dies, even by
+# kill -9 (setpriv's parent-death signal); and it never holds the nightly lock (fd 9), so a child that
+# outlived us anyway could not keep the next night out.
 CHILD=""
+DIE_WITH_US=()
+if setpriv --help 2>/dev/null | grep -q -- --pdeathsig; then
+    DIE_WITH_US=(setpriv --pdeathsig KILL --)
+fi
 # shellcheck disable=SC2317  # invoked by the traps below
 forward() { [[ -z $CHILD ]] || kill -s "$1" "$CHILD" 2>/dev/null || true; }
 for sig in TERM INT HUP; do
@@ -58,7 +65,7 @@ done
 run_child() {
     local rc
     set -m
-    "$@" &
+    "${DIE_WITH_US[@]}" "$@" 9>&- &
     CHILD=$!
     set +m
     # wait returns early when a trap ran; go on waiting while the child still runs

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,13 +26,26 @@ DEADLINE = 60.0
 
 
 def test_exports_are_sorted_and_complete() -> None:
-    """__all__ is sorted, and names every public object the package root imports."""
+    """__all__ is sorted, names every public object the package root offers, and each one resolves."""
     names = gen_pipeline.__all__
     assert names == sorted(names)
-    public = {n for n, v in vars(gen_pipeline).items() if not n.startswith("_") and not hasattr(v, "__path__")}
-    public -= {"annotations"}
+    public = {n for n in dir(gen_pipeline) if not n.startswith("_")}
+    public -= {"annotations", "importlib", "TYPE_CHECKING", "Any"}
     submodules = {n for n, v in vars(gen_pipeline).items() if type(v).__name__ == "module"}
     assert public - submodules == set(names) - {"__version__"}
+    assert all(getattr(gen_pipeline, n) is not None for n in names)
+
+
+def test_importing_the_package_imports_no_dependency() -> None:
+    """`import gen_pipeline` stays cheap (its names load on first use), so the command's stop handlers
+    are in place before the heavy imports; `gen_pipeline.generate` still works as before."""
+    code = (
+        "import sys, gen_pipeline\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'orjson', 'transformers', 'tqdm'}))\n"
+        "print(gen_pipeline.generate.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "gen_pipeline.api"]
 
 
 def readme_example() -> str:

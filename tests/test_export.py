@@ -11,8 +11,9 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from gen_pipeline import export
+from gen_pipeline import export, status
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.ledger import ledger_reasons
 from gen_pipeline.records import Completion, Failure
 
 MANIFEST = {
@@ -92,6 +93,30 @@ def test_drop_truncated_and_the_dataset_card(run_dir, tmp_path):
         "    path: data/train-*.parquet",
     ]:
         assert line in card
+
+
+def test_the_card_counts_the_ledger_as_status_and_report_do(run_dir, tmp_path):
+    """The card's "not generated" counts are the ledger's, as `status`/`report` count it: a bad row without
+    an id counts; an entry for a row that has a completion (written later, or kept out as truncated) does not."""
+    extra = [
+        Failure(None, 3, "bad_input", "invalid JSON").to_line(),  # no id: the card left it out
+        Failure(None, 4, "bad_input", "invalid JSON").to_line(),
+        Failure(1, 2, "timeout", "t", time=1.0).to_line(),  # id 1 completed later ("length", dropped below)
+        Failure(2, 3, "bad_input", "id 2 was seen before with different content").to_line(),  # an old version's
+    ]
+    with (run_dir / "failures.jsonl").open("ab") as f:
+        f.write(b"".join(extra))
+    out = tmp_path / "ds"
+    assert run_export(run_dir, "--out", out, "--drop-truncated") == 0
+    card = (out / "README.md").read_text()
+    said = {
+        line.split(": ", 1)[1].split(" (ledger)")[0]: int(line.rsplit("|", 2)[1])
+        for line in card.splitlines()
+        if line.startswith("| not generated: ")
+    }
+    assert said == {"bad_input": 2, "timeout": 1, "over_length": 1}
+    assert said == ledger_reasons([run_dir])
+    assert f"ledger {said}" in status.file_counts(run_dir, None)
 
 
 def test_save_to_disk_with_meta_columns(run_dir, tmp_path):

@@ -52,12 +52,14 @@ def test_a_file_size_limit_is_reported_on_stderr(write_jsonl, tmp_path, workers)
 
 
 @contextlib.contextmanager
-def tiny_filesystem(where: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of `size` mounted at `where` (needs root; the test is skipped otherwise)."""
+def tiny_filesystem(where: Path, size: str, options: str = "") -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `where` with these extra mount `options` (needs root; the test is
+    skipped otherwise)."""
     where.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    opts = f"size={size}{options}"
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
@@ -78,3 +80,18 @@ def test_a_full_filesystem_is_reported_on_stderr(write_jsonl, tmp_path, workers)
     assert said and all(line.startswith("error: cannot ") for line in said), full.stderr
     assert any("completions" in line and "No space left on device" in line for line in said), full.stderr
     assert not any("summary.json" in line for line in said), full.stderr  # a consequence, not the cause
+
+
+@WORKERS
+@pytest.mark.parametrize("new", [False, True], ids=["existing directory", "new directory"])
+def test_a_read_only_filesystem_is_one_line_and_exit_5(write_jsonl, tmp_path, workers, new):
+    """--out on a read-only filesystem, the directory there already or still to be made: exit 5 and one
+    'error: cannot create ...: Read-only file system' line, no traceback (the servers are never reached)."""
+    path = write_jsonl(prompts(3))
+    with tiny_filesystem(tmp_path / "ro", "1m", ",ro") as ro:
+        out = ro / "runs" / "new" if new else ro
+        refused = run_generate(path, out, "127.0.0.1:9", *workers, timeout=60)
+    assert refused.returncode == 5, refused.stderr
+    [said] = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert "cannot create" in said and "Read-only file system" in said, refused.stderr
+    assert "Traceback" not in refused.stderr

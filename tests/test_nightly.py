@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +140,56 @@ def test_two_runs_in_a_night_then_a_new_night(tmp_path):
     export.add_arguments(parser)
     export.main(parser.parse_args([str(ds), "--out", str(tmp_path / "dataset")]))
     assert "| rows | 9 |" in (tmp_path / "dataset" / "README.md").read_text()
+
+
+def generate_child(pid: int, timeout: float) -> int:
+    """The `generate` a nightly run `pid` started, once it holds its run directory (Linux /proc)."""
+    from procs import children
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in children(pid, 1, timeout):
+            with contextlib.suppress(OSError):
+                if b"\0generate\0" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return child
+        time.sleep(0.05)
+    raise AssertionError(f"nightly {pid} started no generate")
+
+
+def open_files(pid: int) -> set[Path]:
+    """The files process `pid` has open (Linux /proc)."""
+    fds = Path(f"/proc/{pid}/fd")
+    return {Path(os.readlink(fd)) for fd in fds.iterdir() if os.readlink(fd).startswith("/")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["script", "group"])
+def test_a_killed_nightly_leaves_no_generate_behind(tmp_path, target):
+    """kill -9 of the script (or its process group) mid-generate: its generate stops at once instead of
+    running on unsupervised with the lock, and the next nightly runs (exit 0, not 75)."""
+    reason = missing_commands()
+    if reason:
+        pytest.skip(reason)
+    from procs import kill_all, sim_fleet, wait_gone
+
+    ds, src = tmp_path / "ds", tmp_path / "source.jsonl"
+    write_jsonl(src, source_rows([f"Question {i}" for i in range(4)]))
+    night = ["--source", src, "--dataset-dir", ds, "--date", "2026-01-01", "--", "--max-tokens", "32"]
+    night += ["--progress", "off"]
+    with sim_fleet(1, "--token-latency", "2") as slow:
+        argv = ["bash", str(NIGHTLY), *map(str, night)]
+        env = clean_env(NIGHTLY_SERVERS=slow)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+        pids = [proc.pid]
+        try:
+            pids.append(generate_child(proc.pid, timeout=60))
+            assert ds / ".nightly.lock" not in open_files(pids[1]), "generate holds the nightly lock"
+            os.killpg(proc.pid, 9) if target == "group" else proc.kill()
+            proc.wait(timeout=10)
+            assert wait_gone(pids[1:], timeout=10) == [], "generate runs on after its nightly was killed"
+        finally:
+            kill_all(pids)
+    with sim_fleet(1) as fast:
+        again = nightly(*night, env=clean_env(NIGHTLY_SERVERS=fast))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert count_lines(ds / "completions.jsonl") == 4

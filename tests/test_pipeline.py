@@ -7,6 +7,7 @@ import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 
 from gen_pipeline.errors import ManifestMismatchError
+from gen_pipeline.ledger import ledger_reasons
 
 
 def test_all_rows_complete_and_balance(write_jsonl, tmp_path):
@@ -34,6 +35,7 @@ def test_all_rows_complete_and_balance(write_jsonl, tmp_path):
         "server",
         "attempts",
         "latency_s",
+        "time",
         "model",
         "meta",
     ):
@@ -254,3 +256,32 @@ def test_reasoning_content_is_kept_and_exported(write_jsonl, tmp_path):
     assert export.main(parser.parse_args(argv)) == 0
     rows = {r["id"]: r["reasoning_content"] for r in datasets.load_from_disk(str(tmp_path / "ds"))}
     assert rows == {str(r["id"]): r["reasoning_content"] for r in lines}
+
+
+def test_a_row_too_deep_to_write_is_ledgered_and_the_run_goes_on(write_jsonl, tmp_path):
+    """A row nested 600 levels (read fine, unwritable by orjson) is bad_input; the rows after it complete."""
+    deep = b'{"id": "deep", "prompt": "hi", "extra": ' + b"[" * 600 + b"]" * 600 + b"}"
+    rows = [*prompts(3), deep, *prompts(3, start=3)]
+    out = tmp_path / "out"
+    outcome, _ = run_sim(write_jsonl(rows), out)
+    assert outcome.exit_code == 0
+    assert check_invariant([*range(6), "deep"], out) == {"done": 6, "ledger": 1}
+    [entry] = read_jsonl(out / "failures.jsonl")
+    assert entry["id"] == "deep" and entry["reason"] == "bad_input" and "nested" in entry["detail"]
+
+
+def test_a_row_reusing_a_done_id_never_shadows_it(write_jsonl, tmp_path):
+    """Rows appended with done ids and other content are bad_input under no id: by "the newest entry per
+    (id, sample) decides", every done id still reads as done, and the ledger counts them once each."""
+    rows = prompts(4)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    assert run_sim(path, out)[0].exit_code == 0
+    with path.open("ab") as f:
+        f.write(b"".join(orjson.dumps({"id": i, "prompt": f"other {i}"}) + b"\n" for i in (0, 2, 3)))
+    second, _ = run_sim(path, out)
+    assert second.exit_code == 0 and second.summary["failed"] == {"bad_input": 3}
+    ledger = read_jsonl(out / "failures.jsonl")
+    assert [(e["id"], e["line"]) for e in ledger] == [(None, 5), (None, 6), (None, 7)]
+    assert all("seen before with different content" in e["detail"] for e in ledger)
+    assert ledger_reasons([out]) == {"bad_input": 3}
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 4, "ledger": 0}

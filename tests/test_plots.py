@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from gen_pipeline.plots import PLOTS, draw_servers, input_bins, mean_in_flight, plot_inputs, throughput_series
+from gen_pipeline.plots import (
+    PLOTS,
+    draw_servers,
+    input_bins,
+    mean_in_flight,
+    plot_inputs,
+    plot_throughput,
+    throughput_series,
+    timed_series,
+)
 from gen_pipeline.report import Completions, drift_text
 
 pytest.importorskip("matplotlib")
@@ -81,6 +90,39 @@ def test_throughput_covers_every_run_of_the_directory():
     assert in_flight == pytest.approx(10.0) and resumed_at == 100
     x, rate, *_ = throughput_series(rows.latency, rows.completion_tokens, in_flight, buckets=20)
     assert x[-1] == pytest.approx(20.0) and rate == pytest.approx([500.0] * 20)
+
+
+def _run(start: float, n: int, latency: float, per_second: float) -> list[dict[str, Any]]:
+    """`n` lines of one run: the first answer `latency` s after `start`, then `per_second` a second."""
+    return [
+        {**line, "time": start + latency + i / per_second} for i, line in enumerate(completions(n, latency=latency))
+    ]
+
+
+def test_throughput_after_a_resume_is_read_from_each_lines_time():
+    """Issue 29: run 1 kept 40 requests of 4 s in flight, its resume (an hour later) 10 of 1 s; both made 500
+    tokens/s. The last run's concurrency made run 1 look 4x slower and 4x longer; each line's own time does not,
+    and the hour between the runs is cut out."""
+    rows = rows_of(_run(1e9, 400, 4.0, 10.0) + _run(1e9 + 3600, 100, 1.0, 10.0))
+    estimated = throughput_series(
+        rows.latency, rows.completion_tokens, mean_in_flight(rows, {"completed": 100, "elapsed_s": 10.0})[0], buckets=20
+    )
+    assert estimated[0][-1] == pytest.approx(170.0)  # what the plot showed before: 160 s for run 1
+    timed = timed_series(rows, buckets=20)
+    assert timed is not None
+    x, rate, _, pauses = timed
+    assert x[-1] == pytest.approx(4.0 + 39.9 + 1.0 + 9.9)
+    assert sorted(rate)[10] == pytest.approx(500.0, rel=0.1) and max(rate) < 560
+    assert pauses == [pytest.approx(43.9)]
+
+
+def test_lines_without_a_time_still_plot(tmp_path):
+    """A directory written before lines carried their time is plotted on the estimated axis."""
+    rows = rows_of(completions(50) + _run(1e9, 50, 1.0, 10.0))
+    assert timed_series(rows) is None
+    plot_throughput(rows, {"completed": 50, "elapsed_s": 5.0}, tmp_path / "t.png")
+    plot_throughput(rows_of(_run(1e9, 50, 1.0, 10.0)), None, tmp_path / "u.png")
+    assert (tmp_path / "t.png").stat().st_size and (tmp_path / "u.png").stat().st_size
 
 
 def test_no_single_bar_finish_reason_chart():

@@ -66,6 +66,7 @@ def test_repeat_once_conflict_is_bad(write_jsonl):
     items = list(source)
     assert [type(i).__name__ for i in items] == ["Prompt", "BadRow", "Prompt"]
     assert "seen before with different content" in items[1].detail and items[1].line == 3
+    assert items[1].id is None  # not that id's row: its ledger entry must not stand for the id
     assert source.repeats == 2
 
 
@@ -198,3 +199,19 @@ def test_peek_key_equals_id_key_of_the_parsed_id(rid):
     line = orjson.dumps({"id": rid, "prompt": "p"})
     assert peek_key(line) == (rid, id_key(rid))
     assert peek_key(b'{"prompt": "p", "id": 1}') is None
+
+
+@pytest.mark.parametrize("depth", [250, 254, 600, 1023])
+def test_a_row_nested_too_deep_to_write_is_bad(write_jsonl, depth):
+    """A row the parser reads but no output line could hold (orjson writes 254 levels) is a BadRow."""
+    deep = b'{"id": "d", "prompt": "hi", "extra": ' + b"[" * depth + b"]" * depth + b"}"
+    items = list(PromptSource(write_jsonl([deep, GOOD])))
+    assert isinstance(items[0], BadRow) and items[0].line == 1 and "nested" in items[0].detail
+    assert items[1].id == "a"
+
+
+def test_a_row_with_many_brackets_but_shallow_is_fine(write_jsonl):
+    """Many brackets side by side (a long history, a string full of them) are no nesting."""
+    row = {"id": "w", "prompt": "[" * 500, "extra": [[1]] * 400}
+    [p] = list(PromptSource(write_jsonl([row])))
+    assert p.meta == {"extra": [[1]] * 400}

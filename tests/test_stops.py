@@ -87,6 +87,34 @@ def test_a_stop_signal_during_start_up_exits_130_in_one_line(write_jsonl, tmp_pa
     assert len(said) == 1 and sig.name in said[0] and "Traceback" not in rest, rest
 
 
+# The run's third-party dependencies (pyproject.toml), by import name: importing them takes most of
+# start-up (0.6-1 s), and `generate` must own the stop signals before the first of them.
+HEAVY = {"aiohttp", "datasets", "jinja2", "numpy", "orjson", "tenacity", "tokenizers", "tqdm", "transformers"}
+ENTRIES = {"python -m": [PY, "-m", "gen_pipeline"], "console script": [str(Path(PY).with_name("gen-pipeline"))]}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_in_the_first_imports_exits_130(tmp_path, entry, sig):
+    """A stop signal sent the moment `generate` has imported its first dependency (the process reports
+    each import as it ends: -X importtime) exits 130 with one line, three times out of three."""
+    argv = [*ENTRIES[entry], "generate", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out")]
+    for _ in range(3):
+        proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env={**env(), "PYTHONPROFILEIMPORTTIME": "1"})
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if line.rpartition("|")[2].strip().split(".")[0] in HEAVY:
+                    break
+            proc.send_signal(sig)
+            _, rest = proc.communicate(timeout=60)
+        finally:
+            kill_all([proc.pid] if proc.poll() is None else [])
+        said = [line for line in rest.splitlines() if not line.startswith("import time:")]
+        assert proc.returncode == 130, said
+        assert len(said) == 1 and sig.name in said[0], said
+
+
 def session_members(sid: int) -> list[int]:
     """Every process in session `sid` (what systemd's stop signals in a unit's group, near enough)."""
     members = []

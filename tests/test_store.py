@@ -29,9 +29,10 @@ def completion(i) -> Completion:
 def test_torn_last_line_moves_aside(tmp_path):
     """A last line without a newline is moved to .torn and never parsed as data."""
     path = tmp_path / COMPLETIONS
-    path.write_bytes(completion(1).to_line() + b'{"id": 2, "messages": [{"ro')
+    line = completion(1).to_line()
+    path.write_bytes(line + b'{"id": 2, "messages": [{"ro')
     assert repair_tail(path) > 0
-    assert path.read_bytes() == completion(1).to_line()
+    assert path.read_bytes() == line
     assert (tmp_path / (COMPLETIONS + ".torn")).read_bytes().startswith(b'{"id": 2')
     assert repair_tail(path) == 0
 

@@ -194,7 +194,7 @@ def test_a_cancelled_request_stays_cancelled():
 
 def test_the_body_cap_defaults_to_64_mib():
     assert MAX_RESPONSE_BYTES == 64 * 2**20
-    assert AiohttpTransport.__init__.__defaults__ == (None, MAX_RESPONSE_BYTES)
+    assert AiohttpTransport.__init__.__defaults__ == (None, MAX_RESPONSE_BYTES, None)
 
 
 CAP = 1000

@@ -42,6 +42,7 @@ class ChatResult:
     choices: tuple[ChatResult, ...] = ()
     model: str | None = None  # the model the body says answered (SGLang and vLLM echo the request's)
     weight_version: str | None = None  # SGLang's metadata.weight_version: the weights that answered
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (SGLang --enable-cache-report)
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -90,6 +91,8 @@ def parse_chat(body: Any, server: str) -> ChatResult:
         results = [_choice(c) for c in choices]
         first = results[0]
         details = usage.get("completion_tokens_details") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")  # a figure only: never refused
+        cached = cached if isinstance(cached, int) and not isinstance(cached, bool) else None
         result = ChatResult(
             content=first.content,
             finish_reason=first.finish_reason,
@@ -101,6 +104,7 @@ def parse_chat(body: Any, server: str) -> ChatResult:
             choices=tuple(results) if len(results) > 1 else (),
             model=body.get("model") if isinstance(body.get("model"), str) else None,
             weight_version=_weight_version(body),
+            cached_tokens=cached,
         )
         for count in (result.prompt_tokens, result.completion_tokens, result.reasoning_tokens):
             if count is not None and (isinstance(count, bool) or not isinstance(count, int)):

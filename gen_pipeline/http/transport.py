@@ -88,7 +88,14 @@ async def read_capped(content: aiohttp.StreamReader, cap: int) -> bytes | None:
 class AiohttpTransport:
     """Keep-alive connections per server over one aiohttp session; `request` returns one whole answer."""
 
-    def __init__(self, api_key: str | None = None, max_body: int = MAX_RESPONSE_BYTES) -> None:
+    def __init__(
+        self,
+        api_key: str | None = None,
+        max_body: int = MAX_RESPONSE_BYTES,
+        auth: Mapping[str, tuple[str, str]] | None = None,
+    ) -> None:
+        # Basic auth by server (from user:password@ in --servers, kept out of the server's name)
+        self.auth = {url: aiohttp.BasicAuth(*cred) for url, cred in (auth or {}).items()}
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_TIMEOUT)
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if api_key:
@@ -123,7 +130,9 @@ class AiohttpTransport:
     async def _send(self, method: str, server: str, url: str, body: bytes | None) -> Response:
         """Send once (no redirect followed) and read the whole answer."""
         headers = JSON_HEADERS if body is not None else None
-        async with self.session.request(method, url, data=body, headers=headers, allow_redirects=False) as resp:
+        auth = self.auth.get(server)
+        request = self.session.request(method, url, data=body, headers=headers, auth=auth, allow_redirects=False)
+        async with request as resp:
             return resp.status, await self._body(resp, server, url), resp.headers
 
     async def _body(self, resp: aiohttp.ClientResponse, server: str, url: str) -> bytes:
@@ -140,6 +149,10 @@ class AiohttpTransport:
         return raw
 
 
-def open_transport(api_key: str | None = None, max_body: int = MAX_RESPONSE_BYTES) -> AiohttpTransport:
+def open_transport(
+    api_key: str | None = None,
+    max_body: int = MAX_RESPONSE_BYTES,
+    auth: Mapping[str, tuple[str, str]] | None = None,
+) -> AiohttpTransport:
     """The run's transport, used as `async with open_transport(...) as transport`."""
-    return AiohttpTransport(api_key, max_body)
+    return AiohttpTransport(api_key, max_body, auth)

@@ -36,6 +36,8 @@ class SimConfig:
     rendered with transformers' apply_chat_template, as SGLang does; `light_template` renders them with
     gen_pipeline's own ChatTemplate instead (the same text, ~0.1 ms less CPU a request), for benchmarks
     where the simulator shares the machine's cores with the client it serves.
+    `authorization`: the Authorization header every request must carry (401 {"error": "Unauthorized"}
+    otherwise, as SGLang's --api-key or a proxy with Basic auth answers).
     Scheduler: `max_running` requests run at once per port; the rest queue, unbounded unless
     `max_queued` is set (then 503 "The request queue is full."). `max_total_tokens` is the KV
     pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter.
@@ -74,6 +76,7 @@ class SimConfig:
     tokenizer: str = str(TINY_TOKENIZER)
     model: str = "sim-model"
     light_template: bool = False
+    authorization: str | None = None
     # scheduler
     max_running: int = 64
     max_queued: int | None = None

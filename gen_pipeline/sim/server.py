@@ -121,6 +121,8 @@ class PortServer:
 
     async def _route(self, request: Request) -> web.Response:
         """The handler of the request's method and path; FastAPI's 404 and 405 otherwise."""
+        if self.cfg.authorization is not None and request.headers.get("Authorization") != self.cfg.authorization:
+            return json_response({"error": "Unauthorized"}, 401)
         path = request.path
         handler = self._routes.get(request.method, {}).get(path)
         if handler is not None:
@@ -245,7 +247,10 @@ class PortServer:
             longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
             await self.scheduler.decode(longest, prompt_tokens, prefill=not cached, produced=produced)
         self.log.write(self.port, key, payload, cached, made)
-        return choices.chat_choices(req, made, prompt_tokens)
+        body = choices.chat_choices(req, made, prompt_tokens)
+        if self.cfg.prefix_cache:  # a cache to report on: as SGLang with --enable-cache-report
+            body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens if cached else 0}
+        return body
 
     def _should_crash(self) -> bool:
         """True for the first request past crash_after (a port crashes at most once)."""

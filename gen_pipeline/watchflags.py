@@ -1,0 +1,25 @@
+"""`generate`'s flags for the people watching a run: metrics, cost and alerts (one place, one call in the CLI)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_watch_flags(p: argparse.ArgumentParser) -> None:
+    """--metrics-port/--metrics-host/--metrics-file (metrics.py)."""
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="serve Prometheus metrics on http://HOST:P/metrics while the run lasts (--workers K: claimer i on P+i)",
+    )
+    p.add_argument("--metrics-host", default="0.0.0.0", help="the address --metrics-port listens on (default 0.0.0.0)")
+    p.add_argument(
+        "--metrics-file",
+        type=Path,
+        metavar="PATH",
+        help="write the metrics to PATH every 2 s, atomically (node_exporter's textfile format; "
+        "--workers K: claimer i writes PATH with .i before its suffix)",
+    )
+    p.add_argument("--metrics-worker", default="0", help=argparse.SUPPRESS)  # set by --workers K: the worker label

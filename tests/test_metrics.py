@@ -1,0 +1,153 @@
+"""Prometheus metrics: /metrics during a simulated run with a dead and a flaky server, and the textfile."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.metrics import server_label, worker_args, worker_file
+from gen_pipeline.pipeline import run_async
+from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+from tests.e2e import prompts
+
+SERIES = (
+    "gen_pipeline_rows_total",
+    "gen_pipeline_input_rows",
+    "gen_pipeline_rows_pending",
+    "gen_pipeline_tokens_total",
+    "gen_pipeline_requests_total",
+    "gen_pipeline_server_in_flight",
+    "gen_pipeline_server_up",
+    "gen_pipeline_request_seconds_bucket",
+    "gen_pipeline_request_seconds_count",
+    "gen_pipeline_request_seconds_sum",
+    "gen_pipeline_token_drift_rows_total",
+    "gen_pipeline_eta_seconds",
+)
+
+
+def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, keyed by name and sorted labels."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted({"worker": "0", **labels}.items())))]
+
+
+async def _scrape(session: aiohttp.ClientSession, port: int) -> dict[Any, float]:
+    async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        assert response.status == 200
+        return parse(await response.text())
+
+
+async def _run_and_scrape(tmp_path: Path, n: int) -> tuple[list[dict[Any, float]], dict[Any, float], Any, list[int]]:
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(n)))
+    ports = free_ports(4)
+    sim = SimConfig(ports=tuple(ports), health_delay=0.0, token_latency=0.01, dead=(ports[0],), flaky={ports[1]: 0.3})
+    metrics_port = free_ports(1)[0]
+    async with await start_fleet(sim) as fleet:
+        cfg = RunConfig(
+            input=inp,
+            out=tmp_path / "out",
+            servers=tuple(f"http://user:secret@127.0.0.1:{p}" for p in ports),
+            retry=RetryPolicy.testing(),
+            progress="off",
+            max_tokens=32,
+            concurrency=4,
+            metrics_port=metrics_port,
+            metrics_host="127.0.0.1",
+        )
+        run = asyncio.create_task(run_async(cfg))
+        mid: list[dict[Any, float]] = []
+        async with aiohttp.ClientSession() as session:
+            while True:
+                await asyncio.sleep(0.05)
+                try:
+                    samples = await _scrape(session, metrics_port)
+                except aiohttp.ClientConnectionError:
+                    assert not run.done(), run.result()
+                    continue
+                done = value(samples, "gen_pipeline_rows_total", outcome="completed")
+                if 0 < done < n:
+                    mid.append(samples)
+                if done == n:
+                    break
+            final = await _scrape(session, metrics_port)
+        outcome = await run
+        del fleet
+    return mid, final, outcome, ports
+
+
+def test_metrics_port_serves_each_series_with_a_dead_and_a_flaky_server(tmp_path: Path) -> None:
+    """Mid-run and at the end every series is there, the dead server is down, the figures are the summary's,
+    and no label carries the URL's password or the API key."""
+    n = 60
+    mid, final, outcome, ports = asyncio.run(asyncio.wait_for(_run_and_scrape(tmp_path, n), 120))
+    assert mid, "never scraped mid-run"
+    for samples in (mid[-1], final):
+        names = {name for name, _ in samples}
+        assert set(SERIES) <= names, set(SERIES) - names
+    dead, flaky = (server_label(f"http://127.0.0.1:{p}") for p in ports[:2])
+    assert value(mid[-1], "gen_pipeline_server_up", server=dead) == 0
+    assert value(final, "gen_pipeline_server_up", server=dead) == 0
+    summary = outcome.summary
+    assert value(final, "gen_pipeline_rows_total", outcome="completed") == summary["completed"] == n
+    assert value(final, "gen_pipeline_tokens_total", kind="completion") == summary["output_tokens"]
+    assert value(final, "gen_pipeline_tokens_total", kind="prompt") == summary["input_tokens"]
+    assert value(final, "gen_pipeline_input_rows") == n
+    assert value(final, "gen_pipeline_rows_pending") == 0
+    view = summary["servers"][f"http://user:secret@127.0.0.1:{ports[1]}"]
+    assert value(final, "gen_pipeline_requests_total", server=flaky, status="ok") == view["completions"]
+    assert value(final, "gen_pipeline_requests_total", server=flaky, status="server_error") == view["failures"].get(
+        "server_error", 0
+    )
+    assert value(final, "gen_pipeline_request_seconds_count") == summary["requests"]
+    labels = {v for key in final for _, v in key[1]}
+    assert not any("secret" in label.lower() or "user@" in label for label in labels), labels
+
+
+def test_server_label_drops_credentials_and_query() -> None:
+    """A label keeps scheme, host, port and path: never a user, password or query token."""
+    assert server_label("https://u:p@gpu1:30000/v1?token=x#f") == "https://gpu1:30000/v1"
+    assert server_label("http://[::1]:8000") == "http://[::1]:8000"
+
+
+def test_each_worker_gets_its_own_port_file_and_label(tmp_path: Path) -> None:
+    """--workers K: claimer i serves P+i, writes PATH with .i, and labels its series worker=i."""
+    cfg = RunConfig(input=tmp_path / "in", out=tmp_path / "o", metrics_port=9100, metrics_file=tmp_path / "g.prom")
+    assert worker_args(cfg, 2) == [
+        "--metrics-worker",
+        "2",
+        "--metrics-port",
+        "9102",
+        "--metrics-file",
+        str(tmp_path / "g.2.prom"),
+    ]
+    assert worker_file(Path("/x/run.prom"), 0) == Path("/x/run.0.prom")
+
+
+def test_metrics_file_holds_the_final_figures(tmp_path: Path) -> None:
+    """--metrics-file: the textfile parses and, after the run, says what summary.json says."""
+    from tests.e2e import run_sim
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(20)))
+    path = tmp_path / "textfile" / "gen.prom"
+    path.parent.mkdir()
+    outcome, _ = run_sim(inp, tmp_path / "out", {"n_ports": 2}, metrics_file=path)
+    samples = parse(path.read_text())
+    assert value(samples, "gen_pipeline_rows_total", outcome="completed") == outcome.summary["completed"] == 20
+    assert value(samples, "gen_pipeline_tokens_total", kind="completion") == outcome.summary["output_tokens"]
+    assert [p.name for p in path.parent.iterdir()] == ["gen.prom"]  # no temporary file left

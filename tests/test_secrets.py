@@ -1,0 +1,108 @@
+"""Credentials in a --servers URL (http://user:password@host:port) are sent, and never shown or written."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+from e2e import fleet_in_thread, prompts
+from procs import PY, env, generate_argv
+
+from gen_pipeline.config import RunConfig, parse_servers, redact, server_name
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.sim import SimConfig, free_ports
+
+USER, SECRET = "alice", "s3cr3t-Pw"
+BASIC = "Basic " + base64.b64encode(f"{USER}:{SECRET}".encode()).decode()
+
+
+def _with_credentials(servers: str) -> str:
+    """The fleet's --servers value with user:password@ in every URL."""
+    return ",".join(u.replace("http://", f"http://{USER}:{SECRET}@") for u in servers.split(","))
+
+
+def _command(*argv: str, timeout: float = 120) -> str:
+    """Run a gen-pipeline command; everything it printed (stdout and stderr)."""
+    done = subprocess.run([PY, "-m", "gen_pipeline", *argv], capture_output=True, text=True, env=env(), timeout=timeout)
+    return done.stdout + done.stderr
+
+
+def _leaks(root: Path) -> list[str]:
+    """The files under `root` whose bytes hold the password."""
+    return [str(p) for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+
+
+def test_url_credentials_are_sent_but_never_shown_or_written(tmp_path):
+    """A run against servers that require Basic auth succeeds, and neither any file of the run directory
+    (output, ledger, manifest, summary, status, report, export) nor any printed line holds the password."""
+    inp, out, data = tmp_path / "in.jsonl", tmp_path / "run", tmp_path / "data"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(40)))
+    sim = SimConfig(ports=tuple(free_ports(2)), health_delay=0.0, authorization=BASIC, p500=0.2)
+    with fleet_in_thread(sim) as servers:
+        argv = generate_argv(inp, out, _with_credentials(servers), "--max-attempts", "1", "--max-tokens", "32")
+        gen = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=120)
+        printed = gen.stdout + gen.stderr
+        printed += _command("check", "-i", str(inp), "-s", _with_credentials(servers), "--out", str(out))
+    assert gen.returncode in (0, 3), printed  # 3: rows ledgered server_error (the sim's 500s)
+    done = (out / "completions.jsonl").read_bytes().splitlines()
+    assert done and (out / "failures.jsonl").exists(), printed  # authorized: answers came back
+    assert orjson.loads(done[0])["server"].startswith("http://127.0.0.1:")
+    printed += _command("status", str(out)) + _command("report", str(out))
+    printed += _command("export", str(out), "--out", str(data), "--save-to-disk", "--columns", "id,server")
+    assert (data / "README.md").exists(), printed
+    assert _leaks(tmp_path) == []
+    assert SECRET not in printed and f"{USER}:" not in printed
+
+
+def test_without_credentials_such_servers_refuse(tmp_path):
+    """The fake does check: the same run without user:password@ stops on the 401 (so the test above
+    proves the credentials were sent)."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "run"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(3)))
+    with fleet_in_thread(SimConfig(ports=tuple(free_ports(1)), health_delay=0.0, authorization=BASIC)) as servers:
+        gen = subprocess.run(generate_argv(inp, out, servers), capture_output=True, text=True, env=env(), timeout=120)
+    assert gen.returncode != 0 and "api key" in gen.stderr.lower()
+
+
+@pytest.mark.parametrize(
+    ("spec", "name"),
+    [
+        (f"http://{USER}:{SECRET}@h:8000", "http://h:8000"),
+        (f"{USER}:{SECRET}@h:8000", "http://h:8000"),
+        (f"https://{USER}:p%40ss@h/v1", "https://h/v1"),
+    ],
+)
+def test_a_server_is_named_without_its_credentials(spec, name, tmp_path):
+    """The config names the server without user:password@ and keeps them apart, decoded, for Basic auth."""
+    config = RunConfig(input=tmp_path / "x", out=tmp_path, servers=spec)
+    assert config.servers == (name,)
+    assert config.server_auth[name][0] == USER
+    assert SECRET not in repr(config)
+
+
+def test_a_url_range_keeps_its_credentials_on_every_port():
+    """http://u:p@h:1-2 is two servers, each with the credentials."""
+    urls = parse_servers(f"http://{USER}:{SECRET}@h:1-2")
+    assert [server_name(u) for u in urls] == [(f"http://h:{p}", (USER, SECRET)) for p in (1, 2)]
+
+
+@pytest.mark.parametrize("spec", [f"http://{USER}:{SECRET}@h:99999", f"http://{USER}:{SECRET}@h:1,http://h:1"])
+def test_messages_about_bad_servers_do_not_show_the_password(spec):
+    """A refused --servers value is quoted without its credentials."""
+    with pytest.raises(ConfigError) as info:
+        parse_servers(spec)
+    assert SECRET not in str(info.value) and "h:" in str(info.value)
+
+
+def test_credentials_and_an_api_key_are_refused_together(tmp_path):
+    """Both would set the Authorization header: one of them is refused at once."""
+    with pytest.raises(ConfigError, match="api-key"):
+        RunConfig(input=tmp_path / "x", out=tmp_path, servers=f"http://{USER}:{SECRET}@h:1", api_key="k")
+
+
+def test_redact_takes_out_every_userinfo():
+    """redact leaves URLs without credentials as they are."""
+    assert redact(f"a http://{USER}:{SECRET}@h:1/v1 and https://h:2") == "a http://h:1/v1 and https://h:2"
