@@ -10,7 +10,8 @@ What each server kind reports about itself (servers report nothing else; what on
 
 A server's checkpoint is its kind, model_path, weight_version and version: a resume or nightly run whose
 servers serve one the manifest does not list is refused before anything is sent (CheckpointChangedError)
-unless `--accept-checkpoint`. The fingerprint (12 hex digits of a SHA-256) covers the whole identity,
+unless `--accept-checkpoint`. Only what both sides report is compared: a field a server leaves out cannot
+be said to have changed. The fingerprint (12 hex digits of a SHA-256) covers the whole identity,
 settings included; it names the checkpoint of each output line, and the manifest lists every one.
 """
 
@@ -78,6 +79,11 @@ class ServerIdentity:
     def checkpoint(self) -> tuple[str | None, ...]:
         """What must not change under a run's rows without --accept-checkpoint."""
         return (self.kind, self.model_path, self.weight_version, self.version)
+
+    def same_checkpoint(self, other: ServerIdentity) -> bool:
+        """Whether the two may be one checkpoint: no field that both report differs (a server that reports
+        no model_path cannot be told to have changed it)."""
+        return all(a is None or b is None or a == b for a, b in zip(self.checkpoint, other.checkpoint, strict=True))
 
     @property
     def deterministic(self) -> bool | None:
@@ -190,8 +196,8 @@ def checkpoint_change(manifest: dict[str, Any], servers: Servers) -> str | None:
     old = recorded(manifest)
     if not old:
         return None
-    known = {identity.checkpoint for identity in old}
-    new = [identity for identity, _ in by_fingerprint(servers).values() if identity.checkpoint not in known]
+    groups = by_fingerprint(servers).values()
+    new = [identity for identity, _ in groups if not any(identity.same_checkpoint(o) for o in old)]
     if not new:
         return None
     return (

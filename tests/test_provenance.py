@@ -321,3 +321,48 @@ def test_the_simulator_reports_its_checkpoint_and_redeploys_on_cue():
         versions = [_chat(url)["metadata"]["weight_version"] for _ in range(4)]
         assert versions == ["v1", "v1", "v2", "v2"]
         assert _get(f"{url}/model_info")["weight_version"] == "v2"
+
+
+@pytest.mark.slow
+def test_a_nightly_run_on_a_redeployed_fleet_stops_until_accepted(tmp_path):
+    """run/nightly.sh: night 2 on a fleet redeployed from step-1000 to step-2000 exits 1 with the error naming
+    both and generates nothing; run again with -- --accept-checkpoint it finishes the night on the new one."""
+    from procs import sim_fleet
+    from test_nightly import clean_env, nightly, source_rows
+    from test_nightly import write_jsonl as write_rows
+
+    ds, src = tmp_path / "ds", tmp_path / "source.jsonl"
+    write_rows(src, source_rows([f"Question {i} about topic {i}" for i in range(4)]))
+    gen = ["--", "--max-tokens", "16", "--progress", "off"]
+    with sim_fleet(2, "--model-path", "/ckpt/step-1000", "--weight-version", "v1") as servers:
+        env = clean_env(NIGHTLY_SOURCE=str(src), NIGHTLY_SERVERS=servers)
+        one = nightly("--dataset-dir", ds, "--date", "2026-01-01", *gen, env=env)
+        assert one.returncode == 0, one.stdout + one.stderr
+    before = (ds / "completions.jsonl").read_bytes()
+    write_rows(src, source_rows([f"Question {i} about topic {i}" for i in range(7)]))
+    with sim_fleet(2, "--model-path", "/ckpt/step-2000", "--weight-version", "v2") as servers:
+        env = clean_env(NIGHTLY_SOURCE=str(src), NIGHTLY_SERVERS=servers)
+        night2 = ["--dataset-dir", ds, "--date", "2026-01-02"]
+        two = nightly(*night2, *gen, env=env)
+        assert two.returncode == 1, two.stdout + two.stderr
+        log = (ds / "logs" / "nightly-2026-01-02.log").read_text()
+        [error] = [x for x in log.splitlines() if x.startswith("error:")]
+        assert "/ckpt/step-1000" in error and "/ckpt/step-2000" in error and "--accept-checkpoint" in error
+        assert (ds / "completions.jsonl").read_bytes() == before
+        three = nightly(*night2, *gen, "--accept-checkpoint", env=env)
+        assert three.returncode == 0, three.stdout + three.stderr
+    lines = read_jsonl(ds / "completions.jsonl")
+    assert sorted(r["weight_version"] for r in lines) == ["v1"] * 4 + ["v2"] * 3
+    assert [c["model_path"] for c in manifest(ds)["provenance"]["checkpoints"]] == [
+        "/ckpt/step-1000",
+        "/ckpt/step-2000",
+    ]
+
+
+def test_only_what_both_servers_report_is_compared():
+    """A field one side leaves out cannot have changed; one both report and that differs is a new checkpoint."""
+    known = ServerIdentity("sglang", "0.5.23", "/ckpt/a", "v1", "m")
+    assert known.same_checkpoint(ServerIdentity("sglang", None, None, None, "m"))
+    assert known.same_checkpoint(ServerIdentity("sglang", "0.5.23", "/ckpt/a", "v1", "other-name"))
+    assert not known.same_checkpoint(ServerIdentity("sglang", "0.5.23", "/ckpt/a", "v2", "m"))
+    assert not known.same_checkpoint(ServerIdentity("vllm", "0.11.0", "/ckpt/a", None, "m"))
