@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .ledger import ledger_reasons
 from .provenance import recorded
-from .rundir import read_manifest
+from .report import read_json
+from .rundir import SUMMARY, read_manifest
 
 if TYPE_CHECKING:
     from .export import ExportConfig, ExportStats
@@ -41,8 +42,13 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
         ("left out: duplicate (id, sample)", stats.duplicates),
         ("left out: unreadable lines", stats.unreadable),
     ]
+    if stats.conversations:  # a --turns all run: rows are conversations, the counts above are turns
+        rows[0] = ("turns (rows of the output)", stats.rows)
+        rows += [(f"conversations: {k}", n) for k, n in stats.conversations.items()]
+        rows.append(("left out: conversations (a turn left out, or --drop-incomplete)", stats.conversations_left_out))
     ledger = ledger_reasons(config.runs)  # as status and report count it
     rows += [(f"not generated: {reason} (ledger)", n) for reason, n in ledger.most_common()]
+    rows += _cost_rows(config)
     lines = [
         *_front_matter(config),
         "",
@@ -80,6 +86,28 @@ def _checkpoints(runs: tuple[Path, ...], stats: ExportStats) -> list[str]:
         path, weights = (i.model_path or "-", i.weight_version or "-") if i else ("-", "-")
         lines.append(f"| {fingerprint or '(not named)'} | {server or '-'} | {path} | {weights} | {rows} |")
     return lines
+
+
+def _cost_rows(config: ExportConfig) -> list[tuple[str, Any]]:
+    """Each run's last GPU-hours (its summary.json) and their cost per million tokens of the kind this
+    export keeps (untruncated with --drop-truncated, every written row otherwise)."""
+    kind = "untruncated" if config.drop_truncated else "valid"
+    rows: list[tuple[str, Any]] = []
+    for run in config.runs:
+        summary = read_json(run / SUMMARY) or {}
+        if summary.get("gpu_hours") is None:
+            continue
+        name = f" ({run.name})" if len(config.runs) > 1 else ""
+        rows.append(
+            (f"GPU-hours, last run{name} ({summary.get('gpus_per_server', 1)} GPUs per server)", summary["gpu_hours"])
+        )
+        rows.append(
+            (
+                f"GPU-hours per million {kind} output tokens, last run{name}",
+                summary.get(f"gpu_hours_per_million_{kind}_tokens"),
+            )
+        )
+    return rows
 
 
 def _settings(run: Path) -> list[str]:

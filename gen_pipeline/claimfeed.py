@@ -132,7 +132,7 @@ class ClaimFeed:
             return key % count in claims
 
         resume = scan(self.config.out, repair=False, mine=mine, shards=sorted(claims))
-        resume.samples = self.config.samples
+        resume.samples, resume.turns = self.config.samples, self.config.turns == "all"
         self.writer.add(claims, resume.files, self.config.out)
         self.reader = BatchReader(self.config, self.counter, resume, self.stats, None, self.ctx, mine=mine)
         self.current = Held(claims)

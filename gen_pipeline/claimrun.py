@@ -28,7 +28,7 @@ from .errors import OutputError
 from .fleet import FleetInfo
 from .http import Client, open_transport
 from .locks import refuse_shard_writers
-from .pipeline import Runner, _exit_code, _nothing, runner_summary
+from .pipeline import Runner, _exit_code, _nothing, run_error, runner_summary
 from .progress import RunStats, snapshot
 from .requests import RequestPath
 from .rundir import MANIFEST, SUMMARY, RunDir, write_json_atomic
@@ -108,8 +108,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
         else:
             runner = _runner(config, client, counter, fleet, model, ctx, feed, claimer)
             code = await _serve(runner, feed, handle)
-            fatal = runner.recorder.fatal
-            error = str(fatal) if fatal is not None else None
+            error = run_error(runner)
             summary = merge_summaries([runner_summary(runner, fleet, code)], time.monotonic() - start, code)
     finally:
         claimer.release()
@@ -137,9 +136,12 @@ def _runner(
     runner = ClaimRunner(config, counter, path, pool, feed.writer, resume, feed.stats, feed, None, client=client)  # type: ignore[arg-type]
     runner.claimer, runner.feed = claimer, feed
     runner.dispatch = SampleDispatch(path, thinking_fields(config, fleet), runner.warnings.append)
+    if config.turns == "all":
+        runner.use_turns()
 
     def may_settle() -> bool:
-        return not runner.stopping.is_set() and runner.recorder.fatal is None and config.limit is None
+        unread = runner.stats.input_error is not None  # a rerun reads it again, and says why it stops
+        return not runner.stopping.is_set() and runner.recorder.fatal is None and config.limit is None and not unread
 
     runner.tracker = ClaimTracker(feed, claimer.ident, may_settle)
     feed.idle = lambda: runner.undispatched == 0
@@ -199,6 +201,10 @@ def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
     parts = last_session(claimer_summaries(rundir), span)
     elapsed = max((span(p)[1] for p in parts), default=0.0) - min((span(p)[0] for p in parts), default=0.0)
     merged = merge_summaries(parts, elapsed, code)
+    if code == EXIT_OK and merged["stop_reason"]:
+        # the run ended well: a claimer's own stop (a Slurm task cancelled or requeued) did not stop it
+        merged["warnings"].append(f"a claimer stopped early ({merged['stop_reason']}); the others went on")
+        merged["stop_reason"] = None
     if parts:
         merged.update(started=min(span(p)[0] for p in parts), ended=max(span(p)[1] for p in parts))
     merged["claimers"] = merged.pop("workers")

@@ -141,6 +141,12 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
         help="n: one request with n per prompt (default); requests: one per sample, on the same server",
     )
     p.add_argument(
+        "--turns",
+        choices=["last", "all"],
+        default="last",
+        help="last: answer each row's last user turn (default); all: regenerate every turn of the conversation",
+    )
+    p.add_argument(
         "--thinking-budget",
         type=int,
         help="the servers' thinking-token budget (SGLang thinking_budget, vLLM thinking_token_budget)",

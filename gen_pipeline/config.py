@@ -41,6 +41,7 @@ DEFAULT_FSYNC_INTERVAL = 1.0
 DEFAULT_OUTAGE_TIMEOUT = 1800.0
 DEFAULT_TOKENIZE_BATCH = 256
 SAMPLES_VIA = ("n", "requests")
+TURNS = ("last", "all")  # --turns: answer the last user turn, or regenerate every turn
 # A learned count offset (speculative-decoding reserve, an uncounted template prefix) is capped here.
 MAX_LEARNED_OFFSET = 256
 OFFSET_EVIDENCE = 3
@@ -207,6 +208,8 @@ class RunConfig:
         samples_via: "n" (one request with n = the samples missing, where the server honours it) or
             "requests" (one request per sample, all on one server so its prefix cache serves the prompt).
         thinking_budget: the server's thinking-token budget to send (None: none sent).
+        turns: "last" (answer each row's last user turn) or "all" (replay each row's conversation, every
+            user turn answered by the target with its own earlier answers as history; turns.py).
         limit: read only the first `limit` lines of the input (None: all of it).
         system_prompt: a system turn put first in every row that has none (counted and sent like the rest).
         tools / chat_template_kwargs: the OpenAI tools list and template switches of every row that has
@@ -233,6 +236,7 @@ class RunConfig:
     samples: int = 1
     samples_via: str = "n"
     thinking_budget: int | None = None
+    turns: str = "last"
     # rows
     limit: int | None = None
     system_prompt: str | None = None
@@ -268,6 +272,8 @@ class RunConfig:
     metrics_host: str = "0.0.0.0"
     metrics_file: Path | None = None
     metrics_worker: str = "0"
+    # cost (cost.py): GPUs behind each server, for GPU-hours in summary.json
+    gpus_per_server: int = 1
 
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
@@ -299,11 +305,13 @@ class RunConfig:
             (self.workers >= 1, "--workers must be at least 1"),
             (self.shards is None or self.shards >= 1, "--shards must be at least 1"),
             (self.share >= 1, "bad --share"),
+            (self.gpus_per_server >= 1, "--gpus-per-server must be at least 1"),
             (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
             (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
+            (self.turns in TURNS, f"--turns: {' or '.join(TURNS)}"),
             ("n" not in self.sampling, '"n" in --sampling: use --samples (the run keeps every sample)'),
         ]
         for ok, message in checks:

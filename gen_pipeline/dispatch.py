@@ -22,7 +22,8 @@ from .fleet import FleetInfo
 from .http import ChatResult
 from .records import Completion, Failure, Prompt
 from .requests import RequestPath, Track
-from .samples import sample_key, sample_seed, truncated_in
+from .samples import sample_key, sample_seed, truncated_in, turn_seed
+from .usage import server_usage
 
 log = logging.getLogger("gen_pipeline")
 
@@ -54,7 +55,9 @@ class Sent:
     cached_tokens: int = 0  # prompt tokens the servers' prefix caches served, where they report them
 
     def count(self, result: ChatResult) -> None:
-        """Add one answer's usage (a request with n reports its samples together)."""
+        """Add one answer's usage (a request with n reports its samples together); an impossible one adds nothing."""
+        if result.usage_problem is not None:
+            return
         self.output_tokens += result.completion_tokens or 0
         self.cached_tokens += result.cached_tokens or 0
         if result.reasoning_tokens is not None:
@@ -81,6 +84,13 @@ class SampleDispatch:
         seed = self._seed(prompt)
         return self.extra if seed is None else {**self.extra, "seed": sample_seed(seed, prompt.id, sample)}
 
+    def turn_fields(self, prompt: Prompt, sample: int, turn: int) -> dict[str, Any]:
+        """The extra request fields of one turn of one sample's conversation (turn 0: the sample's own)."""
+        seed = self._seed(prompt)
+        if seed is None or turn == 0:
+            return self._fields(prompt, sample)
+        return {**self.extra, "seed": turn_seed(seed, prompt.id, sample, turn)}
+
     async def generate(self, prompt: Prompt, max_tokens: int, samples: Sequence[int]) -> Sent:
         """Send what `samples` need; one outcome per sample, in order."""
         sent = Sent()
@@ -102,7 +112,7 @@ class SampleDispatch:
         choices = result.choices or (result,)
         got = min(len(choices), len(samples))
         for choice, s in zip(choices[:got], samples, strict=False):
-            sent.outcomes.append(self._completion(prompt, choice, budget, track, s, result))
+            sent.outcomes.append(self.completion(prompt, choice, budget, track, s, result))
         if got < len(samples):
             self._short(track.server, len(samples), len(choices))
             await self._one_by_one(prompt, max_tokens, samples[got:], sent, prefer=track.server)
@@ -128,10 +138,10 @@ class SampleDispatch:
                 continue
             result, budget = answer
             sent.count(result)
-            sent.outcomes.append(self._completion(prompt, result, budget, track, s, result))
+            sent.outcomes.append(self.completion(prompt, result, budget, track, s, result))
             prefer = track.server
 
-    def _completion(
+    def completion(
         self, prompt: Prompt, choice: ChatResult, budget: int, track: Track, sample: int, answer: ChatResult
     ) -> Completion:
         """One sample's output line from one choice of `answer`. A choice of an answer with several has
@@ -148,5 +158,9 @@ class SampleDispatch:
             extra["reasoning_tokens"] = answer.reasoning_tokens
         if choice.logprobs is not None:
             extra["logprobs"] = choice.logprobs
+        if answer.usage_problem is not None:  # null counts: every reader leaves them out of its figures
+            done.prompt_tokens = done.completion_tokens = None
+            extra.pop("reasoning_tokens", None)
+            extra.update(usage_invalid=answer.usage_problem, server_usage=server_usage(answer))
         done.extra = extra
         return done

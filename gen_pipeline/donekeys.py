@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 
 from .records import RowId, id_key, parsed_id, peek_id
-from .samples import line_sample, sample_key
+from .samples import line_place, place_key
 
 INDEX_DIR = ".index"
 INDEX_VERSION = 1
@@ -102,10 +102,10 @@ def line_id(raw: bytes) -> RowId | None:
 
 
 def line_key(raw: bytes) -> int | None:
-    """The key of one output line, `(id, sample)` (samples.sample_key), or None when it is not a completion."""
+    """The key of one output line, `(id, sample, turn)` (samples.place_key), or None when it is not a completion."""
     rid = line_id(raw)
-    sample = line_sample(raw) if rid is not None else None
-    return sample_key(id_key(rid), sample) if rid is not None and sample is not None else None
+    place = line_place(raw) if rid is not None else None
+    return place_key(id_key(rid), *place) if rid is not None and place is not None else None
 
 
 @dataclass

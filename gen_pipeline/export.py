@@ -37,7 +37,7 @@ from .provenance import checkpoint_key, unnamed_checkpoints
 from .records import id_key
 from .report import completion_files
 from .rundir import read_manifest
-from .samples import record_sample, sample_key
+from .samples import place_key, record_place
 
 DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model", "checkpoint")
 DEFAULT_SHARD_ROWS = 100_000
@@ -45,9 +45,10 @@ DEFAULT_SHARD_ROWS = 100_000
 _STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
 _STRINGS += ("truncated_in", "logprobs")  # logprobs: the server's JSON, as a string
 _STRINGS += ("checkpoint", "weight_version")  # what wrote the row (provenance.py)
+_STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage")  # logprobs, server_usage: JSON strings
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
-COLUMN_TYPES["latency_s"] = "float64"
+COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class ExportConfig:
     push_to_hub: str | None = None
     private: bool = False
     partial: bool = False  # export a claimed-shard run with open shards
+    drop_incomplete: bool = False  # a --turns all run: leave out conversations that ended early
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.columns if c not in COLUMN_TYPES and not c.startswith("meta.")]
@@ -90,6 +92,17 @@ class ExportConfig:
                 raise ConfigError(f"{run} is not a run directory (no completions*.jsonl)")
         if self.out.exists() and any(self.out.iterdir()) and not self.overwrite:
             raise ConfigError(f"{self.out} exists and is not empty; use --overwrite to replace it")
+        if self.turns and self.group_samples:
+            raise ConfigError("--group-samples: a --turns all run exports one row per conversation")
+        if self.drop_incomplete and not self.turns:
+            raise ConfigError("--drop-incomplete is for runs made with --turns all")
+
+    @property
+    def turns(self) -> bool:
+        """Whether the runs were made with --turns all (one row per conversation: turnexport.py)."""
+        from .turnexport import turns_runs
+
+        return turns_runs(self.runs)
 
 
 @dataclass
@@ -107,6 +120,8 @@ class ExportStats:
     kept: set[int] = field(default_factory=set)  # (id, sample) keys kept, each mixed with its checkpoint's
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
     checkpoints: Counter[str] = field(default_factory=Counter)  # rows kept per checkpoint ("" not named)
+    conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    conversations_left_out: int = 0  # --turns all: with a turn left out, or (--drop-incomplete) ended early
 
     def add(self, obj: dict[str, Any]) -> None:
         self.rows += 1
@@ -145,7 +160,7 @@ def _value(obj: dict[str, Any], column: str) -> Any:
     """One column of a training row; ids and meta values become strings for a stable schema."""
     if column.startswith("meta."):
         value = (obj.get("meta") or {}).get(column[5:])
-    elif column in ("id", "meta", "logprobs"):
+    elif column in ("id", "meta", "logprobs", "server_usage"):
         value = obj.get(column)
     else:
         return obj.get(column)
@@ -172,14 +187,15 @@ def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[
 def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterator[dict[str, Any]]:
     """kept_completions for one file; `seen`: the keys of this claimed-shard run so far and their files."""
     for obj in jsonl_rows(f):
-        sample = record_sample(obj) if _is_completion(obj) else None
-        if sample is None:
+        place = record_place(obj) if _is_completion(obj) else None
+        if place is None:
             stats.unreadable += 1
             continue
-        key = sample_key(id_key(obj["id"]), sample)
+        key = place_key(id_key(obj["id"]), *place)
         if seen is not None:
             if key in seen:
-                stats.twice.append(f"id {obj['id']!r} sample {sample} ({seen[key]} and {f})")
+                turn = f" turn {place[1]}" if "turn" in obj else ""
+                stats.twice.append(f"id {obj['id']!r} sample {place[0]}{turn} ({seen[key]} and {f})")
             seen.setdefault(key, f)
         mixed = checkpoint_key(key, obj)
         if mixed in stats.kept:
@@ -200,7 +216,13 @@ def _dropped(config: ExportConfig, obj: dict[str, Any]) -> bool:
 
 
 def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
-    """Every exportable completion as a training row (or, with group_samples, every prompt's group)."""
+    """Every exportable completion as a training row (or, with group_samples, every prompt's group; of a
+    --turns all run, every conversation)."""
+    if config.turns:
+        from .turnexport import conversation_rows
+
+        yield from conversation_rows(config, stats)
+        return
     if config.group_samples:
         from .grouped import grouped_rows
 
@@ -214,7 +236,11 @@ def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> 
     """The dataset, streamed to Arrow files under `cache_dir` (never the whole run in memory)."""
     import datasets
 
-    if config.group_samples:
+    if config.turns:
+        from .turnexport import conversation_features
+
+        features = conversation_features(config.columns, COLUMN_TYPES)
+    elif config.group_samples:
         from .grouped import grouped_features
 
         features = grouped_features(config.columns, COLUMN_TYPES)
@@ -310,6 +336,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--push-to-hub", metavar="REPO", help="also push to this hub dataset repo")
     add("--private", action="store_true", help="make the pushed repo private")
     add("--partial", action="store_true", help="export a claimed-shard run whose shards are not all settled")
+    add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -327,8 +354,12 @@ def main(args: argparse.Namespace) -> int:
         push_to_hub=args.push_to_hub,
         private=args.private,
         partial=args.partial,
+        drop_incomplete=args.drop_incomplete,
     )
     stats = export(config)
+    if config.turns:
+        kept = sum(stats.conversations.values()) - stats.conversations_left_out
+        print(f"export: {kept} conversations {dict(stats.conversations)} from {stats.rows} turns")
     print(
         f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
         f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"

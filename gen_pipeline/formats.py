@@ -7,8 +7,9 @@
     text       {"text": str}
 
 Each row keeps its prompt (every turn up to and including the last user turn); the old answer is
-dropped, or kept as `reference` when asked. A source id column becomes `source_id`, and every other
-column is carried as is (`generate` files them under `meta`).
+dropped, or kept as `reference` when asked. With `keep_turns` (`prepare --keep-turns`) a conversation
+keeps its system and user turns only, for `generate --turns all` to answer every one. A source id
+column becomes `source_id`, and every other column is carried as is (`generate` files them under `meta`).
 
 `open_source` reads JSONL directly (orjson, one pass) and everything else through `datasets`: JSON,
 Parquet, CSV, TXT, Arrow, a `save_to_disk` folder, a folder of data files, or a hub dataset name.
@@ -126,6 +127,15 @@ def split_prompt(messages: Messages) -> tuple[Messages, str | None]:
     return messages[: last + 1], answer
 
 
+def keep_turns(messages: Messages) -> tuple[Messages, str | None]:
+    """`prepare --keep-turns`: the system and user turns up to the last user turn (the conversation
+    `generate --turns all` regenerates), and the last answer; a conversation with tool turns cannot be."""
+    if any(m["role"] == "tool" for m in messages):
+        raise InvalidRowError("tool_turns")
+    prompt, answer = split_prompt(messages)
+    return [m for m in prompt if m["role"] != "assistant"], answer
+
+
 def _sharegpt(raw: dict[str, Any]) -> Messages:
     items = raw.get("conversations", raw.get("conversation"))
     if isinstance(items, list) and items and isinstance(items[0], dict) and "from" not in items[0]:
@@ -168,8 +178,10 @@ def _answer(raw: dict[str, Any], columns: tuple[str, ...]) -> str | None:
     return next((raw[c] for c in columns if isinstance(raw.get(c), str)), None)
 
 
-def _extract(raw: dict[str, Any], fmt: str) -> tuple[Messages, str | None]:
-    """The prompt messages and the old answer of a row in a known format."""
+def _extract(raw: dict[str, Any], fmt: str, turns: bool = False) -> tuple[Messages, str | None]:
+    """The prompt messages and the old answer of a row in a known format (`turns`: a conversation's
+    system and user turns, keep_turns)."""
+    split = keep_turns if turns else split_prompt
     if fmt == "alpaca":
         return _alpaca(raw)
     if fmt == "prompt":
@@ -177,8 +189,8 @@ def _extract(raw: dict[str, Any], fmt: str) -> tuple[Messages, str | None]:
     if fmt == "text":
         return _user(_column(raw, "text")), None
     if fmt == "messages":
-        return split_prompt(_turns(raw.get("messages"), "role", "content", None))
-    return split_prompt(_sharegpt(raw))
+        return split(_turns(raw.get("messages"), "role", "content", None))
+    return split(_sharegpt(raw))
 
 
 _CONSUMED = {
@@ -193,9 +205,9 @@ _CONSUMED = {
 class RowConverter:
     """Turns source rows into input rows; "auto" judges each row's format by its columns."""
 
-    def __init__(self, fmt: str = "auto", keep_reference: bool = False) -> None:
+    def __init__(self, fmt: str = "auto", keep_reference: bool = False, keep_turns: bool = False) -> None:
         self.format = None if fmt == "auto" else fmt
-        self.keep_reference = keep_reference
+        self.keep_reference, self.keep_turns = keep_reference, keep_turns
         self.seen: Counter[str] = Counter()
 
     def __call__(self, raw: Any) -> Converted:
@@ -205,7 +217,7 @@ class RowConverter:
         fmt = self.format or detect_format(raw)
         if fmt is None:
             raise InvalidRowError("unknown_format")
-        messages, answer = _extract(raw, fmt)
+        messages, answer = _extract(raw, fmt, self.keep_turns)
         digest = content_digest(messages)
         # the id from the digest in hand: hashing twice was half of prepare's time.
         row: dict[str, Any] = {"id": id_from_digest(digest), "messages": messages}

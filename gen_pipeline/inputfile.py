@@ -13,7 +13,7 @@ import gzip
 import io
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from .errors import InputError
 
@@ -33,6 +33,7 @@ REFUSED = {
 }
 UTF8_BOM = b"\xef\xbb\xbf"
 SNIFF_BYTES = 64 << 10  # the head of the (decompressed) input looked at for NUL bytes
+SNIFF_BLOCK = 4 << 10  # read1 in blocks: a truncated stream loses only the block it ends in
 SKIP_BLOCK = 1 << 20
 # what reading a truncated or corrupt gzip/zstd stream raises (a corrupt gzip block: zlib.error)
 STREAM_ERRORS = (OSError, EOFError, ValueError, zlib.error)
@@ -142,11 +143,15 @@ def skip(f: BinaryIO, n: int) -> None:
 def check_input(path: Path) -> str | None:
     """Refuse, in one line, an input that is not (compressed) JSONL text; return its compression."""
     kind = compression(path)
+    head = b""
     try:
         with open_stream(path, kind) as f:
-            head = f.read(SNIFF_BYTES)
+            stream = cast(io.BufferedIOBase, f)  # each of ours has read1: one read of the file per block
+            while len(head) < SNIFF_BYTES and (block := stream.read1(SNIFF_BLOCK)):
+                head += block
     except STREAM_ERRORS as exc:
-        raise InputError(f"cannot read {path} as {kind}: {exc}") from exc
+        if b"\n" not in head:  # not one line can be read; otherwise the run reads up to the cut and says so
+            raise InputError(f"cannot read {path} as {kind}: {exc}") from exc
     first = head.split(b"\n", 1)[0]
     if b"\x00" in first:
         raise InputError(f"{path} is binary (NUL bytes on its first line), not JSONL text")

@@ -1,10 +1,10 @@
 """Reading the ledger back: the reason that stands for each row the output does not hold.
 
-The newest entry per (id, sample) decides (by its `time`, so ledger shards written side by side
-compare); an entry whose (id, sample) has a completion line counts nowhere (the row failed, then
-succeeded; or an earlier version ledgered a row that reused a done id under that id); a bad row
-without an id counts once. `status`, `report` and export's dataset card all count this way, so their
-figures agree.
+The newest entry per (id, sample) (and turn, under --turns all) decides (by its `time`, so ledger
+shards written side by side compare); an entry whose (id, sample) has a completion line counts
+nowhere (the row failed, then succeeded; or an earlier version ledgered a row that reused a done id
+under that id); a bad row without an id counts once. `status`, `report` and export's dataset card all
+count this way, so their figures agree.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 from .donekeys import KeySet, completion_keys, union
 from .records import id_key
 from .rundir import RunDir
-from .samples import record_sample, sample_key
+from .samples import place_key, record_place
 from .store import iter_json_lines
 
 
 def done_keys(runs: Sequence[Path]) -> KeySet:
-    """The (id, sample) keys of every completion line of these runs (read, never re-indexed)."""
+    """The (id, sample, turn) keys of every completion line of these runs (read, never re-indexed)."""
     keys: array[int] = array("Q")
     for path in (p for run in runs for p in RunDir(run).completion_files()):
         keys = union(keys, completion_keys(path, save=False).keys)
@@ -37,13 +37,13 @@ def ledger_reasons(runs: Sequence[Path], done: Container[int] | None = None) -> 
     anonymous: Counter[str] = Counter()
     for path in (p for run in runs for p in RunDir(run).failure_files()):
         for _, obj in iter_json_lines(path):
-            sample = record_sample(obj) if obj is not None and "reason" in obj else None
-            if obj is None or sample is None:
+            place = record_place(obj) if obj is not None and "reason" in obj else None
+            if obj is None or place is None:
                 continue
             if obj.get("id") is None:
                 anonymous[str(obj["reason"])] += 1
                 continue
-            key, when = sample_key(id_key(obj["id"]), sample), float(obj.get("time") or 0.0)
+            key, when = place_key(id_key(obj["id"]), *place), float(obj.get("time") or 0.0)
             if when >= newest.get(key, (float("-inf"), ""))[0]:
                 newest[key] = (when, str(obj["reason"]))
     return anonymous + Counter(reason for key, (_, reason) in newest.items() if key not in done)

@@ -12,12 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cursor, health
+from . import cost, cursor, health
 from .balancer import ServerPool
 from .config import RunConfig
+from .converse import TurnDispatch
 from .cursor import CursorKeeper, MarkTracker
 from .dispatch import SampleDispatch, thinking_fields
-from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, ConfigError, OutputError
+from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, ConfigError, OutputError
 from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
 from .http import Client, open_transport
@@ -37,6 +38,7 @@ from .store import DirLock, ResumeState, RunWriter, repair_all, write_json_atomi
 from .summary import Outcome, run_summary
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner, dispatch_budget
+from .usage import usage_warnings
 
 log = logging.getLogger("gen_pipeline")
 
@@ -56,6 +58,7 @@ class Runner:
     keeper: CursorKeeper | None = None  # None: no input cursor is written
     client: Client | None = None
     dispatch: SampleDispatch | None = None  # None: a plain SampleDispatch over `path`
+    turns: TurnDispatch | None = None  # --turns all: each prompt's conversations (set by `use_turns`)
     recorder: Recorder = field(init=False)
     tracker: MarkTracker = field(default_factory=MarkTracker)
     warnings: list[str] = field(default_factory=list)
@@ -68,6 +71,11 @@ class Runner:
         self.recorder = Recorder(
             self.config, self.writer, self.stats, self.counter.name, self.request_stop, self.warnings
         )
+
+    def use_turns(self) -> None:
+        """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
+        dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
+        self.turns = TurnDispatch(dispatch, self.counter, self.recorder, self.stopping)
 
     def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
@@ -94,6 +102,8 @@ class Runner:
             for t in [monitor, prober, producer, *tasks]:
                 t.cancel()
             await asyncio.gather(monitor, prober, producer, *tasks, return_exceptions=True)
+            if self.turns is not None:
+                self.turns.close()
 
     async def _until_done_or_stopped(self, producer: asyncio.Task[None], tasks: list[Any]) -> None:
         stop = asyncio.create_task(self.stopping.wait())
@@ -155,16 +165,27 @@ class Runner:
             self.undispatched -= 1
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
-            # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
-            budget = self._budget(prompt)
-            if budget is None:
-                self.tracker.settled(prompt.line)
-                continue
-            sent = await dispatch.generate(prompt, budget, prompt.pending or (0,))
-            transient = self.recorder.sent(prompt, sent)
+            transient = await (self._converse(prompt) if self.turns is not None else self._send(prompt, dispatch))
+            if transient is None:
+                continue  # not settled here: the next run goes on with it
             if transient:
                 self.reader.source.logging = False  # the input cursor stops short of this row
             self.tracker.settled(prompt.line, ok=not transient)
+
+    async def _send(self, prompt: Prompt, dispatch: SampleDispatch) -> bool | None:
+        """The samples one prompt owes: True when one failed for a transient reason (None: not sent)."""
+        # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
+        budget = self._budget(prompt)
+        if budget is None:
+            return False
+        return self.recorder.sent(prompt, await dispatch.generate(prompt, budget, prompt.pending or (0,)))
+
+    async def _converse(self, prompt: Prompt) -> bool | None:
+        """--turns all: the conversations one prompt owes, each budgeted turn by turn; None when the run
+        stopped before they settled."""
+        assert self.turns is not None
+        end = await self.turns.run(prompt)
+        return None if end == "stopped" else end == "waiting"
 
     def save_cursor(self) -> None:
         """Record how far the input is settled (the next run starts reading there)."""
@@ -180,13 +201,20 @@ class Runner:
 
 def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
-    summary = run_summary(runner.stats, runner.pool, exit_code, fleet.warnings + runner.warnings)
+    warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
+    warnings += usage_warnings(runner.pool.servers)
+    summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(
         stop_reason=runner.stop_reason or None,
         input_cursor=runner.reader.started,
         samples=runner.config.samples,
         learned_offset=runner.path.learner.offset,
     )
+    config = runner.config
+    sharing = config.shard[1] if config.shard else config.share  # --workers K share each server
+    hours = cost.gpu_hours(runner.stats.elapsed(), len(runner.pool.servers), config.gpus_per_server, sharing)
+    summary.update(gpus_per_server=config.gpus_per_server, gpu_hours=round(hours, 4))
+    summary.update(cost.derive(summary))
     return summary
 
 
@@ -201,7 +229,30 @@ def _exit_code(runner: Runner) -> int:
         return EXIT_OUTPUT
     if runner.stopping.is_set():
         return runner.stop_code
-    return EXIT_INCOMPLETE if TRANSIENT_REASONS & runner.stats.failed.keys() else EXIT_OK
+    if runner.stats.input_error is not None:
+        return EXIT_ERROR  # every readable row is settled; the rest of the input cannot be read
+    incomplete = TRANSIENT_REASONS & runner.stats.failed.keys() or runner.stats.unfinished_line is not None
+    return EXIT_INCOMPLETE if incomplete else EXIT_OK
+
+
+def run_error(runner: Runner) -> str | None:
+    """The one line for stderr: why the output could not be written, or the input not read to its end."""
+    fatal = runner.recorder.fatal
+    return str(fatal) if fatal is not None else runner.stats.input_error
+
+
+def input_warnings(config: RunConfig, stats: RunStats) -> list[str]:
+    """What the summary says about an input that could not be read whole."""
+    warnings = []
+    if stats.unfinished_line is not None:
+        warnings.append(
+            f"line {stats.unfinished_line} of {config.input.name} has no newline at its end and is not whole JSON: "
+            "left unread, as a producer may still be writing it; it is read by the next run once it ends in a "
+            "newline"
+        )
+    if stats.input_error is not None:
+        warnings.append(f"{stats.input_error}; every row before that point is settled")
+    return warnings
 
 
 async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, handle_signals: bool = True) -> Outcome:
@@ -253,6 +304,8 @@ async def _run_locked(
     )
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)
+    if config.turns == "all":
+        runner.use_turns()
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
     if resume.torn_bytes:
@@ -291,8 +344,7 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
         write_json_atomic(RunDir(config.out).writer(config.worker).summary, summary)
-    fatal = runner.recorder.fatal
-    return Outcome(summary, exit_code, str(fatal) if fatal is not None else None)
+    return Outcome(summary, exit_code, run_error(runner))
 
 
 def run(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:

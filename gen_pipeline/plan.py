@@ -54,6 +54,7 @@ class Plan:
     lengths: array[int] = field(default_factory=lambda: array("q"))
     clamped_to: array[int] = field(default_factory=lambda: array("q"))
     bad_examples: list[str] = field(default_factory=list)
+    later_turns: int | None = None  # --turns all: the turns after the first, of the conversations owed
 
     @property
     def prompts(self) -> int:
@@ -62,6 +63,8 @@ class Plan:
     def add(self, p: Prompt, requested: int, budget: int | None) -> None:
         """Count one valid row and the budget generate would give it."""
         self.lengths.append(p.input_tokens)
+        if p.turns is not None:  # only the first turn is planned: the others depend on the answers
+            self.later_turns = (self.later_turns or 0) + (len(p.turns) - 1) * (len(p.pending) or 1)
         self.own_budget += p.max_tokens is not None
         if budget is None:
             self.over_length += 1
@@ -96,13 +99,14 @@ class Plan:
             "input_tokens": self.input_tokens,
             "output_budget": self.output_budget,
             "expected_total_tokens": self.input_tokens + self.output_budget,
+            **({"later_turns": self.later_turns} if self.later_turns is not None else {}),
         }
 
 
 def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: ResumeState) -> Plan:
     """Read and count every row as generate does (BatchReader), and budget it as generate does."""
     plan, stats = Plan(), RunStats()
-    resume.samples = config.samples
+    resume.samples, resume.turns = config.samples, config.turns == "all"
     reader = BatchReader(config, counter, resume, stats, context_length=ctx)
     last_log = time.monotonic()
     while batch := reader.next_batch()[0]:
@@ -170,6 +174,11 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     if plan["already_settled"]:
         lines.append(f"  already settled in --out (skipped): {plan['already_settled']}")
     lines.append(f"  samples to make: {plan['samples']:,}")
+    if "later_turns" in plan:
+        lines.append(
+            f"  --turns all: the first turn of each conversation is planned; {plan['later_turns']:,} later turn(s) "
+            "depend on the answers (each is counted and budgeted when its history is known)"
+        )
     lines.append(
         f"  tokens: input {plan['input_tokens']:,} + output at most {plan['output_budget']:,} "
         f"= {plan['expected_total_tokens']:,}"

@@ -49,6 +49,8 @@ class PrepareConfig:
         limit: read at most this many rows from each source.
         streaming: stream a hub dataset instead of downloading it (local files always stream).
         keep_reference: store the dropped answer as `reference` (`meta.reference` after generate).
+        keep_turns: keep a conversation's system and user turns (for `generate --turns all`), deduplicated
+            on them; the assistant turns are dropped.
         report: also write the counts to this JSON file.
     """
 
@@ -61,6 +63,7 @@ class PrepareConfig:
     limit: int | None = None
     streaming: bool = False
     keep_reference: bool = False
+    keep_turns: bool = False
     report: Path | None = None
 
     def __post_init__(self) -> None:
@@ -183,13 +186,17 @@ def exclusion_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.jsonl"))
 
 
-def load_known(paths: tuple[Path, ...]) -> KnownPrompts:
-    """Read every --exclude path; a ledger id counts only if its newest entry is permanent."""
-    known, ledger = KnownPrompts(), {}
+def load_known(paths: tuple[Path, ...], keep_turns: bool = False) -> KnownPrompts:
+    """Read every --exclude path; a ledger id counts only if its newest entry is permanent; the id of a
+    --turns all run's answer counts (its `messages` are one turn's request, not the row's turns)."""
+    known, ledger, answered = KnownPrompts(), {}, set()
     newest: dict[int, float] = {}
     for f in (f for p in paths for f in exclusion_files(p)):
-        convert = RowConverter()
+        convert = RowConverter(keep_turns=keep_turns)
         for obj in jsonl_rows(f):
+            if isinstance(obj, dict) and "turn" in obj and obj.get("id") is not None:
+                answered.add(id_key(obj["id"]))
+                continue
             if isinstance(obj, dict) and "messages" not in obj and "reason" in obj:
                 if obj.get("id") is not None:
                     key, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
@@ -200,7 +207,7 @@ def load_known(paths: tuple[Path, ...]) -> KnownPrompts:
                 known.keys.add(digest_key(convert(obj).digest))
             except InvalidRowError:
                 continue  # a torn line, or a row that was never a prompt
-    known.ids = {k for k, permanent in ledger.items() if permanent}
+    known.ids = {k for k, permanent in ledger.items() if permanent} | answered
     return known
 
 
@@ -227,12 +234,12 @@ def _accept(
 def prepare(config: PrepareConfig) -> PrepareReport:
     """Read every source, normalize, dedup and exclude, and write the prompts file."""
     start = time.monotonic()
-    known = load_known(config.exclude)
+    known = load_known(config.exclude, config.keep_turns)
     report = PrepareReport(known=len(known.keys) + len(known.ids))
     seen: set[int] = set()
     with AtomicJsonl(config.out) as out:
         for src in config.inputs:
-            convert = RowConverter(config.format, config.keep_reference)
+            convert = RowConverter(config.format, config.keep_reference, config.keep_turns)
             rows = open_source(src, config.split, config.subset, config.streaming, config.limit)
             for raw in rows:
                 report.read += 1
@@ -282,6 +289,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep the dropped answer as `reference` (meta.reference in the output)",
     )
+    add(
+        "--keep-turns",
+        action="store_true",
+        help="keep a conversation's system and user turns, for generate --turns all (deduplicated on them)",
+    )
     add("--report", type=Path, help="also write the counts to this JSON file")
 
 
@@ -297,6 +309,7 @@ def main(args: argparse.Namespace) -> int:
         limit=args.limit,
         streaming=args.streaming,
         keep_reference=args.keep_reference,
+        keep_turns=args.keep_turns,
         report=args.report,
     )
     report = prepare(config)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cost import cost_lines
 from .errors import EXIT_OUTAGE
 
 log = logging.getLogger("gen_pipeline")
@@ -59,6 +60,8 @@ class RunStats:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens, where the servers report it
+    valid_output_tokens: int = 0  # completion tokens of written rows (cost.py)
+    untruncated_output_tokens: int = 0  # of those, rows not cut at max_tokens
     requests: int = 0
     latency: Latencies = field(default_factory=Latencies)  # every request to a server
     in_flight: int = 0
@@ -71,14 +74,20 @@ class RunStats:
     handed_over: int = 0  # rows the reader has passed on (ahead of `read` by up to a batch), with input_fraction
     last_error: dict[str, str] = field(default_factory=dict)  # newest detail per ledger reason
     truncated_in_reasoning: int = 0  # cut at max_tokens while still thinking (no answer)
+    unfinished_line: int | None = None  # the input's last line, left unread: no newline, not whole JSON yet
+    input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
+    progressed: tuple[float, int] = (-1.0, 0)  # (clock, worked()) when rate() last saw worked() grow
 
     def __post_init__(self) -> None:
         if self.started < 0:
             self.started = self.clock()
         self.rate_points.append((self.started, 0))
+        self.progressed = (self.started, 0)
 
     def note_input(self, rows: int, fraction: float) -> None:
         """The reader has passed on `rows` more rows, having consumed `fraction` of the input."""
@@ -114,12 +123,20 @@ class RunStats:
     def rate(self) -> float:
         """Rows settled per second over the last ETA_WINDOW seconds (since the start, early on)."""
         now, worked = self.clock(), self.worked()
+        if worked != self.progressed[1]:
+            self.progressed = (now, worked)
         if now - self.rate_points[-1][0] >= RATE_SAMPLE:
             self.rate_points.append((now, worked))
         while len(self.rate_points) > 2 and now - self.rate_points[1][0] >= ETA_WINDOW:
             self.rate_points.popleft()  # the oldest kept is the last one at least a window old
         since, then = self.rate_points[0]
         return (worked - then) / (now - since) if now > since else 0.0
+
+    def idle(self) -> float:
+        """Seconds since a row was last settled (since the start, before the first one), as seen by rate()'s
+        callers (status.json every STATUS_INTERVAL s)."""
+        self.rate()
+        return self.clock() - self.progressed[0]
 
     def elapsed(self) -> float:
         return max(self.clock() - self.started, 1e-9)
@@ -193,8 +210,10 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dic
     """The status.json document (schema in gen_pipeline/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
+    updated = time.time()
     return {
-        "updated": time.time(),
+        "updated": updated,
+        "last_settled": round(updated - stats.idle(), 1),  # a row's end; the start before the first
         "pid": os.getpid(),
         "state": state,
         "counts": {
@@ -245,6 +264,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"finish_reason {summary['finish_reasons']}",
     ]
     lines += _samples_lines(summary)
+    lines += cost_lines(summary)
     if cursor := summary.get("input_cursor"):
         lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")
     drift = summary["token_drift"]

@@ -11,12 +11,13 @@ from .cursor import Mark, Resumed, mark_of
 from .oversize import SizeFloor
 from .progress import RunStats
 from .records import Prompt
-from .rows import BadRow
+from .rows import BadRow, RowError
 from .samples import pending, row_reason
 from .source import PromptSource, Skipped, skipped
 from .store import ResumeState
 from .tokens import TokenCounter
 from .tokens.conversation import ChatInput, Conversation
+from .turns import TurnHistory, owed, split_turns
 
 log = logging.getLogger("gen_pipeline")
 
@@ -58,6 +59,7 @@ class BatchReader:
         # rows whose size alone puts them over this many input tokens are over_length without a count
         self.fit = context_length - config.safety_margin - config.min_tokens if context_length else None
         self.floor = SizeFloor(counter)
+        self.history = TurnHistory(config.out / name for name in resume.files)
 
     def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
         """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
@@ -82,6 +84,8 @@ class BatchReader:
                     break
         self.stats.repeats = self.source.repeats
         self.stats.input_fraction = self.source.fraction()
+        self.stats.unfinished_line = self.source.unfinished or self.stats.unfinished_line
+        self.stats.input_error = self.source.read_error or self.stats.input_error
         failed = self._count(prompts)
         counted: list[Prompt | BadRow | Skipped] = []
         for x in out:
@@ -112,10 +116,32 @@ class BatchReader:
             return skipped("bad_input") if seen and "bad_input" not in self.retry else item
         if isinstance(item, Prompt):
             k = item.samples or self.samples
+            if self.config.turns == "all":
+                return self._settle_turns(item, k)
             item.pending = pending(self.resume, item.key, k, self.retry)
             if not item.pending:
                 return skipped(row_reason(self.resume, item.key, k, self.retry) or "done")
         return item
+
+    def _settle_turns(self, item: Prompt, k: int) -> Prompt | BadRow | Skipped:
+        """--turns all: the row's segments, and per sample the turn its conversation goes on at (with the
+        history recorded before it); skipped when every conversation is complete or ended."""
+        try:
+            item.turns = split_turns(item.messages)
+        except RowError as exc:
+            self.source.note_bad(item.line, item.key)
+            return self._settle(BadRow(item.line, str(exc), item.id))
+        item.messages = item.turns[0]  # what is counted here and planned by check: the first turn
+        found, reason = owed(self.resume, item, k, self.retry)
+        for s, t in sorted(found.start.items()):
+            history = self.history.history(item, s, t) if t > 0 else []
+            if history is None:
+                log.warning("id %r sample %d: turn %d is done but its line was not found; left as it is", item.id, s, t)
+                continue
+            item.pending += (s,)
+            if t > 0:
+                item.resume[s] = (t, history)
+        return item if item.pending else skipped(reason)
 
     def _too_long(self, p: Prompt) -> bool:
         """Whether the row's size alone proves it over_length; then its input_tokens is that floor."""
@@ -159,6 +185,8 @@ def shaped(prompt: Prompt, config: RunConfig) -> Prompt:
     """The row as it is counted and sent: --system-prompt put first, and the run's tools and
     chat_template_kwargs where the row has none of its own (a row's own value replaces the run's)."""
     with_system_prompt(prompt, config.system_prompt)
+    if prompt.turns:
+        prompt.turns[0] = prompt.messages  # --turns all: the system prompt opens the conversation
     if prompt.tools is None:
         prompt.tools = config.tools
     if prompt.template_kwargs is None:

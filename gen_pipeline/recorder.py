@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import RunConfig
+from .cost import useful_tokens
 from .dispatch import Sent
 from .errors import EXIT_ERROR, EXIT_OUTPUT, OutputError
 from .findings import DRIFT_EVIDENCE, early_drift_problem
@@ -64,6 +65,9 @@ class Recorder:
                 self._count(outcome, kinds)
         self.stats.output_tokens += sent.output_tokens
         self.stats.cached_tokens += sent.cached_tokens
+        valid, untruncated = useful_tokens(sent.outcomes, sent.output_tokens)
+        self.stats.valid_output_tokens += valid
+        self.stats.untruncated_output_tokens += untruncated
         if sent.reasoning_tokens is not None:
             self.stats.reasoning_tokens += sent.reasoning_tokens
             self.stats.reasoned_output_tokens += sent.output_tokens

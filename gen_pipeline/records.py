@@ -129,6 +129,8 @@ class Prompt:
     at_least: bool = False  # input_tokens is a lower bound from the row's size: too long to be worth counting
     tools: list[Any] | None = None  # the OpenAI tools the template gets: the row's own, else the run's
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, likewise
+    turns: list[Messages] | None = None  # --turns all: the segments, one per user turn (turns.split_turns)
+    resume: dict[int, tuple[int, Messages]] = field(default_factory=dict)  # sample -> (first turn, history)
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:
@@ -155,6 +157,7 @@ class Completion:
     key: int = -1  # id_key(id): carried from the Prompt (hashed once), else hashed here
     reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
+    turn: int | None = None  # --turns all: which user turn this answers (its key is samples.place_key)
     extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
     # what produced it: the fingerprint of the server's identity (the manifest lists it under provenance),
     # and the weight_version the answer reported; each written only when known
@@ -175,7 +178,8 @@ class Completion:
             orjson.dumps(
                 {
                     "id": self.id,
-                    "sample": self.sample,  # right after the id: samples.line_sample reads it without parsing
+                    "sample": self.sample,  # right after the id: samples.line_place reads it without parsing
+                    **({"turn": self.turn} if self.turn is not None else {}),  # and the turn right after it
                     "messages": self.messages,
                     "completion": self.completion,
                     **thinking,
@@ -213,6 +217,7 @@ class Failure:
     server: str | None = None
     max_tokens: int | None = None
     sample: int = 0  # which sample of the row failed
+    turn: int | None = None  # --turns all: the turn that failed (the conversation ends or waits there)
     # when it was written (epoch s): with several ledger shards, "newest entry per id" compares this
     time: float = field(default_factory=time.time)
 
@@ -222,6 +227,7 @@ class Failure:
                 {
                     "id": self.id,
                     "sample": self.sample,
+                    **({"turn": self.turn} if self.turn is not None else {}),
                     "line": self.line,
                     "reason": self.reason,
                     "status": self.status,
@@ -247,3 +253,5 @@ TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection", "wrong_m
 ALL_REASONS = PERMANENT_REASONS | TRANSIENT_REASONS
 # The most samples one prompt may ask for (--samples, a row's "samples", n in sampling).
 MAX_SAMPLES = 4096
+# The most user turns one conversation may have under --turns all (a line's `turn` is below it).
+MAX_TURNS = 4096

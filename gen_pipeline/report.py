@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from .cost import cost_lines
 from .errors import ConfigError
 from .ledger import ledger_reasons
 from .rundir import MANIFEST, SUMMARY, RunDir
@@ -114,6 +115,7 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
         f"throughput  {summary.get('requests_per_s')} req/s, {summary.get('output_tokens_per_s')} out tok/s "
         f"over {summary.get('elapsed_s')} s (last run)",
         f"drift       {drift_text(summary.get('token_drift') or {})}; learned offset {summary.get('learned_offset')}",
+        *(f"cost        {line}" for line in cost_lines(summary)),
     ]
 
 

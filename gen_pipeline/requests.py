@@ -8,6 +8,8 @@ client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names anothe
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,9 @@ from .records import Completion, Failure, Prompt
 from .retry import with_transport_retries
 from .serverstate import ServerState
 from .tokens.budget import OffsetLearner, rebudget, room_needed
+from .usage import usage_problem
+
+log = logging.getLogger("gen_pipeline")
 
 
 def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_tokens: int) -> dict[str, Any]:
@@ -87,6 +92,7 @@ class Track:
     refused: int = 0  # attempts whose 200 check_answer refused
     checkpoint: str | None = None  # the fingerprint of the identity of the server that answered
     weight_version: str | None = None  # the weight_version its answer reported
+    input_tokens: int = 0  # our count of the prompt, for judging the server's
 
 
 class RequestPath:
@@ -128,6 +134,7 @@ class RequestPath:
         """generate_one with `extra` request fields (n, a sample's seed), returning what the server
         answered and the max_tokens that got it."""
         error: RequestError | None = None
+        track.input_tokens = prompt.input_tokens
         for _ in range(self.config.retry.budget_attempts):
             try:
                 result = await self._with_retries({**self.payload(prompt, max_tokens), **extra}, track)
@@ -173,6 +180,7 @@ class RequestPath:
             started = time.monotonic()
             try:
                 result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track, server)
+                result = self._judged(result, payload, track, server)
             except RequestError as exc:
                 self.pool.record_failure(server, exc, lease.started)
                 track.exclude = frozenset({server.url})
@@ -183,8 +191,21 @@ class RequestPath:
                 self.stats.in_flight -= 1
                 track.latency = time.monotonic() - started
                 self.stats.latency.add(track.latency)
-            self.pool.record_success(server, track.latency, result.completion_tokens or 0, lease.started)
+            used = 0 if result.usage_problem else result.completion_tokens or 0
+            self.pool.record_success(server, track.latency, used, lease.started)
             return result
+
+    def _judged(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
+        """The result, its usage flagged (and counted on its server, warned about once) when impossible."""
+        n = payload.get("n", 1)
+        problem = usage_problem(result, payload["max_tokens"], n, track.input_tokens, self.context_length)
+        if problem is None:
+            return result
+        server.bad_usage += 1
+        if server.bad_usage == 1:
+            server.bad_usage_first = problem
+            log.warning("%s reported impossible usage: %s (left out of the figures)", server.url, problem)
+        return dataclasses.replace(result, usage_problem=problem)
 
     def _checked(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
         """check_answer and check_checkpoint, counting the attempts they refuse; what made the answer."""

@@ -6,6 +6,7 @@ tokens.conversation's to judge, so that the count and the request agree.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +147,25 @@ def parse_row(raw: bytes, line: int) -> Prompt:
         raise RowError(f"invalid JSON: {exc}") from exc
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object")
+    try:
+        return _prompt(raw, row, line)
+    except RowError as exc:
+        raise RowError(as_written(str(exc), raw)) from None
+
+
+# An integer literal too long for 64 bits, which orjson reads as a float (1.58e+29).
+_BIG_INTEGER = re.compile(rb"-?\d{19,}(?![\d.eE])")
+
+
+def as_written(detail: str, raw: bytes) -> str:
+    """`detail` with each integer the line holds beyond 64 bits shown as written, not as the float JSON
+    parsing made of it ("not 158000000000000000000000000000", not "not 1.58e+29")."""
+    for literal in {m.group() for m in _BIG_INTEGER.finditer(raw)}:
+        detail = detail.replace(repr(float(literal)), literal.decode())
+    return detail
+
+
+def _prompt(raw: bytes, row: dict[str, Any], line: int) -> Prompt:
     _check_writable(raw, row)
     messages = _messages(row)
     max_tokens, sampling = _options(row)
@@ -169,14 +189,18 @@ def own_samples(raw: bytes) -> bool:
 
 def same_content(a: bytes, b: bytes) -> bool:
     """Whether two lines with the same id are one row ("a repeat"): the same bytes, or the same JSON
-    object (key order and spacing aside). An id-less row's id is its normalized messages, so two such
-    rows with one id always are. Only called for rows whose id came before (rare)."""
+    object (key order and spacing aside; the id may be written `42` in one and `"42"` in the other, which
+    is one id). An id-less row's id is its normalized messages, so two such rows with one id always are.
+    Only called for rows whose id came before (rare)."""
     if a == b:
         return True
     try:
         x, y = orjson.loads(a), orjson.loads(b)
     except orjson.JSONDecodeError:
         return False
-    if isinstance(x, dict) and isinstance(y, dict) and x.get("id") is None and y.get("id") is None:
+    if not (isinstance(x, dict) and isinstance(y, dict)):
+        return bool(x == y)
+    if x.get("id") is None and y.get("id") is None:
         return True  # the same derived id: the same normalized messages
-    return bool(x == y)
+    same_id = x.keys() == y.keys() and str(x.get("id")) == str(y.get("id"))
+    return same_id and all(x[k] == y[k] for k in x if k != "id")

@@ -17,12 +17,16 @@ from typing import Any, Protocol
 import orjson
 
 from .errors import ConfigError
-from .records import MAX_SAMPLES, RowId
+from .records import MAX_SAMPLES, MAX_TURNS, RowId
 
 SEED_MODULUS = 2**31  # servers take 32-bit signed seeds
 
-# `{"id": X, "sample": N,` at the start of a line: how our own output writes a completion.
-_LEADING_SAMPLE = re.compile(rb'\{"id":\s*(?:"[^"\\]*"|-?[1-9]\d*|0)\s*,\s*"sample":\s*(0|[1-9]\d{0,8})\s*[,}]')
+# `{"id": X, "sample": N,` (and `"turn": T,` after it, under --turns all) at the start of a line: how our
+# own output writes a completion.
+_LEADING_SAMPLE = re.compile(
+    rb'\{"id":\s*(?:"[^"\\]*"|-?[1-9]\d*|0)\s*,\s*"sample":\s*(0|[1-9]\d{0,8})\s*'
+    rb'(?:,\s*"turn":\s*(0|[1-9]\d{0,8})\s*)?[,}]'
+)
 
 
 def sample_key(key: int, sample: int) -> int:
@@ -31,6 +35,15 @@ def sample_key(key: int, sample: int) -> int:
         return key
     data = key.to_bytes(8, "little") + sample.to_bytes(4, "little")
     return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"gp-sample").digest(), "little")
+
+
+def turn_key(key: int, turn: int) -> int:
+    """The key of one turn of a conversation whose (id, sample) key is `key` (turn 0: that key itself, so a
+    --turns all run's first answers have the keys a --turns last run's answers have)."""
+    if turn == 0:
+        return key
+    data = key.to_bytes(8, "little") + turn.to_bytes(4, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"gp-turn").digest(), "little")
 
 
 def sample_keys(key: int, samples: Collection[int] | int) -> list[int]:
@@ -44,22 +57,27 @@ def valid_sample(value: Any) -> bool:
 
 
 def line_sample(raw: bytes) -> int | None:
-    """The `sample` of one output line (0 when it has none, an older line); None when it is not valid.
+    """The `sample` of one output line (0 when it has none, an older line); None when it is not valid."""
+    place = line_place(raw)
+    return place[0] if place is not None else None
 
-    Our own lines carry it right after the id and are read without parsing; any other line that
-    mentions "sample" is parsed in full."""
+
+def line_place(raw: bytes) -> tuple[int, int] | None:
+    """(`sample`, `turn`) of one output line (0 for either when it has none); None when one is not valid.
+
+    Our own lines carry them right after the id and are read without parsing; any other line that
+    mentions "sample" or "turn" is parsed in full."""
     m = _LEADING_SAMPLE.match(raw)
     if m is not None:
-        value = int(m[1])
-        return value if value < MAX_SAMPLES else None
-    if b'"sample"' not in raw:
-        return 0
+        sample, turn = int(m[1]), int(m[2] or 0)
+        return (sample, turn) if sample < MAX_SAMPLES and turn < MAX_TURNS else None
+    if b'"sample"' not in raw and b'"turn"' not in raw:
+        return 0, 0
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    found = obj.get("sample", 0) if isinstance(obj, dict) else None
-    return found if valid_sample(found) else None
+    return record_place(obj) if isinstance(obj, dict) else None
 
 
 def record_sample(obj: dict[str, Any]) -> int | None:
@@ -68,10 +86,28 @@ def record_sample(obj: dict[str, Any]) -> int | None:
     return value if valid_sample(value) else None
 
 
+def record_place(obj: dict[str, Any]) -> tuple[int, int] | None:
+    """(`sample`, `turn`) of a parsed output or ledger line (0 when absent); None when one is not valid."""
+    sample, turn = obj.get("sample", 0), obj.get("turn", 0)
+    valid_turn = isinstance(turn, int) and not isinstance(turn, bool) and 0 <= turn < MAX_TURNS
+    return (sample, turn) if valid_sample(sample) and valid_turn else None
+
+
+def place_key(key: int, sample: int, turn: int) -> int:
+    """The key of (id, sample, turn) for the row whose id key is `key`."""
+    return turn_key(sample_key(key, sample), turn)
+
+
 def sample_seed(seed: int, row_id: RowId, sample: int) -> int:
     """The seed one sample is sent with: a hash of (the run's or row's seed, id, sample), so a sample
     resent after a crash asks the server for the same thing."""
     data = orjson.dumps([seed, str(row_id), sample])
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") % SEED_MODULUS
+
+
+def turn_seed(seed: int, row_id: RowId, sample: int, turn: int) -> int:
+    """The seed turn `turn` > 0 of one sample's conversation is sent with (turn 0: sample_seed's)."""
+    data = orjson.dumps([seed, str(row_id), sample, turn])
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") % SEED_MODULUS
 
 

@@ -41,6 +41,8 @@ class ServerState:
     quiet_since: float = 0.0  # the last answer, or when it got work after being idle
     identity: ServerIdentity | None = None  # the checkpoint it served at start (None: not known)
     retired: bool = False  # its checkpoint changed mid-run: out for the rest of the run
+    bad_usage: int = 0  # answers whose usage was impossible (usage.py), and the first one's reason
+    bad_usage_first: str = ""
 
     @property
     def limit(self) -> int:
@@ -82,4 +84,5 @@ class ServerState:
             "out_of_service_s": round(self.out_of_service(now), 1),
             "capacity": self.capacity,
             "queue_margin": self.margin,
+            **({"impossible_usage": self.bad_usage} if self.bad_usage else {}),
         }

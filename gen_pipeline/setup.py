@@ -67,6 +67,7 @@ def manifest_for(
         "min_tokens": config.min_tokens,
         "safety_margin": config.safety_margin,
         "samples": config.samples,
+        **({"turns": config.turns} if config.turns != "last" else {}),
         "thinking_budget": config.thinking_budget,
         "system_prompt": config.system_prompt,
         "servers": list(config.servers),
@@ -217,6 +218,7 @@ def resume_state(config: RunConfig) -> ResumeState:
     worker = config.shard is not None
     state = scan(config.out, repair=False, mine=config.mine if worker else None)
     state.samples = config.samples
+    state.turns = config.turns == "all"
     return state
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+import orjson
+
 from .donekeys import KeyMap
 from .errors import InputError
 from .inputfile import InputFile, strip_bom
@@ -121,6 +123,8 @@ class PromptSource:
         self.owned = self.bad_count = 0  # pairs logged by this pass
         self.logging = True  # off once the cursor cannot move further in this run
         self.input = InputFile(path)
+        self.unfinished: int | None = None  # the last line, held back: no newline yet and not whole JSON
+        self.read_error: str | None = None  # why reading stopped before the end (a truncated compressed stream)
         self._stream: BinaryIO | None = None
         self._bad_run = 0 if self.start == 0 else -1  # bad rows since the top, while no good one came; -1: off
 
@@ -131,13 +135,19 @@ class PromptSource:
                 try:
                     yield from self._rows(f)
                 except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt compressed stream
-                    raise InputError(f"cannot read {self.path} after line {self.lines}: {exc}") from exc
+                    # the rows before the cut are all yielded: the run settles them, then says why it stopped
+                    self.read_error = f"cannot read {self.path} after line {self.lines}: {exc}"
         finally:  # also when the pass is closed early (--limit, a stop): the repeat reader is ours to close
             self.input.close()
 
     def _rows(self, f: BinaryIO) -> Iterator[Prompt | BadRow | Skipped]:
         readline = f.readline
         while raw := readline(MAX_LINE_BYTES + 1):
+            if not raw.endswith(b"\n") and len(raw) <= MAX_LINE_BYTES:
+                last = self._last_line(raw)  # only the last line can lack its newline
+                if last is not None:
+                    yield last
+                return
             offset = self.bytes_read
             self.bytes_read += len(raw)
             self.lines += 1
@@ -154,6 +164,25 @@ class PromptSource:
             if item is not None:
                 self._watch(item)
                 yield item
+
+    def _last_line(self, raw: bytes) -> Prompt | BadRow | Skipped | None:
+        """The input's last line, without its newline: a producer may still be writing it. Unless it is whole
+        JSON already, it is left for a later run (`unfinished`), never ledgered. Either way the pass does not
+        count it as read, so the input cursor stays before it and the next run reads it again, grown or ended."""
+        line, offset = self.lines + 1, self.bytes_read
+        text = strip_bom(raw, offset).rstrip(b"\r")
+        if not text or text.isspace():
+            return None
+        try:
+            orjson.loads(text)
+        except orjson.JSONDecodeError:
+            self.unfinished = line
+            return None
+        self.logging = False  # nothing the cursor could record lies beyond it
+        item = self._item(text, line, offset)
+        if item is not None:
+            self._watch(item)
+        return item
 
     def fraction(self) -> float:
         """How much of the input this pass has read (compressed bytes for a compressed file)."""

@@ -4,6 +4,7 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
 
     {
       "updated": 1732900000.0,        # epoch seconds of this snapshot
+      "last_settled": 1732899990.0,   # epoch seconds when a row was last settled (the start, before one was)
       "pid": 12345,                   # the generate process
       "state": "running",             # "running" | "stopping" (after Ctrl-C / SIGTERM) | "finished"
       "counts": {
@@ -66,6 +67,9 @@ from .rundir import LOCK, MANIFEST, STATUS, SUMMARY, RunDir, write_json_atomic
 from .summary import merge_statuses
 
 STALE_AFTER = 30.0  # seconds without an update before a run counts as not running (when no lock tells)
+# Seconds without a row settled before a running run is shown as stalled (an outage, a hung fleet): its
+# rates (run averages) and ETA would go on showing how it was doing before.
+STALLED_AFTER = 60.0
 EXIT_RUNNING_OR_OK = 0
 EXIT_NOT_RUNNING = 3  # crashed, killed, stopped or finished badly: the run wants the same command again
 CHUNK = 1 << 20
@@ -113,13 +117,25 @@ def _status_lines(status: dict[str, Any]) -> list[str]:
         f"done {counts.get('done', 0)} | skipped {counts.get('skipped', 0)} | "
         f"failed {f'{sum(failed.values())} {failed}' if failed else 0} | "
         f"in flight {counts.get('in_flight', 0)}" + (f" | queued {counts['queued']}" if "queued" in counts else ""),
-        f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
+        _stalled(status)
+        or f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
         f"ETA {_duration(eta) if eta is not None else 'unknown'}",
         f"servers: {healthy} of {len(servers)} healthy",
     ]
     lines += [_server_line(url, s) for url, s in servers.items()]
     lines += [f"last {reason}: {text}" for reason, text in (status.get("last_error") or {}).items()]
     return lines
+
+
+def _stalled(status: dict[str, Any]) -> str | None:
+    """The rates line of a run that has settled no row for STALLED_AFTER seconds (None: it has lately)."""
+    if status.get("last_settled") is None or status.get("state", "running") != "running":
+        return None
+    idle = float(status.get("updated", 0)) - float(status["last_settled"])
+    if idle < STALLED_AFTER:
+        return None
+    since = time.strftime("%H:%M:%S", time.localtime(float(status["last_settled"])))
+    return f"STALLED: no row settled for {_duration(idle)} (since {since}) | rate and ETA unknown"
 
 
 def count_lines(path: Path) -> int:
@@ -191,7 +207,9 @@ def inspect_run(run: Path, now: float | None = None) -> tuple[str, int]:
     if status is None and summary is None and manifest is None and not completion_files(run) and not workers:
         raise ConfigError(f"{run} is not a run directory (no status.json, summary.json or completions)")
     m = manifest or {}
-    lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}, {len(m.get('servers') or [])} servers"]
+    # no server count here: the servers listed below are the ones that count (claimers on other nodes
+    # bring fleets of their own; a resume may name other servers than the manifest's)
+    lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}"]
     if m.get("shards") is not None:  # claimed shards: claimers on any number of hosts (claimstatus.py)
         body, code = _describe_claimed(run, summary, m, now)
     elif workers and (status is None or float(status.get("updated", 0)) < max(w.updated for w in workers)):

@@ -24,11 +24,19 @@ from .errors import ManifestMismatchError, OutputError
 from .locks import DirLock as DirLock
 from .records import PERMANENT_REASONS, Completion, Failure, id_key
 from .rundir import COMPLETIONS, FAILURES, LOCK, MANIFEST, SUMMARY, RunDir, write_json_atomic
-from .samples import record_sample, row_reason, sample_key
+from .samples import place_key, record_place, row_reason
 
 __all__ = ["COMPLETIONS", "FAILURES", "LOCK", "MANIFEST", "SUMMARY", "DirLock", "write_json_atomic"]  # re-exported
 # Settings that change what a completion means; a resume must not mix them.
-MANIFEST_KEYS = ("model", "tokenizer", "context_length", "sampling", "system_prompt", "template_inputs_sha256")
+MANIFEST_KEYS = (
+    "model",
+    "tokenizer",
+    "context_length",
+    "sampling",
+    "system_prompt",
+    "template_inputs_sha256",
+    "turns",  # absent for --turns last: the runs made before it resume as they are
+)
 
 
 def repair_tail(path: Path) -> int:
@@ -120,7 +128,8 @@ class ResumeState:
     torn_bytes: int = 0
     files: dict[str, FileKeys] = field(default_factory=dict)  # output file name -> what it holds
     samples: int = 1  # the run's --samples: a row is settled when all of them are
-    later_samples_ledgered: bool = False  # a ledger entry names a sample > 0 (the input cursor checks sample 0 only)
+    later_samples_ledgered: bool = False  # a ledger entry names a sample or turn > 0 (the cursor checks key 0 only)
+    turns: bool = False  # --turns all: a row's settledness needs its turns (the row parsed: reader._settle)
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None:
         """Why this (id, sample) key needs no request now ("done", or its permanent reason), or None."""
@@ -132,7 +141,10 @@ class ResumeState:
         return None
 
     def row_settled(self, key: int, retry: frozenset[str]) -> str | None:
-        """Why the row with id key `key` needs no request now (each of its --samples settled), or None."""
+        """Why the row with id key `key` needs no request now (each of its --samples settled), or None
+        (always under --turns all: how many turns a conversation has is known only from its row)."""
+        if self.turns:
+            return None
         return self.settled(key, retry) if self.samples == 1 else row_reason(self, key, self.samples, retry)
 
     def rows(self, retry: frozenset[str]) -> SettledRows:
@@ -180,10 +192,10 @@ def scan(
                 state.corrupt_lines.append(f"{path.relative_to(out)}:{n}")
             elif obj["reason"] == "bad_input" and obj.get("line") is not None:
                 state.bad_lines.add((str(obj.get("source")), int(obj["line"])))
-            elif obj.get("id") is not None and (sample := record_sample(obj)) is not None:
+            elif obj.get("id") is not None and (place := record_place(obj)) is not None:
                 row, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
-                key = sample_key(row, sample)
-                state.later_samples_ledgered |= sample > 0
+                key = place_key(row, *place)
+                state.later_samples_ledgered |= place != (0, 0)
                 if (mine is None or mine(row)) and when >= newest.get(key, float("-inf")):
                     newest[key], state.last_reason[key] = when, obj["reason"]
     return state

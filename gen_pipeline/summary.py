@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import cost
 from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_OUTPUT
 from .progress import format_summary
 
@@ -125,6 +126,8 @@ def _reasoning(values: list[Any]) -> dict[str, int] | None:
 # Figures a merge derives itself (merge_summaries), not from the parts' values.
 DERIVED = frozenset(
     {"exit_code", "workers", "elapsed_s", "requests_per_s", "output_tokens_per_s", "token_drift.differed"}
+    | {"valid_output_tokens_per_s", "untruncated_output_tokens_per_s", "gpu_hours_per_million_output_tokens"}
+    | {"gpu_hours_per_million_valid_tokens", "gpu_hours_per_million_untruncated_tokens"}
 )
 COUNTS: tuple[str, ...] = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens")
 COUNTS += ("truncated_in_reasoning", "cut_by_server")
@@ -137,6 +140,7 @@ SUMMARY_RULES: dict[str, Any] = {
         {
             **dict.fromkeys(("requests", "completions", "output_tokens", "capacity", "queue_margin"), SUM),
             "failures": TALLY,
+            "impossible_usage": Rule(total, optional=True),
             "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
             # the slowest part's view: the parts share the servers, a mean of means would hide a slow one
             "mean_latency_s": Rule(largest),
@@ -150,10 +154,16 @@ SUMMARY_RULES: dict[str, Any] = {
     "learned_offset": Rule(lambda v: largest(v) or 0),
     "input_cursor": Rule(_earliest_cursor),
     "warnings": Rule(lambda v: sorted({w for ws in v for w in ws or []})),
+    # cost.py: each part's share of the fleet's GPU time, and the tokens that can go into a dataset
+    "gpu_hours": Rule(_rounded(4), optional=True),
+    "gpus_per_server": Rule(largest, optional=True),
+    "valid_output_tokens": Rule(total, optional=True),
+    "untruncated_output_tokens": Rule(total, optional=True),
 }
 
 STATUS_RULES: dict[str, Any] = {
     "updated": Rule(lambda v: max(float(x) for x in v) if v else 0.0, live=True),
+    "last_settled": Rule(largest, live=True, optional=True),
     "state": Rule(_state, live=True),
     "counts": {
         "done": SUM,
@@ -188,6 +198,8 @@ def merge_summaries(parts: list[Doc], elapsed: float, exit_code: int) -> Doc:
         requests_per_s=round(merged["completed"] / max(elapsed, 1e-9), 2),
         output_tokens_per_s=round(merged["output_tokens"] / max(elapsed, 1e-9), 1),
     )
+    if "gpu_hours" in merged:
+        merged.update(cost.derive(merged))
     return merged
 
 
@@ -217,6 +229,8 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "requests": stats.requests,
         "input_tokens": stats.input_tokens,
         "output_tokens": stats.output_tokens,
+        "valid_output_tokens": stats.valid_output_tokens,
+        "untruncated_output_tokens": stats.untruncated_output_tokens,
         "elapsed_s": round(t, 2),
         "requests_per_s": round(stats.completed / t, 2),
         "output_tokens_per_s": round(stats.output_tokens / t, 1),
@@ -230,7 +244,16 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "servers": pool.views(),
         "tail_s": None if tail is None else round(tail, 2),
         "warnings": warnings,
+        **conversations_view(stats),
     }
+
+
+def conversations_view(stats: Any) -> Doc:
+    """--turns all: this run's conversations by how they ended, and the turns the early ones ended at."""
+    if not stats.conversations:
+        return {}
+    ended = {str(t): n for t, n in sorted(stats.ended_at_turn.items())}
+    return {"conversations": {**dict(stats.conversations), "ended_at_turn": ended}}
 
 
 def describe(outcome: Outcome, out: Path) -> str:

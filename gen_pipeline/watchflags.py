@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_watch_flags(p: argparse.ArgumentParser) -> None:
-    """--metrics-port/--metrics-host/--metrics-file (metrics.py)."""
+    """--metrics-port/--metrics-host/--metrics-file (metrics.py), --gpus-per-server (cost.py)."""
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -23,3 +23,10 @@ def add_watch_flags(p: argparse.ArgumentParser) -> None:
         "--workers K: claimer i writes PATH with .i before its suffix)",
     )
     p.add_argument("--metrics-worker", default="0", help=argparse.SUPPRESS)  # set by --workers K: the worker label
+    p.add_argument(
+        "--gpus-per-server",
+        type=int,
+        default=1,
+        metavar="N",
+        help="GPUs behind each server (tensor parallel size), for GPU-hours per million tokens (default 1)",
+    )

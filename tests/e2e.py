@@ -63,6 +63,21 @@ def shape_rows(n: int) -> list[dict[str, Any]]:
     return rows
 
 
+SYSTEM = {"role": "system", "content": "be brief"}
+
+
+def conversation_rows(n: int, turns: int = 3, start: int = 0) -> list[dict[str, Any]]:
+    """`n` conversations of `turns` user turns, each with the original model's assistant turns."""
+    rows = []
+    for i in range(start, start + n):
+        messages: list[dict[str, Any]] = [SYSTEM]
+        for t in range(turns + i % 2):
+            messages.append({"role": "user", "content": f"c{i} question {t}: " + "tell me " * (1 + (i + t) % 5)})
+            messages.append({"role": "assistant", "content": f"ORIGINAL answer {i}.{t}"})
+        rows.append({"id": f"c{i}", "messages": messages})
+    return rows
+
+
 def prompts(n: int, words: int = 20, start: int = 0) -> list[dict[str, Any]]:
     """`n` distinct chat rows of varying length."""
     return [

@@ -38,7 +38,11 @@ def odd_app(answer: dict[str, Any], served: str = MODEL) -> web.Application:
         body = await request.json()
         choice = {"index": 0, "message": {"role": "assistant", **answer.get("message", {})}, "finish_reason": "stop"}
         return web.json_response(
-            {"model": answer.get("model", body["model"]), "choices": [choice], "usage": {"completion_tokens": 0}}
+            {
+                "model": answer.get("model", body["model"]),
+                "choices": [choice],
+                "usage": answer.get("usage", {"completion_tokens": 0}),
+            }
         )
 
     app = web.Application()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import importlib.util
@@ -275,3 +276,75 @@ def test_a_corrupt_gzip_input_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "cannot read" in err[0] and str(path) in err[0], err
     assert input_lines(path) is None
+
+
+@pytest.mark.parametrize(("n", "words"), [(40, 5), (300, 100)], ids=["cut in the first 64 KiB", "cut further on"])
+def test_a_truncated_gzip_input_settles_every_readable_row_then_stops(tmp_path, n, words):
+    """A gzip input cut mid-stream: every row before the cut is settled, then the run stops with the reason
+    (exit 1); a rerun sends nothing again and stops the same way (it made no progress before: 201 rows lost)."""
+    rows = prompts(n, words=words)
+    packed = gzip.compress(lines_of(rows), mtime=0)
+    path, out = tmp_path / "prompts.jsonl.gz", tmp_path / "out"
+    path.write_bytes(packed[: len(packed) * 2 // 3])
+    readable: list[int] = []
+    with contextlib.suppress(EOFError), gzip.open(path) as f:
+        for line in f:  # the lines gzip itself can read before the cut
+            readable.append(orjson.loads(line)["id"])
+    assert 0 < len(readable) < n
+    for run in range(2):
+        outcome, fleet = run_sim(path, out)
+        assert outcome.exit_code == 1 and "cannot read" in (outcome.error or ""), outcome.summary
+        assert any("cannot read" in w for w in outcome.summary["warnings"])
+        assert outcome.summary["completed"] == (len(readable) if run == 0 else 0)
+        assert sum(s.requests for s in fleet.stats.values()) == (len(readable) if run == 0 else 0)
+    assert sorted(r["id"] for r in read_jsonl(out / "completions.jsonl")) == readable
+
+
+def test_an_unfinished_last_line_is_left_for_the_next_run(tmp_path):
+    """A last line without its newline that is not whole JSON yet (a producer still writing) is neither
+    yielded nor counted as read; one that is whole JSON is yielded, but not counted as read either."""
+    rows = lines_of(prompts(3))
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(rows + b'{"id": 3, "prompt": "half')
+    src = PromptSource(path)
+    assert [p.id for p in src] == [0, 1, 2]
+    assert (src.unfinished, src.lines, src.bytes_read) == (4, 3, len(rows))
+    path.write_bytes(rows + b'{"id": 3, "prompt": "whole"}')
+    src = PromptSource(path)
+    assert [(p.id, p.line) for p in src] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert (src.unfinished, src.lines, src.bytes_read) == (None, 3, len(rows))
+
+
+def test_rows_appended_in_pieces_all_end_in_the_output(tmp_path):
+    """Rows appended in writes that end mid-line, a run after each: nothing is ledgered (a half line was
+    bad_input for good, and its second half bad_input again on a line number off by one: rows lost), each
+    run with a half line left says so and exits 3, and every row ends in the output once."""
+    rows = prompts(90)
+    data = lines_of(rows)
+    path, out = tmp_path / "p.jsonl", tmp_path / "out"
+    cuts = [len(data) // 3 + 7, 2 * len(data) // 3 + 11, len(data)]
+    path.write_bytes(data[: cuts[0]])
+    for cut in cuts[1:]:
+        outcome, _ = run_sim(path, out)
+        assert outcome.exit_code == 3 and "no newline" in " ".join(outcome.summary["warnings"])
+        with path.open("ab") as f:
+            f.write(data[path.stat().st_size : cut])
+    last, _ = run_sim(path, out)
+    assert last.exit_code == 0 and not read_jsonl(out / "failures.jsonl")
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 90, "ledger": 0}
+    assert len(read_jsonl(out / "completions.jsonl")) == 90
+
+
+def test_a_whole_last_row_without_newline_is_done_once(tmp_path):
+    """A last row that is whole JSON but has no newline yet is sent; once its newline comes, the next run
+    reads it again as done (the cursor stayed before it) and the line numbers after it stay right."""
+    path, out = tmp_path / "p.jsonl", tmp_path / "out"
+    path.write_bytes(lines_of(prompts(5)).rstrip(b"\n"))
+    first, _ = run_sim(path, out)
+    assert first.exit_code == 0 and first.summary["completed"] == 5
+    with path.open("ab") as f:
+        f.write(b"\n" + lines_of([*prompts(2, start=5), b"{broken"]))
+    second, fleet = run_sim(path, out)
+    assert second.summary["completed"] == 2 and sum(s.requests for s in fleet.stats.values()) == 2
+    assert [(e["line"], e["reason"]) for e in read_jsonl(out / "failures.jsonl")] == [(8, "bad_input")]
+    assert check_invariant(list(range(7)), out) == {"done": 7, "ledger": 0}

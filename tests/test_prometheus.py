@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import procs
 import pytest
+from e2e import prompts
 
 from gen_pipeline.metrics import server_label
 from gen_pipeline.sim import free_ports
-from tests import procs
-from tests.e2e import prompts
 
 pytestmark = [
     pytest.mark.slow,

@@ -39,14 +39,19 @@ def test_a_fresh_status_whose_writer_is_gone_is_not_running_at_once(fresh):
     assert text.splitlines()[1] == CRASHED and code == EXIT_NOT_RUNNING
 
 
-def test_a_status_whose_writer_holds_the_lock_is_running(fresh):
-    """The lock is held: running (exit 0)."""
-    lock = DirLock(fresh)
+def inspect_held(run: Path, now: float | None = None) -> tuple[str, int]:
+    """inspect_run while the run's lock is held, as by a live generate."""
+    lock = DirLock(run)
     lock.acquire()
     try:
-        text, code = inspect_run(fresh)
+        return inspect_run(run, now)
     finally:
         lock.release()
+
+
+def test_a_status_whose_writer_holds_the_lock_is_running(fresh):
+    """The lock is held: running (exit 0)."""
+    text, code = inspect_held(fresh)
     assert text.splitlines()[1].startswith("running (pid 4242), updated ") and code == EXIT_RUNNING_OR_OK
 
 
@@ -120,3 +125,28 @@ def test_status_watch_into_a_closed_pipe_exits_quietly(fresh):
             proc.wait()
         proc.stderr.close()
     assert err == b"", err.decode()
+
+
+@pytest.mark.parametrize(("idle", "stalled"), [(5.0, False), (130.0, True)])
+def test_a_run_that_settled_nothing_for_a_while_shows_stalled_not_its_old_rate(tmp_path, idle, stalled):
+    """During an outage the process lives on and keeps writing status.json, but settles no row: status
+    says since when, instead of the run's average rate and an ETA from before."""
+    now = time.time()
+    write_status(tmp_path / STATUS, snapshot(now, last_settled=now - idle))
+    text, _ = inspect_held(tmp_path, now)
+    since = time.strftime("%H:%M:%S", time.localtime(now - idle))
+    assert ("STALLED: no row settled for 2m 10s (since " + since + ")" in text) is stalled, text
+    assert ("12.5 req/s" in text and "ETA 1h 02m" in text) is not stalled, text
+
+
+def test_the_head_names_no_server_count_the_list_below_contradicts(tmp_path):
+    """The manifest names 3 servers, the live status lists 2 (a resume with other --servers, or claimers
+    on other nodes with fleets of their own): only the list, and its count, are shown."""
+    from gen_pipeline.store import MANIFEST
+
+    servers = [f"http://h:3000{i}" for i in range(3)]
+    write_json_atomic(tmp_path / MANIFEST, {"model": "m", "input": "in.jsonl", "servers": servers})
+    write_status(tmp_path / STATUS, snapshot(time.time()))
+    text, _ = inspect_held(tmp_path)
+    assert text.splitlines()[0] == f"run {tmp_path}: model m, input in.jsonl", text
+    assert "servers: 1 of 2 healthy" in text, text

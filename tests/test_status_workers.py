@@ -20,7 +20,7 @@ from gen_pipeline.summary import merge_summaries
 
 NOW = 1_700_000_000.0
 A, B = "http://h:30000", "http://h:30001"
-HEAD = "run {run}: model m, input prompts.jsonl, 2 servers"
+HEAD = "run {run}: model m, input prompts.jsonl"
 
 
 def server(in_flight: int, healthy: bool, requests: int, failures: dict[str, int]) -> dict:

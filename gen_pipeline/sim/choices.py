@@ -102,7 +102,7 @@ class PrefixCache:
 
 
 class RequestLog:
-    """One JSON line per answered generation request: port, prompt digest, n, seed, cached, texts."""
+    """One JSON line per answered generation request: port, prompt digest, n, seed, cached, texts, messages."""
 
     def __init__(self, path: str | None) -> None:
         self._file: IO[bytes] | None = open(path, "ab", buffering=0) if path else None  # noqa: SIM115
@@ -118,6 +118,7 @@ class RequestLog:
             "seed": payload.get("seed"),
             "cached": cached,
             "texts": [c.answer.text for c in choices],
+            "messages": payload.get("messages"),  # what was asked: tests compare a turn's history with the output
         }
         self._file.write(orjson.dumps(entry) + b"\n")
 

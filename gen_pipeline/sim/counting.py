@@ -6,6 +6,7 @@ import asyncio
 
 from ..tokens import FastTokenCounter, HFTokenCounter
 from ..tokens.conversation import Conversation
+from ..tokens.counter import failure_text
 from . import sglang
 from .sglang import GenRequest
 
@@ -53,7 +54,7 @@ class ServerCounter:
         try:
             text = self.counter.render(conversation(req))
         except Exception as exc:  # jinja raise_exception() and type errors in the template
-            raise sglang.bad_request(f"chat template failed: {exc}", "BadRequest") from exc
+            raise sglang.bad_request(failure_text(exc), "BadRequest") from exc
         encoded = await asyncio.to_thread(self.tokenizer, text, add_special_tokens=False)
         ids: list[int] = encoded["input_ids"]
         return ids + [0] * self.extra

@@ -1,0 +1,123 @@
+"""Sending one row's conversations under `--turns all`: each sample's turns in order, each on the
+server that answered the turn before when it is in service and has a free slot (its prefix cache holds
+the history), each answer written before the next turn is asked (turns.py has the shapes and keys).
+
+Every turn is counted exactly (in a thread of its own: the reader's thread counts the first turns) and
+budgeted like any prompt. A turn with too little room is ledgered `over_length` with its turn number and
+the conversation ends there; a context 400 no budget fixes ends it as `context_overflow`. A transient
+failure leaves the conversation where it is: the next run goes on at that turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+from .dispatch import SampleDispatch, Sent
+from .reader import conversation
+from .recorder import Recorder
+from .records import TRANSIENT_REASONS, Failure, Messages, Prompt
+from .requests import Track
+from .samples import place_key
+from .tokens import TokenCounter
+from .tokens.budget import dispatch_budget
+from .turns import answer_turn, turn_request
+
+End = Literal["complete", "ended", "waiting", "stopped"]  # ended: a permanent failure; waiting: a transient one
+
+
+class TurnDispatch:
+    """Runs the conversations one prompt still owes; the Runner's worker awaits one prompt at a time."""
+
+    def __init__(
+        self, dispatch: SampleDispatch, counter: TokenCounter, recorder: Recorder, stopping: asyncio.Event
+    ) -> None:
+        self.dispatch, self.path = dispatch, dispatch.path
+        self.counter, self.recorder, self.stopping = counter, recorder, stopping
+        self.stats = recorder.stats
+        self._count_thread = ThreadPoolExecutor(1, thread_name_prefix="turns-count")
+
+    def close(self) -> None:
+        self._count_thread.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, prompt: Prompt) -> End:
+        """Every owed conversation of the prompt, side by side; the least settled outcome of them."""
+        ends = await asyncio.gather(*(self._conversation(prompt, s) for s in prompt.pending))
+        for end in ("stopped", "waiting", "ended"):
+            if end in ends:
+                return end
+        return "complete"
+
+    async def _conversation(self, prompt: Prompt, sample: int) -> End:
+        assert prompt.turns is not None
+        start, history = prompt.resume.get(sample, (0, []))
+        server: str | None = None
+        for turn in range(start, len(prompt.turns)):
+            if self.stopping.is_set():
+                return "stopped"  # not sent: the next run goes on here
+            request = await self._counted(prompt, turn_request(history, prompt.turns[turn]), turn)
+            answer = await self._ask(request, prompt, sample, turn, server)
+            if isinstance(answer, str):
+                return self._ended(answer, turn)
+            history, server = answer
+        self.stats.conversations["complete"] += 1
+        return "complete"
+
+    def _ended(self, end: End, turn: int) -> End:
+        if end == "ended":
+            self.stats.conversations["ended_early"] += 1
+            self.stats.ended_at_turn[turn] += 1
+        return end
+
+    async def _counted(self, prompt: Prompt, messages: Messages, turn: int) -> Prompt | str:
+        """Turn `turn`'s request as a prompt with its exact count (turn 0's the reader made), or why it
+        cannot be counted (the template refuses it)."""
+        if turn == 0:
+            return prompt
+        request = dataclasses.replace(prompt, messages=messages, at_least=False)
+        loop = asyncio.get_running_loop()
+        count = (await loop.run_in_executor(self._count_thread, self.counter.count, [conversation(request)]))[0]
+        if isinstance(count, str):
+            return count
+        request.input_tokens = count
+        return request
+
+    async def _ask(
+        self, request: Prompt | str, prompt: Prompt, sample: int, turn: int, server: str | None
+    ) -> tuple[Messages, str] | End:
+        """Send one turn and write its answer: the history with it and the server that gave it; or how the
+        conversation stops here (its ledger entry written)."""
+        if isinstance(request, str):
+            detail = f"turn {turn} cannot be rendered: {request}"
+            return self._fail(Failure(prompt.id, prompt.line, "bad_input", detail), sample, turn)
+        path = self.path
+        budget = dispatch_budget(
+            path.config,
+            path.context_length,
+            request.input_tokens,
+            prompt.max_tokens,
+            path.learner.offset,
+            request.at_least,
+        )
+        if isinstance(budget, str):
+            detail = f"turn {turn}: {budget}; the conversation ends after turn {turn - 1}"
+            over = Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=request.input_tokens)
+            return self._fail(over, sample, turn)
+        track = Track(prefer=server)
+        answer = await path.send(request, budget, self.dispatch.turn_fields(prompt, sample, turn), track)
+        if isinstance(answer, Failure):
+            return self._fail(answer, sample, turn)
+        result, sent_budget = answer
+        done = self.dispatch.completion(request, result, sent_budget, track, sample, result)
+        done.turn, done.key = turn, place_key(prompt.key, sample, turn)
+        done.extra["turns"] = len(prompt.turns or ())  # export tells a complete conversation by it
+        outcome = Sent([done])
+        outcome.count(result)
+        self.recorder.sent(request, outcome)
+        return [*request.messages, answer_turn(result.content, result.reasoning_content)], track.server
+
+    def _fail(self, failure: Failure, sample: int, turn: int) -> End:
+        self.recorder.failure(dataclasses.replace(failure, sample=sample, turn=turn))
+        return "waiting" if failure.reason in TRANSIENT_REASONS else "ended"

@@ -1,0 +1,242 @@
+"""--turns all: conversations replayed turn by turn with the target's own answers, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from e2e import SYSTEM, conversation_rows, read_jsonl, run_sim
+
+from gen_pipeline.donekeys import line_key
+from gen_pipeline.records import id_key
+from gen_pipeline.rows import RowError
+from gen_pipeline.samples import line_place, place_key, sample_key, turn_key
+from gen_pipeline.turns import split_turns
+
+
+def places(out: Path) -> Counter[tuple[str, int, int]]:
+    return Counter((str(r["id"]), r["sample"], r["turn"]) for r in read_jsonl(out / "completions.jsonl"))
+
+
+def assert_histories(out: Path, log: Path, rows: list[dict[str, Any]]) -> None:
+    """Each turn k > 0 was asked with turn k-1's recorded request and answer, then the row's next user
+    turn; turn 0 with the row's first segment; no original assistant turn was ever sent."""
+    lines = {(str(r["id"]), r["sample"], r["turn"]): r for r in read_jsonl(out / "completions.jsonl")}
+    segments = {str(r["id"]): split_turns(r["messages"]) for r in rows}
+    asked = [orjson.dumps(e["messages"]) for e in read_jsonl(log)]
+    assert not any(b"ORIGINAL" in a for a in asked)
+    for (rid, s, t), line in lines.items():
+        if t == 0:
+            expected = segments[rid][0]
+        else:
+            before = lines[(rid, s, t - 1)]
+            answer = {"role": "assistant", "content": before["completion"]}
+            if before.get("reasoning_content") is not None:
+                answer["reasoning_content"] = before["reasoning_content"]
+            expected = [*before["messages"], answer, *segments[rid][t]]
+        assert line["messages"] == expected, (rid, s, t)
+        assert orjson.dumps(expected) in asked
+
+
+def test_split_turns_keeps_user_and_system_turns_and_drops_the_answers():
+    messages = [
+        SYSTEM,
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "x"},
+        {"role": "developer", "content": "now French"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "y"},
+    ]
+    assert split_turns(messages) == [[SYSTEM, messages[1]], [messages[3], messages[4]]]
+
+
+@pytest.mark.parametrize(
+    ("messages", "why"),
+    [
+        ([{"role": "user", "content": "a"}, {"role": "tool", "content": "r", "tool_call_id": "1"}], "tool turns"),
+        (
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]},
+            ],
+            "tool turns",
+        ),
+        ([SYSTEM, {"role": "assistant", "content": "x"}], "no user turn"),
+    ],
+)
+def test_split_turns_refuses_what_cannot_be_replayed(messages, why):
+    with pytest.raises(RowError, match=why):
+        split_turns(messages)
+
+
+def test_turn_keys_extend_the_sample_keys():
+    """Turn 0's key is the (id, sample) key (a --turns last line's); later turns' keys are all distinct;
+    a line's (sample, turn) is read without parsing it."""
+    key = id_key("c1")
+    assert place_key(key, 0, 0) == key and place_key(key, 2, 0) == sample_key(key, 2)
+    keys = {place_key(key, s, t) for s in range(8) for t in range(8)}
+    assert len(keys) == 64 and turn_key(key, 1) != sample_key(key, 1)
+    line = b'{"id":"c1","sample":2,"turn":3,"messages":[]}\n'
+    assert line_place(line) == (2, 3) and line_key(line) == place_key(key, 2, 3)
+    assert line_place(b'{"id":"c1","messages":[],"turn":4}\n') == (0, 4)
+
+
+def test_every_turn_is_answered_once_with_the_targets_own_history(write_jsonl, tmp_path):
+    rows = conversation_rows(12)
+    log = tmp_path / "requests.jsonl"
+    out = tmp_path / "out"
+    sim = {"request_log": str(log), "n_ports": 3, "reasoning_words": 4}
+    outcome, _ = run_sim(write_jsonl(rows), out, sim=sim, turns="all", samples=2)
+    assert outcome.exit_code == 0, outcome.summary
+    expected = Counter((r["id"], s, t) for r in rows for s in range(2) for t in range(len(split_turns(r["messages"]))))
+    assert places(out) == expected
+    assert_histories(out, log, rows)
+    assert outcome.summary["conversations"] == {"complete": 24, "ended_early": 0, "ended_at_turn": {}} or (
+        outcome.summary["conversations"]["complete"] == 24
+    )
+    assert len(read_jsonl(log)) == sum(expected.values())
+
+
+def test_a_resume_goes_on_from_the_answers_recorded(write_jsonl, tmp_path):
+    """Turns lost in a crash are asked again with the history as written, even an answer edited since."""
+    rows = conversation_rows(6)
+    path, out, log = write_jsonl(rows), tmp_path / "out", tmp_path / "requests.jsonl"
+    run_sim(path, out, sim={"n_ports": 2, "request_log": str(log)}, turns="all")
+    first = len(read_jsonl(log))
+    done = out / "completions.jsonl"
+    kept = [r for r in read_jsonl(done) if not (r["id"] in ("c1", "c4") and r["turn"] > 0)]
+    for r in kept:
+        if r["id"] == "c1" and r["turn"] == 0:
+            r["completion"] = "EDITED answer"
+    done.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in kept))
+    shutil.rmtree(out / ".index")  # the input cursor vouches for the rows it saw settled, as after a crash
+    outcome, _ = run_sim(path, out, sim={"n_ports": 2, "request_log": str(log)}, turns="all")
+    assert outcome.exit_code == 0, outcome.summary
+    resent = read_jsonl(log)[first:]
+    assert sorted((e["messages"][-1]["content"][:2]) for e in resent) == ["c1"] * 3 + ["c4"] * 2  # c1 has 4 turns, c4 3
+    assert any("EDITED answer" in orjson.dumps(e["messages"]).decode() for e in resent)
+    assert set(places(out).values()) == {1}
+    assert_histories(out, log, rows)
+    again, _ = run_sim(path, out, sim={"n_ports": 2}, turns="all")
+    assert again.summary["requests"] == 0 and again.summary["skipped"] == {"done": 6}
+
+
+def test_a_turn_that_no_longer_fits_ends_the_conversation(write_jsonl, tmp_path):
+    """The context fills turn by turn: the turn without room is ledgered over_length with its number,
+    the turns before it are kept, and the summary counts the conversation as ended early."""
+    long = [{"role": "user", "content": "word " * 120} for _ in range(6)]
+    rows = [{"id": "long", "messages": long}, *conversation_rows(2)]
+    out = tmp_path / "out"
+    outcome, _ = run_sim(write_jsonl(rows), out, sim={"n_ports": 1, "context_length": 700}, turns="all", max_tokens=32)
+    assert outcome.exit_code == 0, outcome.summary
+    ledger = read_jsonl(out / "failures.jsonl")
+    assert [(f["id"], f["reason"]) for f in ledger] == [("long", "over_length")]
+    ended = ledger[0]["turn"]
+    assert 0 < ended < 6 and f"turn {ended}" in ledger[0]["detail"]
+    assert sorted(t for (i, _, t) in places(out) if i == "long") == list(range(ended))
+    assert outcome.summary["conversations"]["ended_early"] == 1
+    assert outcome.summary["conversations"]["ended_at_turn"] == {str(ended): 1}
+    again, _ = run_sim(write_jsonl(rows), out, sim={"n_ports": 1, "context_length": 700}, turns="all", max_tokens=32)
+    assert again.summary["requests"] == 0 and sum(again.summary["skipped"].values()) == 3
+
+
+def test_rows_with_tool_turns_are_bad_input(write_jsonl, tmp_path):
+    rows = [
+        {
+            "id": "t",
+            "messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "r", "tool_call_id": "1"}],
+        },
+        *conversation_rows(1),
+    ]
+    out = tmp_path / "out"
+    outcome, _ = run_sim(write_jsonl(rows), out, sim={"n_ports": 1}, turns="all")
+    ledger = read_jsonl(out / "failures.jsonl")
+    assert [(f["id"], f["reason"]) for f in ledger] == [("t", "bad_input")]
+    assert "tool turns" in ledger[0]["detail"]
+    assert outcome.exit_code == 0
+
+
+def test_check_plans_the_first_turns_and_says_the_rest_wait_for_answers(write_jsonl, tmp_path):
+    from gen_pipeline.check import run_check
+    from gen_pipeline.config import RetryPolicy, RunConfig
+    from gen_pipeline.plan import plan_lines
+    from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+
+    rows = conversation_rows(4)  # 3, 4, 3, 4 user turns
+    path = write_jsonl(rows)
+
+    async def check() -> dict[str, Any]:
+        async with await start_fleet(SimConfig(ports=tuple(free_ports(1)), health_delay=0.0)) as fleet:
+            cfg = RunConfig(input=path, out=tmp_path / "out", servers=tuple(fleet.urls), turns="all", samples=2,
+                            retry=RetryPolicy.testing(), progress="off")  # fmt: skip
+            return await run_check(cfg)
+
+    report = asyncio.run(asyncio.wait_for(check(), 30))
+    plan = report["plan"]
+    assert plan["prompts"] == 4 and plan["samples"] == 8 and plan["input_length"]["n"] == 4
+    assert plan["later_turns"] == 2 * (2 + 3 + 2 + 3)
+    assert any("depend on the answers" in line for line in plan_lines(report))
+
+
+def test_export_writes_one_row_per_conversation(write_jsonl, tmp_path):
+    """A --turns all run exports one row per (id, sample): the regenerated conversation with its reasoning,
+    complete or ended early; --drop-incomplete leaves the ended ones out."""
+    import pyarrow.parquet as pq
+
+    from gen_pipeline.export import ExportConfig, export
+
+    long = [{"role": "user", "content": "word " * 120} for _ in range(6)]
+    rows = [{"id": "long", "messages": long}, *conversation_rows(3)]
+    run = tmp_path / "run"
+    sim = {"n_ports": 2, "context_length": 700, "reasoning_words": 3}
+    run_sim(write_jsonl(rows), run, sim=sim, turns="all", samples=2, max_tokens=32)
+    stats = export(ExportConfig(runs=(run,), out=tmp_path / "ds"))
+    table = pq.read_table(next((tmp_path / "ds" / "data").glob("*.parquet"))).to_pylist()
+    assert len(table) == 8 and stats.conversations == {"complete": 6, "ended_early": 2}
+    lines = {(r["id"], r["sample"], r["turn"]): r for r in read_jsonl(run / "completions.jsonl")}
+    for row in table:
+        segments = split_turns(next(r for r in rows if r["id"] == row["id"])["messages"])
+        assert row["conversation"] == ("ended_early" if row["id"] == "long" else "complete")
+        assert [m["role"] for m in row["messages"]].count("assistant") == row["turns"]
+        assert row["turns"] == (len(segments) if row["id"] != "long" else row["turns"])
+        answers = [m for m in row["messages"] if m["role"] == "assistant"]
+        recorded = [lines[(row["id"], row["sample"], t)] for t in range(row["turns"])]
+        assert [a["content"] for a in answers] == [r["completion"] for r in recorded]
+        assert [a["reasoning_content"] for a in answers] == [r.get("reasoning_content") for r in recorded]
+        assert all(a["reasoning_content"] for a in answers)
+    export(ExportConfig(runs=(run,), out=tmp_path / "ds2", drop_incomplete=True))
+    kept = pq.read_table(next((tmp_path / "ds2" / "data").glob("*.parquet"))).to_pylist()
+    assert sorted((r["id"], r["sample"]) for r in kept) == sorted((f"c{i}", s) for i in range(3) for s in range(2))
+
+
+def sharegpt(turns: list[tuple[str, str]], **extra: Any) -> dict[str, Any]:
+    return {"conversations": [{"from": f, "value": v} for f, v in turns], **extra}
+
+
+def test_prepare_keep_turns_keeps_the_system_and_user_turns_and_dedups_on_them(tmp_path, write_jsonl):
+    """--keep-turns: a ShareGPT conversation keeps its system and user turns, deduplicated on them (other
+    answers make no other row), tool conversations are invalid; a --turns all run's ids are excluded."""
+    from gen_pipeline.cli import main
+
+    rows = [
+        sharegpt([("system", "S"), ("human", "A"), ("gpt", "B"), ("human", "C"), ("gpt", "D")]),
+        sharegpt([("system", "S"), ("human", "A"), ("gpt", "other"), ("human", "C "), ("gpt", "E")]),
+        sharegpt([("human", "A"), ("gpt", "B")]),
+        sharegpt([("human", "A"), ("function_call", "f()"), ("observation", "r")]),
+        sharegpt([("human", "new"), ("gpt", "x"), ("human", "two")]),
+    ]
+    src, out = write_jsonl(rows, "src.jsonl"), tmp_path / "prompts.jsonl"
+    assert main(["prepare", "--input", str(src), "--out", str(out), "--keep-turns"]) == 0
+    kept = read_jsonl(out)
+    assert [[m["content"] for m in r["messages"]] for r in kept] == [["S", "A", "C"], ["A"], ["new", "two"]]
+    assert all(m["role"] != "assistant" for r in kept for m in r["messages"])
+    run = tmp_path / "run"
+    run_sim(out, run, sim={"n_ports": 1}, turns="all")
+    again = tmp_path / "again.jsonl"
+    assert main(["prepare", "--input", str(src), "--out", str(again), "--keep-turns", "--exclude", str(run)]) == 0
+    assert read_jsonl(again) == []
