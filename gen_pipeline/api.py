@@ -30,8 +30,8 @@ from typing import Any
 
 from .config import API_KEY_ENV, DEFAULT_SERVERS, RunConfig
 from .errors import ConfigError
+from .modes import run_async
 from .options import build_config
-from .pipeline import run_async
 from .summary import Outcome
 
 

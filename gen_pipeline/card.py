@@ -4,17 +4,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from .exportconfig import ExportConfig, ExportStats
 from .ledger import ledger_reasons
 from .provenance import recorded
-from .report import read_json
-from .rundir import SUMMARY, read_manifest
-
-if TYPE_CHECKING:
-    from .export import ExportConfig, ExportStats
+from .rundata import read_json, read_manifest
+from .rundir import SUMMARY
 
 # Manifest fields shown in the card's settings table (the whole manifest follows it).
 CARD_SETTINGS = ("model", "tokenizer", "context_length", "max_tokens", "safety_margin", "sampling")
@@ -73,13 +71,8 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
 def _checkpoints(runs: tuple[Path, ...], stats: ExportStats) -> list[str]:
     """Which checkpoint wrote how many rows (the `checkpoint` column's values), as the manifests name them."""
     known = {i.fingerprint: i for run in runs for i in recorded(read_manifest(run))}
-    lines = [
-        "",
-        "## Checkpoints",
-        "",
-        "| checkpoint | server | model_path | weight_version | rows |",
-        "|---|---|---|---|---|",
-    ]
+    lines = ["", "## Checkpoints", "", "| checkpoint | server | model_path | weight_version | rows |"]
+    lines.append("|---|---|---|---|---|")
     for fingerprint, rows in stats.checkpoints.most_common():
         i = known.get(fingerprint)
         server = " ".join(x for x in (i.kind, i.version) if x) if i else "-"

@@ -28,15 +28,14 @@ from .errors import OutputError
 from .fleet import FleetInfo
 from .http import Client, open_transport
 from .locks import refuse_shard_writers
-from .pipeline import Runner, _exit_code, _nothing, run_error, runner_summary
+from .pipeline import Runner, final_exit_code, no_handlers, run_error, runner_summary
 from .progress import RunStats, snapshot
 from .requests import RequestPath
 from .rundir import MANIFEST, SUMMARY, RunDir, write_json_atomic
 from .runtime import install_run_handlers
 from .setup import build_pool, settle_manifest
-from .status import write_status
 from .store import ResumeState, repair_all
-from .summary import Outcome, merge_summaries
+from .summary import Outcome, merge_summaries, write_status
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner
 
@@ -152,7 +151,8 @@ def _runner(
 async def _serve(runner: ClaimRunner, feed: ClaimFeed, handle: bool) -> int:
     """Run every claim; let go of what is left (a stopped run's shards stay open); the exit code."""
     writer = feed.writer
-    restore = install_run_handlers(runner.request_stop, writer.sync, runner.config.grace_period) if handle else _nothing
+    grace = runner.config.grace_period
+    restore = install_run_handlers(runner.request_stop, writer.sync, grace) if handle else no_handlers
     try:
         with contextlib.suppress(OutputError):  # recorded in runner.fatal; what is on disk stays valid
             await runner.run()
@@ -164,7 +164,7 @@ async def _serve(runner: ClaimRunner, feed: ClaimFeed, handle: bool) -> int:
         restore()
     if runner.tracker.error is not None:
         raise runner.tracker.error
-    code = _exit_code(runner)
+    code = final_exit_code(runner)
     if code == EXIT_OK and writer.unsettled:
         code = EXIT_INCOMPLETE
     runner.write_status("finished")

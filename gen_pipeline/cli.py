@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .config import (
     API_KEY_ENV,
     DEFAULT_CONCURRENCY,
@@ -236,22 +236,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .pipeline import run
+    from .modes import run_command
     from .runtime import quiet_streams, say
     from .summary import describe
 
     config = config_from_args(args)
     with quiet_streams():  # a closed stdout or stderr must not lose a stop, nor the summary on disk
-        if config.shard is not None or args.parent_fd is not None:
-            from .workers import run_worker
-
-            outcome = run_worker(config, args.parent_fd)
-        elif config.workers > 1:
-            from .workers import run_workers
-
-            outcome = run_workers(config, args.argv)
-        else:
-            outcome = run(config)
+        outcome = run_command(config, args.argv, args.parent_fd)
         print(describe(outcome, config.out))
         if outcome.error is not None:
             say(f"error: {outcome.error}")

@@ -15,21 +15,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from .exportconfig import column_value
 from .records import id_key
 
 
 def grouped_rows(lines: Iterable[dict[str, Any]], columns: tuple[str, ...]) -> Iterator[dict[str, Any]]:
     """One row per prompt from its kept completion lines, samples in order."""
-    from .export import _value  # one definition of how a column reads a line
-
     groups: dict[tuple[Any, int], tuple[dict[str, Any], list[tuple[int, str, list[Any]]]]] = {}
     for obj in lines:
         key = (obj.get("checkpoint"), id_key(obj["id"]))
         group = groups.get(key)
         if group is None:
             turns = [{"role": m.get("role"), "content": m.get("content")} for m in obj["messages"]]
-            group = groups[key] = ({"id": _value(obj, "id"), "messages": turns}, [])
-        values = [_value(obj, c) for c in columns if c != "id"]
+            group = groups[key] = ({"id": column_value(obj, "id"), "messages": turns}, [])
+        values = [column_value(obj, c) for c in columns if c != "id"]
         group[1].append((obj.get("sample") or 0, obj["completion"], values))
     for head, samples in groups.values():
         samples.sort(key=lambda s: s[0])

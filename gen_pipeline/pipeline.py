@@ -1,5 +1,7 @@
-"""One `generate` run: prompts file -> validated rows -> token counts -> budgets -> balanced requests
--> one line in the output or the ledger. This is the only module that knows every other one.
+"""One process's `generate` run: prompts file -> validated rows -> token counts -> budgets -> balanced
+requests -> one line in the output or the ledger. The Runner drives it; `run_single` is the single-process
+mode (one writer holding the run directory's lock); claimrun.py reuses the Runner as a claimer, and
+modes.py chooses between them.
 """
 
 from __future__ import annotations
@@ -12,30 +14,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cost, cursor, health
+from . import cost, cursor
 from .balancer import ServerPool
 from .config import RunConfig
 from .converse import TurnDispatch
 from .cursor import CursorKeeper, MarkTracker
 from .dispatch import SampleDispatch, thinking_fields
-from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, ConfigError, OutputError
+from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, OutputError
 from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
 from .http import Client, open_transport
-from .inputfile import check_input
 from .locks import refuse_shard_writers
 from .metrics import exporting
+from .prober import watch_servers
 from .progress import RunStats, snapshot, watch_run
 from .reader import BatchReader
 from .recorder import Recorder
 from .records import TRANSIENT_REASONS, Failure, Prompt
 from .requests import RequestPath
-from .rundir import RunDir, make_dir
+from .rundir import RunDir
 from .runtime import install_run_handlers
 from .setup import build_pool, resume_point, settle_manifest
-from .status import write_status
 from .store import DirLock, ResumeState, RunWriter, repair_all, write_json_atomic
-from .summary import Outcome, run_summary
+from .summary import Outcome, run_summary, write_status
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner, dispatch_budget
 from .usage import usage_warnings
@@ -94,7 +95,7 @@ class Runner:
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
         monitor = asyncio.create_task(watch_run(self))
-        prober = asyncio.create_task(health.watch(self.pool, self.client)) if self.client else monitor
+        prober = asyncio.create_task(watch_servers(self.pool, self.client)) if self.client else monitor
         producer = asyncio.create_task(self._produce(queue, workers))
         try:
             await self._until_done_or_stopped(producer, tasks)
@@ -203,6 +204,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
     warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
     warnings += usage_warnings(runner.pool.servers)
+    warnings += [w for w in [runner.stats.same_samples.warning()] if w is not None]
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(
         stop_reason=runner.stop_reason or None,
@@ -224,7 +226,8 @@ def _raise_first_failure(done: set[asyncio.Task[Any]]) -> None:
             raise task.exception()  # type: ignore[misc]
 
 
-def _exit_code(runner: Runner) -> int:
+def final_exit_code(runner: Runner) -> int:
+    """The exit code a finished or stopped Runner ends with."""
     if runner.recorder.fatal is not None:
         return EXIT_OUTPUT
     if runner.stopping.is_set():
@@ -255,20 +258,8 @@ def input_warnings(config: RunConfig, stats: RunStats) -> list[str]:
     return warnings
 
 
-async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, handle_signals: bool = True) -> Outcome:
-    """Run `generate` with an optional injected token counter (tests use a fake one).
-
-    `handle_signals` installs the command's SIGINT/SIGTERM/SIGHUP handlers (a grace period, then a hard exit
-    on the second); the Python API leaves them out, so a cancelled or interrupted call just stops.
-    """
-    if not config.input.is_file():
-        raise ConfigError(f"input file not found: {config.input}")
-    check_input(config.input)
-    make_dir(config.out)
-    from . import claimrun
-
-    if claimrun.claimed(config):  # claimed shards: many processes share the directory (claims.py)
-        return await claimrun.run_claimer(config, counter, handle_signals)
+async def run_single(config: RunConfig, counter: TokenCounter | None, handle_signals: bool) -> Outcome:
+    """The single-process mode: hold the run directory's lock, then run the whole input."""
     lock = DirLock(config.out)
     if config.shard is None:  # a worker process runs under its parent's lock (and holds its shard's)
         lock.acquire()
@@ -313,14 +304,14 @@ async def _run_locked(
     if handle_signals:
         restore_signals = install_run_handlers(runner.request_stop, runner.writer.sync, config.grace_period)
     else:
-        restore_signals = _nothing
+        restore_signals = no_handlers
     try:
         return await _run_loop(runner, fleet)
     finally:
         restore_signals()
 
 
-def _nothing() -> None:
+def no_handlers() -> None:
     """No signal handlers to put back (the Python API installs none)."""
 
 
@@ -339,14 +330,9 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     for warning in (*warnings, server_cut_warning(stats.server_cut)):
         if warning is not None:
             runner.warnings.append(warning)
-    exit_code = _exit_code(runner)
+    exit_code = final_exit_code(runner)
     summary = runner_summary(runner, fleet, exit_code)
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
         write_json_atomic(RunDir(config.out).writer(config.worker).summary, summary)
     return Outcome(summary, exit_code, run_error(runner))
-
-
-def run(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:
-    """Run `generate` to completion (or a clean stop) and return its summary and exit code."""
-    return asyncio.run(run_async(config, counter))

@@ -17,6 +17,7 @@ from typing import Any
 
 from .cost import cost_lines
 from .errors import EXIT_OUTAGE
+from .identical import SameSamples
 
 log = logging.getLogger("gen_pipeline")
 
@@ -78,6 +79,7 @@ class RunStats:
     input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
     ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate

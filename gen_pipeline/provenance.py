@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from . import __version__
+from ._version import __version__
 from .errors import CheckpointChangedError
 from .records import key_of
 

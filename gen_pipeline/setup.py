@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from . import __version__, cursor
+from . import cursor
+from ._version import __version__
 from .balancer import ServerPool
 from .config import RunConfig
 from .cursor import Resumed

@@ -17,6 +17,7 @@ from typing import Any
 from . import cost
 from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_OUTPUT
 from .progress import format_summary
+from .rundir import write_json_atomic
 
 Doc = dict[str, Any]
 
@@ -136,6 +137,7 @@ SUMMARY_RULES: dict[str, Any] = {
     **dict.fromkeys(COUNTS, SUM),
     **dict.fromkeys(("skipped", "failed", "finish_reasons"), TALLY),
     "token_drift": {"compared": SUM, "by_offset": TALLY},
+    "identical_samples": {"compared": SUM, "identical": SUM},
     "servers": PerKey(
         {
             **dict.fromkeys(("requests", "completions", "output_tokens", "capacity", "queue_margin"), SUM),
@@ -239,6 +241,7 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "truncated_in_reasoning": stats.truncated_in_reasoning,
         "reasoning_tokens": stats.reasoning_view(),
         "token_drift": stats.drift_view(),
+        "identical_samples": stats.same_samples.view(),
         "cut_by_server": stats.server_cut,
         "learned_offset": 0,
         "servers": pool.views(),
@@ -262,3 +265,8 @@ def describe(outcome: Outcome, out: Path) -> str:
     if outcome.exit_code in (EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_INCOMPLETE, EXIT_OUTPUT):
         text += f"\nto resume, run the same command again (output in {out})"
     return text
+
+
+def write_status(path: Path, status: dict[str, Any]) -> None:
+    """Replace a status file (status.json, a claimer's) in one step, so a reader never sees half of it."""
+    write_json_atomic(path, status)

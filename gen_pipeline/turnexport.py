@@ -17,44 +17,33 @@ memory), the second writes the line of that turn.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from .errors import ConfigError
+from .exportconfig import ExportConfig, ExportStats, column_value, is_completion
 from .formats import jsonl_rows
 from .records import id_key
-from .report import completion_files
-from .rundir import read_manifest
+from .rundata import completion_files
 from .samples import record_place, sample_key
 from .turns import answer_turn
-
-if TYPE_CHECKING:
-    from .export import ExportConfig, ExportStats
 
 TURN_COLUMNS = {"conversation": "string", "turns": "int64"}  # the columns a conversation row adds
 
 
-def turns_runs(runs: tuple[Any, ...]) -> bool:
-    """Whether these runs were made with --turns all; ConfigError when some were and some were not."""
-    kinds = {read_manifest(run).get("turns") == "all" for run in runs}
-    if len(kinds) > 1:
-        raise ConfigError("some of these runs were made with --turns all and some without; export them apart")
-    return kinds == {True}
-
-
-def conversation_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
-    """One training row per conversation of the runs, in the order their last turns were written."""
-    from .export import _is_completion, kept_completions
-
+def conversation_rows(
+    config: ExportConfig, stats: ExportStats, completions: Iterable[dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """One training row per conversation of the runs, in the order their last turns were written;
+    `completions`: the runs' kept completion lines (export.kept_completions)."""
     last: dict[int, int] = {}
     kept: Counter[int] = Counter()
-    for obj in kept_completions(config, stats):
+    for obj in completions:
         key, turn = _conversation(obj)
         kept[key] += 1
         last[key] = max(last.get(key, -1), turn)
     for f in (f for run in config.runs for f in completion_files(run)):
         for obj in jsonl_rows(f):
-            if not _is_completion(obj) or record_place(obj) is None:
+            if not is_completion(obj) or record_place(obj) is None:
                 continue
             key, turn = _conversation(obj)
             if last.get(key) != turn:
@@ -81,13 +70,11 @@ def _row(obj: dict[str, Any], turn: int, kept: int, config: ExportConfig, stats:
     if config.drop_incomplete and not complete:
         stats.conversations_left_out += 1
         return None
-    from .export import _value
-
     messages = [_message(m) for m in obj["messages"]]
     messages.append(_message(answer_turn(obj["completion"], obj.get("reasoning_content"))))
     row: dict[str, Any] = {"messages": messages, "conversation": "complete" if complete else "ended_early"}
     row["turns"] = turn + 1
-    row.update((c, _value(obj, c)) for c in config.columns)
+    row.update((c, column_value(obj, c)) for c in config.columns)
     return row
 
 

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import metrics
@@ -35,7 +36,6 @@ from .config import API_KEY_ENV, RunConfig
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .http import Client, open_transport
 from .locks import ShardLock, refuse_shard_writers
-from .pipeline import run
 from .rundir import RunDir, make_dir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
 from .store import repair_all
@@ -160,7 +160,7 @@ def _merge(config: RunConfig, codes: list[int], elapsed: float, started: float) 
     return Outcome(summary, exit_code)
 
 
-def run_worker(config: RunConfig, parent_fd: int | None) -> Outcome:
+def run_worker(config: RunConfig, parent_fd: int | None, run: Callable[[RunConfig], Outcome]) -> Outcome:
     """One worker of `generate --workers K` (`parent_fd`: the pipe from its parent, when it has one): it
     holds its shard's lock for as long as it writes; a claimer (no static shard) takes its own locks."""
     if parent_fd is not None:

@@ -13,7 +13,7 @@ from e2e import fleet_in_thread, prompts, read_jsonl
 from gen_pipeline.check import run_check
 from gen_pipeline.cli import main
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 CTX = 1024

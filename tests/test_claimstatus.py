@@ -10,7 +10,8 @@ import pytest
 from gen_pipeline.claimrun import aggregate_summary
 from gen_pipeline.claims import input_fingerprint
 from gen_pipeline.errors import ExportCheckError
-from gen_pipeline.export import ExportConfig, ExportStats, check_settled, kept_completions
+from gen_pipeline.export import check_settled, kept_completions
+from gen_pipeline.exportconfig import ExportConfig, ExportStats
 from gen_pipeline.locks import FileLock
 from gen_pipeline.rundir import RunDir
 from gen_pipeline.status import inspect_run

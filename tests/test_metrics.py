@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.metrics import server_label, worker_args, worker_file
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 SERIES = (

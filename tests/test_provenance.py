@@ -18,7 +18,7 @@ from e2e import check_invariant, fleet_in_thread, prompts, read_jsonl
 from gen_pipeline.cli import main as cli_main
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.errors import CheckpointChangedError, FleetError
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.provenance import ServerIdentity, identity_from
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 

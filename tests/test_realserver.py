@@ -22,7 +22,7 @@ from procs import wait_for_lines
 from provenance_checks import assert_manifest_matches_servers
 
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "run" / "llama"))

@@ -20,7 +20,7 @@ from e2e import prompts, read_jsonl, shape_rows
 from provenance_checks import assert_manifest_matches_servers
 
 from gen_pipeline.config import DEFAULT_SAFETY_MARGIN, RetryPolicy, RunConfig
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "run" / "vllm"))

@@ -11,8 +11,10 @@ from e2e import prompts, run_sim
 from gen_pipeline import report as report_module
 from gen_pipeline.cli import main
 from gen_pipeline.plots import PLOTS, throughput_series
-from gen_pipeline.report import distribution
-from gen_pipeline.status import STALE_AFTER, STATUS, render_status, run_state, write_status
+from gen_pipeline.rundata import distribution
+from gen_pipeline.status import STALE_AFTER, STATUS, run_state
+from gen_pipeline.statustext import render_status
+from gen_pipeline.summary import write_status
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

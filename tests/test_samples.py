@@ -18,7 +18,7 @@ from gen_pipeline.cli import build_parser, config_from_args
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.donekeys import line_key
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.records import id_key
 from gen_pipeline.rows import RowError, parse_row
 from gen_pipeline.samples import line_sample, sample_key, sample_seed, truncated_in
@@ -218,7 +218,8 @@ def test_reasoning_truncations_are_marked_and_counted(write_jsonl, tmp_path):
     split = outcome.summary["reasoning_tokens"]
     assert split["reasoning"] + split["answer"] == outcome.summary["output_tokens"] and split["reasoning"] > 0
     assert all(r["reasoning_tokens"] <= r["completion_tokens"] for r in lines)
-    from gen_pipeline.report import read_completions, read_json, render_table
+    from gen_pipeline.report import render_table
+    from gen_pipeline.rundata import read_completions, read_json
 
     run = tmp_path / "out"
     table = render_table(run, read_completions(run), read_json(run / "summary.json"), None)

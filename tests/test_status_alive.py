@@ -13,8 +13,9 @@ from procs import PY, env, generate, sim_fleet, wait_for_lines
 from test_report import snapshot
 
 from gen_pipeline.locks import DirLock, ShardLock
-from gen_pipeline.status import EXIT_NOT_RUNNING, EXIT_RUNNING_OR_OK, STATUS, inspect_run, write_status
+from gen_pipeline.status import EXIT_NOT_RUNNING, EXIT_RUNNING_OR_OK, STATUS, inspect_run
 from gen_pipeline.store import SUMMARY, write_json_atomic
+from gen_pipeline.summary import write_status
 
 CRASHED = "not running (last update 0 s ago): crashed or killed; run the same command again to resume"
 

@@ -54,7 +54,8 @@ class SimConfig:
     with `--reasoning-parser` (the thinking split out of `content`); the thinking spends max_tokens first
     (capped by a request's `thinking_budget`), so a small budget ends "length" with empty content.
     Samples: a request's `n` and `seed` are honoured (each choice derived from the prompt, seed and its
-    index); the last `prefix_cache` prompts of a port skip `prefill_latency`; `request_log` is a file
+    index; `ignore_sampling`: not, every choice is the prompt's one answer, as a server ignoring seed and
+    sampling gives); the last `prefix_cache` prompts of a port skip `prefill_latency`; `request_log` is a file
     that gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
     `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `bad_gateway`
@@ -98,6 +99,7 @@ class SimConfig:
     # samples
     prefix_cache: int = 0
     request_log: str | None = None
+    ignore_sampling: bool = False
     # faults
     dead: tuple[int, ...] = ()
     flaky: Mapping[int, float] = field(default_factory=dict)

@@ -238,7 +238,7 @@ class PortServer:
             return sglang.text_body(req, gen, prompt_tokens)
         budget = payload.get("thinking_budget")
         made = [
-            choices.generate_choice(choices.choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
+            choices.generate_choice(self._choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
             for i in range(n)
         ]
         cached = self.cache.hit(key)
@@ -251,6 +251,10 @@ class PortServer:
         if self.cfg.prefix_cache:  # a cache to report on: as SGLang with --enable-cache-report
             body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens if cached else 0}
         return body
+
+    def _choice_key(self, key: bytes, seed: Any, index: int) -> bytes:
+        """What one choice is derived from; the prompt alone when this server ignores seed and sampling."""
+        return key if self.cfg.ignore_sampling else choices.choice_key(key, seed, index)
 
     def _should_crash(self) -> bool:
         """True for the first request past crash_after (a port crashes at most once)."""
