@@ -139,6 +139,7 @@ class ServerPool:
             server.quiet_since = now
         server.in_flight += 1
         server.requests += 1
+        server.last_sent = now
         lease.trial = server.trial
         server.trial_in_flight += lease.trial
         lease.server = server

@@ -83,7 +83,7 @@ class ClaimRunner(Runner):
     def write_status(self, state: str) -> None:
         """Replace claimers/ID.json with a snapshot plus who this claimer is."""
         assert self.claimer is not None and self.feed is not None
-        doc = snapshot(self.stats, self.pool.servers, state, self.pool.clock())
+        doc = snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts)
         doc["claimer"] = {**self.claimer.info(self.feed.shards()), "done_total": self.stats.completed}
         with contextlib.suppress(OutputError):
             write_status(self.claimer.rundir.claimer(self.claimer.ident).status, doc)

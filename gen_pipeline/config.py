@@ -274,6 +274,9 @@ class RunConfig:
     metrics_worker: str = "0"
     # cost (cost.py): GPUs behind each server, for GPU-hours in summary.json
     gpus_per_server: int = 1
+    # alerts (alerts.py): no completion for stall_minutes is a stall; on_stall runs once per stall
+    stall_minutes: float = 10.0
+    on_stall: str | None = None
 
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
@@ -306,6 +309,7 @@ class RunConfig:
             (self.shards is None or self.shards >= 1, "--shards must be at least 1"),
             (self.share >= 1, "bad --share"),
             (self.gpus_per_server >= 1, "--gpus-per-server must be at least 1"),
+            (self.stall_minutes > 0, "--stall-minutes must be positive"),
             (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
             (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),

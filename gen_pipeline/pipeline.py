@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cost, cursor
+from .alerts import Watch
 from .balancer import ServerPool
 from .config import RunConfig
 from .converse import TurnDispatch
 from .cursor import CursorKeeper, MarkTracker
-from .dispatch import SampleDispatch, thinking_fields
-from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, OutputError
+from .dispatch import SampleDispatch, Sent, thinking_fields
+from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
 from .http import Client, open_transport
@@ -31,6 +32,7 @@ from .progress import RunStats, snapshot, watch_run
 from .reader import BatchReader
 from .recorder import Recorder
 from .records import TRANSIENT_REASONS, Failure, Prompt
+from .refusals import RefusalJudge
 from .requests import RequestPath
 from .rundir import RunDir
 from .runtime import install_run_handlers
@@ -61,17 +63,22 @@ class Runner:
     dispatch: SampleDispatch | None = None  # None: a plain SampleDispatch over `path`
     turns: TurnDispatch | None = None  # --turns all: each prompt's conversations (set by `use_turns`)
     recorder: Recorder = field(init=False)
+    judge: RefusalJudge = field(init=False)  # holds back 400s until it is clear they are the rows' fault
     tracker: MarkTracker = field(default_factory=MarkTracker)
     warnings: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str = ""
     stop_code: int = 0  # the exit code the stop asks for
     undispatched: int = 0  # prompts in the queue, not yet taken by a worker
+    watch: Watch = field(init=False)  # the alerts status.json and the progress line show
+    alerts: list[str] = field(default_factory=list)  # the alerts that held at the last look
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(
             self.config, self.writer, self.stats, self.counter.name, self.request_stop, self.warnings
         )
+        self.judge = RefusalJudge(len(self.pool.servers), self._release, lambda r: self.request_stop(r, EXIT_OUTAGE))
+        self.watch = Watch(self.config.stall_minutes * 60, self.config.on_stall, str(self.config.out))
 
     def use_turns(self) -> None:
         """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
@@ -99,6 +106,8 @@ class Runner:
         producer = asyncio.create_task(self._produce(queue, workers))
         try:
             await self._until_done_or_stopped(producer, tasks)
+            if not self.stopping.is_set():
+                self.judge.finish()
         finally:
             for t in [monitor, prober, producer, *tasks]:
                 t.cancel()
@@ -167,11 +176,18 @@ class Runner:
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
             transient = await (self._converse(prompt) if self.turns is not None else self._send(prompt, dispatch))
-            if transient is None:
-                continue  # not settled here: the next run goes on with it
-            if transient:
-                self.reader.source.logging = False  # the input cursor stops short of this row
-            self.tracker.settled(prompt.line, ok=not transient)
+            if transient is not None:  # None: not settled here (the judge's to settle, or the next run's)
+                self._settle(prompt, transient)
+
+    def _settle(self, prompt: Prompt, transient: bool) -> None:
+        """A written prompt for the input cursor: passed, or (transient) held before."""
+        if transient:
+            self.reader.source.logging = False  # the input cursor stops short of this row
+        self.tracker.settled(prompt.line, ok=not transient)
+
+    def _release(self, prompt: Prompt, sent: Sent) -> None:
+        """Write and settle a prompt the refusal judge held back (its 400 was the row's fault)."""
+        self._settle(prompt, self.recorder.sent(prompt, sent))
 
     async def _send(self, prompt: Prompt, dispatch: SampleDispatch) -> bool | None:
         """The samples one prompt owes: True when one failed for a transient reason (None: not sent)."""
@@ -179,7 +195,8 @@ class Runner:
         budget = self._budget(prompt)
         if budget is None:
             return False
-        return self.recorder.sent(prompt, await dispatch.generate(prompt, budget, prompt.pending or (0,)))
+        sent = await dispatch.generate(prompt, budget, prompt.pending or (0,))
+        return None if self.judge.hold(prompt, sent) else self.recorder.sent(prompt, sent)
 
     async def _converse(self, prompt: Prompt) -> bool | None:
         """--turns all: the conversations one prompt owes, each budgeted turn by turn; None when the run
@@ -197,7 +214,7 @@ class Runner:
         """Replace status.json with a snapshot (a failure to write it never stops the run)."""
         with contextlib.suppress(OutputError):
             path = RunDir(self.config.out).writer(self.config.worker).status
-            write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
+            write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts))
 
 
 def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:

@@ -208,7 +208,7 @@ class Progress:
             self.bar.close()
 
 
-def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dict[str, Any]:
+def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
     """The status.json document (schema in gen_pipeline/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
@@ -238,6 +238,7 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dic
             for s in servers
         },
         "last_error": dict(stats.last_error),
+        "alerts": list(alerts),
     }
 
 
@@ -297,6 +298,10 @@ async def watch_run(runner: Any) -> None:
             outage = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
+            runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock())
+            if runner.alerts:
+                more = f" (+{len(runner.alerts) - 1} more: gen-pipeline status)" if len(runner.alerts) > 1 else ""
+                extra += f" | ALERT: {runner.alerts[0]}{more}"
             progress.update(runner.stats, extra)
             if outage > runner.config.outage_timeout:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)

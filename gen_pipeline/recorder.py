@@ -29,6 +29,9 @@ from .tokens.conversation import shapes
 
 log = logging.getLogger("gen_pipeline")
 
+# Poison rows named one by one in the summary's warnings (the ledger holds them all).
+POISON_NAMED = 10
+
 
 class Recorder:
     """Writes each outcome once and counts it; `stop(reason, exit_code)` ends the run on a failed write."""
@@ -94,6 +97,12 @@ class Recorder:
         self._write(self.writer.write_failure, failure)
         self.stats.failed[failure.reason] += 1
         self.stats.last_error[failure.reason] = f"{failure.server or failure.source}: {failure.detail}"[:300]
+        if failure.reason == "poison" and self.stats.failed["poison"] <= POISON_NAMED:
+            self.warnings.append(
+                f"row {failure.id!r} (line {failure.line}) was answered 5xx by every server it was sent to, "
+                f"and they serve other requests: ledgered `poison` (a rerun skips it, --retry-failed poison "
+                f"sends it again). The server said: {failure.detail[:200]}"
+            )
 
     def _count(self, outcome: Completion, kinds: frozenset[str] = frozenset()) -> None:
         """Add one written completion to the run's figures (`kinds`: its request's shapes)."""

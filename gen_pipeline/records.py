@@ -246,7 +246,11 @@ class Failure:
 
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.
 # empty_completion: every attempt got a 200 with no content and no reasoning (README's ledger table).
-PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion"})
+# poison: every server answered the row 5xx while it served other rows (the row breaks them, resending it
+# cannot help; --retry-failed poison sends it again once the servers are fixed).
+PERMANENT_REASONS = frozenset(
+    {"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion", "poison"}
+)
 # Ledger reasons from transport or fleet trouble; a plain rerun retries them. wrong_model: every attempt was
 # answered by a server naming another model (fix the fleet, then rerun).
 TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection", "wrong_model"})

@@ -8,10 +8,11 @@ client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names anothe
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .balancer import ServerPool
@@ -24,6 +25,7 @@ from .errors import (
     EndpointError,
     FleetError,
     RequestError,
+    ServerError,
     WrongModelError,
 )
 from .http import ChatResult, Client
@@ -93,6 +95,15 @@ class Track:
     checkpoint: str | None = None  # the fingerprint of the identity of the server that answered
     weight_version: str | None = None  # the weight_version its answer reported
     input_tokens: int = 0  # our count of the prompt, for judging the server's
+    broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
+    other_failures: bool = False  # an attempt failed otherwise (a timeout, a refused connection, a 503...)
+
+    def failed(self, server: str, error: RequestError) -> None:
+        """Note one failed attempt on `server`."""
+        if isinstance(error, ServerError) and (error.status or 0) >= 500:
+            self.broke.add(server)
+        else:
+            self.other_failures = True
 
 
 class RequestPath:
@@ -155,7 +166,10 @@ class RequestPath:
                 break
             return result, max_tokens
         assert error is not None
-        return self._failure(prompt, error, max_tokens, track)
+        failure = self._failure(prompt, error, max_tokens, track)
+        if failure.reason == "server_error" and await self._breaks_servers(track):
+            failure.reason = "poison"
+        return failure
 
     def _rebudget(self, exc: ContextOverflowError, sent: int, prompt: Prompt) -> int | None:
         return rebudget(
@@ -182,6 +196,7 @@ class RequestPath:
                 result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track, server)
                 result = self._judged(result, payload, track, server)
             except RequestError as exc:
+                track.failed(server.url, exc)
                 self.pool.record_failure(server, exc, lease.started)
                 track.exclude = frozenset({server.url})
                 if isinstance(exc, CheckpointMovedError):
@@ -249,6 +264,22 @@ class RequestPath:
             checkpoint=track.checkpoint,
             weight_version=track.weight_version,
         )
+
+    async def _breaks_servers(self, track: Track) -> bool:
+        """Whether the row, not the fleet, is at fault: every attempt was answered 5xx, by at least two servers
+        (or the only one), and each of them answers a request of our own (a sick server fails that too)."""
+        if track.other_failures or len(track.broke) < min(2, len(self.pool.servers)):
+            return False
+        return all(await asyncio.gather(*(self._serves(url) for url in sorted(track.broke))))
+
+    async def _serves(self, url: str) -> bool:
+        """Whether `url` completes a one-token request that no row can spoil."""
+        probe = {"model": self.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1}
+        try:
+            await self.client.chat(url, probe, self.config.timeout_for(1))
+        except RequestError:
+            return False
+        return True
 
     def _failure(self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track) -> Failure:
         reason = error.reason

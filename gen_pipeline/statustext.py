@@ -58,6 +58,7 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     ]
     lines += [_server_line(url, s) for url, s in servers.items()]
     lines += [f"last {reason}: {text}" for reason, text in (status.get("last_error") or {}).items()]
+    lines += [f"ALERT: {alert}" for alert in status.get("alerts") or []]
     return lines
 
 

@@ -176,6 +176,7 @@ STATUS_RULES: dict[str, Any] = {
     },
     "rates": {"req_per_s": Rule(_rounded(2), live=True), "out_tok_per_s": Rule(_rounded(1), live=True)},
     "eta_s": Rule(_eta, live=True),
+    "alerts": Rule(lambda v: sorted({a for alerts in v for a in alerts or []}), live=True, optional=True),
     "servers": PerKey(
         {
             "in_flight": Rule(total, live=True),

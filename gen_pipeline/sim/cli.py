@@ -184,6 +184,9 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     add("--p503", type=float, default=0.0, help="fraction answered 503 queue full (every port)")
     add("--p-drop", type=float, default=0.0, help="fraction whose connection is reset with no reply")
     add("--p-hang", type=float, default=0.0, help="fraction never answered")
+    add("--template-error", metavar="MESSAGE", help="answer every chat request 400 with MESSAGE (a broken template)")
+    add("--poison", metavar="TEXT", help="answer every request whose prompt contains TEXT with --poison-status")
+    add("--poison-status", type=int, default=500, help="the status --poison answers (default 500)")
     add(
         "--crash-after",
         type=_pair(int),
@@ -249,6 +252,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         server_version=args.server_version,
         deterministic=args.deterministic,
         redeploy=_by_port(args.redeploy_after, live[0], "--redeploy-after"),
+        template_error=args.template_error,
+        poison=args.poison,
+        poison_status=args.poison_status,
     )
 
 

@@ -69,6 +69,10 @@ class SimConfig:
     /server_info and every chat answer's metadata.weight_version report; `server_version` replaces the
     version reported; `deterministic` is `enable_deterministic_inference`; `redeploy` {port: (n, version)}:
     after n generation requests, that port's weights become `version` (as SGLang's weight update would).
+    `template_error`: every chat request is answered 400 with this message, as a server whose chat template
+    fails (jinja2 missing, a template error) answers; `poison`: a request whose prompt contains this text is
+    answered `poison_status` (500: a row that breaks the server's request handling; 400: a row the server
+    refuses) by every port, with a message naming the text; other rows are served.
     """
 
     # fleet
@@ -118,6 +122,9 @@ class SimConfig:
     server_version: str | None = None
     deterministic: bool = False
     redeploy: Mapping[int, tuple[int, str]] = field(default_factory=dict)
+    template_error: str | None = None
+    poison: str | None = None
+    poison_status: int = 500
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
@@ -158,6 +165,8 @@ class SimConfig:
             raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
         if self.restart_after is not None and self.restart_after < 0:
             raise ConfigError("simulator: restart_after must be >= 0")
+        if not 400 <= self.poison_status <= 599:
+            raise ConfigError(f"simulator: poison_status must be a 4xx or 5xx status, got {self.poison_status}")
 
     @property
     def live_ports(self) -> tuple[int, ...]:

@@ -220,6 +220,7 @@ class PortServer:
         _raise_fault(fault)
         payload = await _read_json(request)
         req = (sglang.parse_chat if chat else sglang.parse_completion)(payload, self.cfg.model)
+        self._misconfigured(payload, chat)
         if payload.get("stream"):
             raise sglang.bad_request("the simulator does not stream: send stream=false")
         prompt_tokens = await self.counter.count(req)
@@ -251,6 +252,19 @@ class PortServer:
         if self.cfg.prefix_cache:  # a cache to report on: as SGLang with --enable-cache-report
             body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens if cached else 0}
         return body
+
+    def _misconfigured(self, payload: dict[str, Any], chat: bool) -> None:
+        """The configured failures that depend on the request: a broken chat template, a poison row."""
+        if chat and self.cfg.template_error is not None:
+            raise sglang.bad_request(self.cfg.template_error)
+        poison = self.cfg.poison
+        if poison is not None and poison in str(payload.get("messages" if chat else "prompt")):
+            if self.cfg.poison_status == 400:
+                raise sglang.bad_request(f"this request cannot be served: it contains {poison!r}")
+            status = self.cfg.poison_status
+            raise Rejection(
+                status, sglang.error_body(f"Internal server error on {poison!r}", "InternalServerError", status)
+            )
 
     def _choice_key(self, key: bytes, seed: Any, index: int) -> bytes:
         """What one choice is derived from; the prompt alone when this server ignores seed and sampling."""
