@@ -3,7 +3,8 @@
     gen-pipeline check -i prompts/my.jsonl -s 127.0.0.1:30000-30007 --max-tokens 8192 --json check.json
 
 fleet      every server answers its model card and /health; one model and one max_model_len everywhere;
-           each server's max_running_requests (the concurrency generate uses unless --concurrency);
+           each server's limits (SGLang: max_req_input_len, its KV pool), version, and the capacity
+           generate uses unless --concurrency, with where it came from (capacity.py);
            what checkpoint each serves (kind and version, model_path, weight_version, the settings that
            change outputs, deterministic inference), with a warning when the servers disagree.
 tokenizer  a few chat requests with max_tokens 1, built from the first rows of the input, to every server
@@ -36,8 +37,9 @@ from typing import Any
 
 import orjson
 
+from .capacity import server_capacity
 from .cli import add_run_flags, config_from_args
-from .config import DEFAULT_SAFETY_MARGIN, RunConfig
+from .config import DEFAULT_CONCURRENCY, DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .findings import drift_problem
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
@@ -76,15 +78,19 @@ class ServerCheck:
 
     def view(self, config: RunConfig) -> dict[str, Any]:
         i = self.info
-        running = i.max_running_requests if i else None
+        capacity = server_capacity(config, i)
         return {
             "url": self.url,
             "up": i is not None,
             "healthy": self.healthy,
             "model": i.model if i else None,
+            "version": i.version if i else None,
             "context_length": i.context_length if i else None,
-            "max_running_requests": running,
-            "capacity": config.capacity_for(running) if i else None,
+            "max_req_input_len": i.max_req_input_len if i else None,
+            "max_total_num_tokens": i.max_total_num_tokens if i else None,
+            "max_running_requests": i.max_running_requests if i else None,
+            "capacity": config.capacity_for(capacity.requests) if i else None,
+            "capacity_source": capacity.source if i else None,
             "checkpoint": i.identity.fingerprint if i and i.identity else None,
             "error": self.error,
         }
@@ -131,7 +137,13 @@ def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings
     running = fleet_info(checks).spread("max_running_requests")
     if len(running) > 1:
         found.warnings.append(f"servers report different max_running_requests: {running}")
-    wanted = {c.url: config.capacity_for(c.info.max_running_requests) for c in checks if c.info is not None}
+    wanted = {c.url: config.capacity_for(server_capacity(config, c.info).requests) for c in checks if c.info}
+    guessed = [c.url for c in checks if c.info is not None and server_capacity(config, c.info).source == "default"]
+    if guessed:
+        found.warnings.append(
+            f"{len(guessed)} server(s) report no running slots and no KV pool: their capacity "
+            f"{DEFAULT_CONCURRENCY} is a guess (--concurrency sets it): {', '.join(guessed)}"
+        )
     if (warning := fit_open_files(wanted, open_file_limit())[1]) is not None:
         found.warnings.append(warning)
     if config.concurrency and running and config.concurrency < min(map(int, running)):
@@ -305,9 +317,15 @@ def _server_line(s: dict[str, Any]) -> str:
     if not s["up"]:
         return f"  {s['url']}  DOWN  {s['error']}"
     health = "healthy" if s["healthy"] else f"UNHEALTHY ({s['error']})"
+    limits = f"context {s['context_length']}"
+    if s.get("max_req_input_len") is not None:
+        limits += f" (inputs under {s['max_req_input_len']})"
+    if s.get("max_total_num_tokens") is not None:
+        limits += f"  KV pool {s['max_total_num_tokens']} tokens"
+    version = f" {s['version']}" if s.get("version") else ""
     return (
-        f"  {s['url']}  {health}  model {s['model']}  context {s['context_length']}  "
-        f"max_running {s['max_running_requests']}  capacity {s['capacity']}"
+        f"  {s['url']}  {health}  model {s['model']}{version}  {limits}  max_running {s['max_running_requests']}  "
+        f"capacity {s['capacity']} ({s.get('capacity_source')})"
     )
 
 

@@ -190,8 +190,8 @@ class RunConfig:
         max_tokens: the default output budget; a row's own max_tokens caps it further.
         min_tokens: below this many tokens of room a prompt is not sent (ledger: over_length).
         safety_margin: tokens kept free beyond the exact count.
-        concurrency: requests in flight per server; None means each server's own
-            max_running_requests (from /server_info) where it reports one, else DEFAULT_CONCURRENCY.
+        concurrency: requests in flight per server; None means what each server says (capacity.py: its
+            running slots, capped by its KV token pool), else DEFAULT_CONCURRENCY.
         queue_margin: requests kept queued on a server beyond the running ones it reports, so a finished
             request is replaced without a round trip; None means the balancer's default (0 with --concurrency).
         model: the model name to send; None means the id the servers report.
@@ -329,12 +329,9 @@ class RunConfig:
         if reserved & self.sampling.keys():
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
 
-    def capacity_for(self, reported: int | None) -> int:
-        """Requests this process keeps in flight on a server that reports `reported` running slots.
-
-        Worker processes share a server's capacity, each taking its part (rounded up).
-        """
-        total = self.concurrency or reported or DEFAULT_CONCURRENCY
+    def capacity_for(self, total: int) -> int:
+        """This process's part of a server's capacity of `total` requests (capacity.server_capacity):
+        worker processes share it, each taking its part (rounded up)."""
         parts = self.shard[1] if self.shard else self.share
         return -(-total // parts)
 

@@ -254,6 +254,14 @@ def _samples_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cache_note(view: dict[str, Any]) -> str:
+    """A server's prefix-cache hits, where it reports them (SGLang --enable-cache-report)."""
+    cached, prompt = view.get("cached_tokens"), view.get("prompt_tokens")
+    if cached is None or not prompt:
+        return ""
+    return f", prefix cache {cached} of {prompt} prompt tokens ({100 * cached / prompt:.0f}%)"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The end-of-run summary as a few readable lines."""
     lines = [f"stopped: {summary['stop_reason']}"] if summary.get("stop_reason") else []
@@ -277,7 +285,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     for url, view in summary["servers"].items():
         lines.append(
             f"  {url}: {view['completions']} done, failures {view['failures'] or 0}, "
-            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s"
+            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s, "
+            f"capacity {view.get('capacity')} ({view.get('capacity_source')}){_cache_note(view)}"
         )
     lines.extend(f"WARNING: {w}" for w in summary["warnings"])
     return "\n".join(lines)

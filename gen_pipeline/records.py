@@ -129,6 +129,7 @@ class Prompt:
     at_least: bool = False  # input_tokens is a lower bound from the row's size: too long to be worth counting
     tools: list[Any] | None = None  # the OpenAI tools the template gets: the row's own, else the run's
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, likewise
+    tool_choice: Any = None  # the tool_choice it is sent with (its sampling's, else the run's): SGLang renders by it
     turns: list[Messages] | None = None  # --turns all: the segments, one per user turn (turns.split_turns)
     resume: dict[int, tuple[int, Messages]] = field(default_factory=dict)  # sample -> (first turn, history)
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread

@@ -178,6 +178,7 @@ class RequestPath:
             context_length=self.context_length,
             margin=self.config.safety_margin,
             min_tokens=room_needed(self.config, prompt.max_tokens),
+            counted=None if prompt.at_least else prompt.input_tokens + self.learner.offset,
         )
 
     async def _with_retries(self, payload: dict[str, Any], track: Track) -> ChatResult:
@@ -208,6 +209,8 @@ class RequestPath:
                 self.stats.latency.add(track.latency)
             used = 0 if result.usage_problem else result.completion_tokens or 0
             self.pool.record_success(server, track.latency, used, lease.started)
+            if not result.usage_problem:
+                server.note_usage(result.prompt_tokens, result.cached_tokens)
             return result
 
     def _judged(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:

@@ -14,7 +14,8 @@ import orjson
 from . import cursor
 from ._version import __version__
 from .balancer import ServerPool
-from .config import RunConfig
+from .capacity import server_capacity
+from .config import DEFAULT_CONCURRENCY, RunConfig
 from .cursor import Resumed
 from .errors import ConfigError, PreflightError
 from .fleet import FleetInfo, discover
@@ -115,16 +116,23 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     allows (`ulimit -n`, read when `open_files` is None), every server's share shrinks to fit, with a
     warning, instead of failing connections that would then be blamed on the servers.
     """
-    reported = {s.url: s.max_running_requests for s in fleet.servers}
-    wanted = {url: config.capacity_for(reported.get(url)) for url in config.servers}
+    infos = {s.url: s for s in fleet.servers}
+    found = {url: server_capacity(config, infos.get(url)) for url in config.servers}
+    wanted = {url: config.capacity_for(c.requests) for url, c in found.items()}
     capacities, warning = fit_open_files(wanted, open_file_limit() if open_files is None else open_files)
     if warning is not None:
         fleet.warnings.append(warning)
         log.warning("%s", warning)
-    margin = {url: _margin(config, reported.get(url), c, warning) for url, c in capacities.items()}
+    if guessed := [url for url, c in found.items() if c.source == "default" and url not in fleet.down]:
+        fleet.warnings.append(
+            f"{len(guessed)} server(s) report no running slots and no KV pool: {DEFAULT_CONCURRENCY} requests in "
+            f"flight each is a guess (--concurrency sets it): {', '.join(guessed)}"
+        )
+    margin = {url: _margin(config, found[url].reported, c, warning) for url, c in capacities.items()}
     identity = {s.url: s.identity for s in fleet.servers}
     pool = ServerPool(
-        ServerState(url, capacity, margin[url], identity=identity.get(url)) for url, capacity in capacities.items()
+        ServerState(url, capacity, margin[url], capacity_source=found[url].source, identity=identity.get(url))
+        for url, capacity in capacities.items()
     )
     for server in pool.servers:
         if server.url in fleet.down:

@@ -140,8 +140,11 @@ SUMMARY_RULES: dict[str, Any] = {
     "identical_samples": {"compared": SUM, "identical": SUM},
     "servers": PerKey(
         {
-            **dict.fromkeys(("requests", "completions", "output_tokens", "capacity", "queue_margin"), SUM),
+            **dict.fromkeys(("requests", "completions", "output_tokens", "prompt_tokens", "capacity"), SUM),
+            "queue_margin": SUM,
+            "cached_tokens": Rule(lambda v: None if all(x is None for x in v) else total(v)),
             "failures": TALLY,
+            "capacity_source": Rule(_joined),
             "impossible_usage": Rule(total, optional=True),
             "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
             # the slowest part's view: the parts share the servers, a mean of means would hide a slow one

@@ -19,6 +19,7 @@ from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.donekeys import line_key
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.modes import run_async
+from gen_pipeline.progress import format_summary
 from gen_pipeline.records import id_key
 from gen_pipeline.rows import RowError, parse_row
 from gen_pipeline.samples import line_sample, sample_key, sample_seed, truncated_in
@@ -151,6 +152,18 @@ def test_samples_via_requests_stay_on_one_server(write_jsonl, tmp_path):
         ports.setdefault(r["prompt"], set()).add(r["port"])
     assert len(ports) == 20 and all(len(p) == 1 for p in ports.values())
     assert sum(s.prefills for s in fleet.stats.values()) == 20
+
+
+def test_prefix_cache_hits_are_read_and_shown_per_server(write_jsonl, tmp_path):
+    """usage.prompt_tokens_details.cached_tokens (SGLang --enable-cache-report) adds up per server in the summary:
+    the second and third sample of each prompt come from the cache, all but their last token."""
+    sim = {"n_ports": 2, "prefix_cache": 1000, "cache_report": True}
+    outcome, _ = run_sim(write_jsonl(prompts(10)), tmp_path / "out", sim=sim, samples=3, samples_via="requests")
+    servers = outcome.summary["servers"].values()
+    prompt_tokens, cached = sum(s["prompt_tokens"] for s in servers), sum(s["cached_tokens"] for s in servers)
+    assert prompt_tokens % 3 == 0 and cached == 2 * (prompt_tokens // 3) - 2 * 10
+    assert all(s["capacity_source"] == "loads endpoint" for s in servers)
+    assert "prefix cache" in format_summary(outcome.summary)
 
 
 def test_seeded_samples_are_reproducible_and_resent_alike(write_jsonl, tmp_path):

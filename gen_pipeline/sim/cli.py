@@ -95,11 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="SGLang <= 0.5.9: reject input + max_tokens >= ctx",
     )
+    add("--explicit-context-length", action="store_true", help="as if --context-length was passed to SGLang")
     add(
-        "--explicit-context-length",
+        "--report-max-running",
         action="store_true",
-        help="as if --context-length was passed to SGLang",
+        help="as if --max-running-requests was passed: /server_info reports it (else null, as SGLang 0.5.23)",
     )
+    add("--cache-report", action="store_true", help="as if --enable-cache-report: usage carries cached_tokens")
     add(
         "--completion-words",
         type=int,
@@ -221,6 +223,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         model=args.model,
         light_template=args.light_template,
         max_running=args.max_running,
+        report_max_running=args.report_max_running,
         max_queued=args.max_queued,
         max_total_tokens=args.max_total_tokens,
         token_latency=args.token_latency,
@@ -231,6 +234,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         reserved_tokens=args.reserved_tokens,
         legacy_offbyone=args.legacy_offbyone,
         explicit_context_length=args.explicit_context_length,
+        cache_report=args.cache_report,
         completion_words=args.completion_words,
         reasoning_words=args.reasoning_words,
         seed=args.seed,

@@ -39,7 +39,9 @@ class SimConfig:
     `authorization`: the Authorization header every request must carry (401 {"error": "Unauthorized"}
     otherwise, as SGLang's --api-key or a proxy with Basic auth answers).
     Scheduler: `max_running` requests run at once per port; the rest queue, unbounded unless
-    `max_queued` is set (then 503 "The request queue is full."). `max_total_tokens` is the KV
+    `max_queued` is set (then 503 "The request queue is full."). As in SGLang 0.5.23, /server_info says
+    max_running_requests null unless `report_max_running` (--max-running-requests given); /v1/loads and
+    internal_states give the figure. `max_total_tokens` is the KV
     pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter.
     Timing: a completion sleeps `prefill_latency + prompt_tokens * prompt_token_latency + n * token_latency`
     holding a running slot;
@@ -48,7 +50,9 @@ class SimConfig:
     template the client does not know); `reserved_tokens` (EAGLE) are added to the input of
     checks (A) and (B) and their messages only; `legacy_offbyone` makes (B) reject
     `input + max_new >= ctx` (<= 0.5.9); `explicit_context_length` models `--context-length`
-    (check (D), and a non-null context_length in /server_info).
+    (check (D), and a non-null context_length in /server_info); `cache_report` models
+    --enable-cache-report (usage.prompt_tokens_details.cached_tokens: the prompt less one token on a
+    prefix-cache hit, else 0).
     Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`; with
     `reasoning_words` > 0 a chat reply also carries up to that many words of `reasoning_content`, as SGLang does
     with `--reasoning-parser` (the thinking split out of `content`); the thinking spends max_tokens first
@@ -84,6 +88,7 @@ class SimConfig:
     authorization: str | None = None
     # scheduler
     max_running: int = 64
+    report_max_running: bool = False
     max_queued: int | None = None
     max_total_tokens: int | None = None
     # timing
@@ -96,6 +101,7 @@ class SimConfig:
     reserved_tokens: int = 0
     legacy_offbyone: bool = False
     explicit_context_length: bool = False
+    cache_report: bool = False
     # content
     completion_words: int = 48
     reasoning_words: int = 0

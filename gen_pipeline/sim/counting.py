@@ -15,7 +15,7 @@ LONG_TEXT_CHARS = 20_000  # count longer prompts in a thread so one does not sta
 
 def conversation(req: GenRequest) -> Conversation:
     """A chat request as its template renders it: messages, tools and chat_template_kwargs."""
-    return Conversation(req.messages or [], req.tools, req.template_kwargs or {})
+    return Conversation(req.messages or [], req.tools, req.template_kwargs or {}, req.tool_choice)
 
 
 class ServerCounter:

@@ -51,6 +51,7 @@ class PortServer:
                 "/get_model_info": self._model_info,
                 "/server_info": self._server_info,
                 "/get_server_info": self._server_info,
+                "/v1/loads": self._loads,
             },
             "POST": {
                 "/v1/chat/completions": self._chat,
@@ -170,6 +171,10 @@ class PortServer:
         """The server args plus scheduler info."""
         return json_response(info.server_info(self.cfg, self.port, self.started, self.weight_version))
 
+    async def _loads(self, request: Request) -> web.Response:
+        """The scheduler's load: running and waiting requests, and its running slots."""
+        return json_response(info.loads(self.cfg, self.stats.running, self.stats.queued))
+
     async def _tokenize(self, request: Request) -> web.Response:
         """/v1/tokenize of a prompt or of chat messages; max_model_len is the tokenizer's."""
         try:
@@ -249,8 +254,9 @@ class PortServer:
             await self.scheduler.decode(longest, prompt_tokens, prefill=not cached, produced=produced)
         self.log.write(self.port, key, payload, cached, made)
         body = choices.chat_choices(req, made, prompt_tokens)
-        if self.cfg.prefix_cache:  # a cache to report on: as SGLang with --enable-cache-report
-            body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens if cached else 0}
+        if self.cfg.cache_report or self.cfg.prefix_cache:  # as SGLang with --enable-cache-report: all but
+            # the last token of a cached prompt come from the cache
+            body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens - 1 if cached else 0}
         return body
 
     def _misconfigured(self, payload: dict[str, Any], chat: bool) -> None:
