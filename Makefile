@@ -25,7 +25,7 @@ DEMO_OUT ?= runs/demo
 LLAMA_DIR ?= $(or $(GEN_PIPELINE_CACHE),$(HOME)/.cache/gen-pipeline)/llama
 LLAMA_MODELS := $(LLAMA_DIR)/models
 
-.PHONY: install generate demo simulate test lint fmt check bench nightly realserver realserver-vllm realserver-sglang clean
+.PHONY: install generate demo simulate test test-fast lint fmt check bench nightly realserver realserver-vllm realserver-sglang clean
 
 install: $(VENV)/.installed
 
@@ -50,6 +50,12 @@ simulate: install
 
 test: install
 	$(BIN)/python -m pytest $(ARGS)
+
+# make test-fast: the suite without its end-to-end tests (whole runs in subprocesses, real servers, Slurm).
+FAST_TESTS := not slow and not realserver and not slurm
+
+test-fast: install
+	$(BIN)/python -m pytest -m "$(FAST_TESTS)" $(ARGS)
 
 lint: install
 	$(BIN)/ruff check gen_pipeline tests

@@ -32,9 +32,10 @@ from .exportconfig import (
     COLUMN_TYPES,
     DEFAULT_COLUMNS,
     DEFAULT_SHARD_ROWS,
+    EXPORT_FORMATS,
+    REQUEST_COLUMNS,
     ExportConfig,
     ExportStats,
-    column_value,
     is_completion,
 )
 from .formats import jsonl_rows
@@ -42,6 +43,7 @@ from .provenance import checkpoint_key, unnamed_checkpoints
 from .records import id_key
 from .rundata import completion_files, read_manifest
 from .samples import place_key, record_place
+from .trainrow import server_kind, training_row, turn_features
 
 
 def check_settled(config: ExportConfig) -> None:
@@ -57,14 +59,6 @@ def check_settled(config: ExportConfig) -> None:
                 f"{run}: {left} of {manifest['shards']} shards are not settled; finish the run "
                 "(the same generate command, or more claimers), or export what is there with --partial"
             )
-
-
-def training_row(obj: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
-    """A completion line as a training row: prompt turns plus the new assistant turn."""
-    turns = [{"role": m.get("role"), "content": m.get("content")} for m in obj["messages"]]
-    row = {"messages": [*turns, {"role": "assistant", "content": obj["completion"]}]}
-    row.update((c, column_value(obj, c)) for c in columns)
-    return row
 
 
 def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
@@ -118,10 +112,11 @@ def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str
     if config.group_samples:
         from .grouped import grouped_rows
 
-        yield from grouped_rows(kept_completions(config, stats), config.columns)
+        yield from grouped_rows(kept_completions(config, stats), config.columns, server_kind(config))
         return
+    kind = server_kind(config)
     for obj in kept_completions(config, stats):
-        yield training_row(obj, config.columns)
+        yield training_row(obj, config.columns, kind)
 
 
 def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> Any:
@@ -139,7 +134,8 @@ def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> 
     else:
         features = datasets.Features(
             {
-                "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+                "messages": [turn_features()],
+                **dict.fromkeys(REQUEST_COLUMNS, datasets.Value("string")),
                 **{c: datasets.Value(COLUMN_TYPES.get(c, "string")) for c in config.columns},
             }
         )
@@ -175,11 +171,13 @@ def export(config: ExportConfig) -> ExportStats:
     config.out.parent.mkdir(parents=True, exist_ok=True)
     stats = ExportStats()
     with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
+        if config.format == "openai-batch":
+            _stage_batch(config, stats, Path(tmp) / "out")
+            return stats
         ds = build_dataset(config, stats, Path(tmp) / "cache")
         if stats.twice:
             del ds
-            shown = "; ".join(stats.twice[:5]) + (f"; and {len(stats.twice) - 5} more" if len(stats.twice) > 5 else "")
-            raise ExportCheckError(f"{len(stats.twice)} keys are in the run's shard files more than once: {shown}")
+            _refuse_twice(stats)
         staged = Path(tmp) / "out"
         write_dataset(ds, staged, config)
         (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
@@ -190,6 +188,23 @@ def export(config: ExportConfig) -> ExportStats:
             shutil.rmtree(config.out)
         staged.rename(config.out)
     return stats
+
+
+def _refuse_twice(stats: ExportStats) -> None:
+    shown = "; ".join(stats.twice[:5]) + (f"; and {len(stats.twice) - 5} more" if len(stats.twice) > 5 else "")
+    raise ExportCheckError(f"{len(stats.twice)} keys are in the run's shard files more than once: {shown}")
+
+
+def _stage_batch(config: ExportConfig, stats: ExportStats, staged: Path) -> None:
+    """--format openai-batch: the output and error files, staged, then moved to `config.out`."""
+    from .batchexport import write_batch
+
+    stats.ledgered = write_batch(config, staged, kept_completions(config, stats))
+    if stats.twice:
+        _refuse_twice(stats)
+    if config.out.exists():
+        shutil.rmtree(config.out)
+    staged.rename(config.out)
 
 
 def push(ds: Any, card: Path, config: ExportConfig) -> None:
@@ -228,6 +243,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--push-to-hub", metavar="REPO", help="also push to this hub dataset repo")
     add("--private", action="store_true", help="make the pushed repo private")
     add("--partial", action="store_true", help="export a claimed-shard run whose shards are not all settled")
+    add(
+        "--format",
+        choices=EXPORT_FORMATS,
+        default="dataset",
+        help="dataset (Parquet or save_to_disk, with a card) or openai-batch (the OpenAI Batch API's "
+        "output.jsonl and errors.jsonl)",
+    )
     add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
 
 
@@ -247,6 +269,7 @@ def main(args: argparse.Namespace) -> int:
         private=args.private,
         partial=args.partial,
         drop_incomplete=args.drop_incomplete,
+        format=args.format,
     )
     stats = export(config)
     if config.turns:
@@ -256,6 +279,7 @@ def main(args: argparse.Namespace) -> int:
         f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
         f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
         + (f"; rows of {len(stats.checkpoints)} checkpoints" if len(stats.checkpoints) > 1 else "")
+        + (f"; {stats.ledgered} ledger entries -> errors.jsonl" if config.format == "openai-batch" else "")
     )
     return 0
 

@@ -17,11 +17,15 @@ DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
 _STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
-_STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage")  # logprobs, server_usage: JSON strings
+# What the request carried beside its messages (always exported, as JSON strings: trainrow.py)
+REQUEST_COLUMNS = ("tools", "chat_template_kwargs", "sampling")
+_STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage", "tool_calls", *REQUEST_COLUMNS)
 _STRINGS += ("checkpoint", "weight_version")  # what wrote the row (provenance.py)
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
+
+EXPORT_FORMATS = ("dataset", "openai-batch")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class ExportConfig:
     private: bool = False
     partial: bool = False  # export a claimed-shard run with open shards
     drop_incomplete: bool = False  # a --turns all run: leave out conversations that ended early
+    format: str = "dataset"  # or "openai-batch": the OpenAI Batch API's output and error files (batchexport.py)
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.columns if c not in COLUMN_TYPES and not c.startswith("meta.")]
@@ -60,6 +65,12 @@ class ExportConfig:
             raise ConfigError(f"unknown --columns {unknown}; use {known} or meta.KEY")
         if self.shard_rows < 1:
             raise ConfigError("--shard-rows must be at least 1")
+        if self.format not in EXPORT_FORMATS:
+            raise ConfigError(f"--format: {' or '.join(EXPORT_FORMATS)}")
+        dataset_only = {"--group-samples": self.group_samples, "--save-to-disk": self.save_to_disk}
+        dataset_only["--push-to-hub"] = self.push_to_hub is not None
+        if self.format != "dataset" and (flags := [f for f, on in dataset_only.items() if on]):
+            raise ConfigError(f"{', '.join(flags)} shape a dataset: not with --format {self.format}")
         for run in self.runs:
             if not completion_files(run):
                 raise ConfigError(f"{run} is not a run directory (no completions*.jsonl)")
@@ -92,6 +103,7 @@ class ExportStats:
     checkpoints: Counter[str] = field(default_factory=Counter)  # rows kept per checkpoint ("" not named)
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    ledgered: int = 0  # --format openai-batch: lines of errors.jsonl
     conversations_left_out: int = 0  # --turns all: with a turn left out, or (--drop-incomplete) ended early
 
     def add(self, obj: dict[str, Any]) -> None:
@@ -104,13 +116,11 @@ class ExportStats:
 
 
 def column_value(obj: dict[str, Any], column: str) -> Any:
-    """One column of a training row; ids and meta values become strings for a stable schema."""
-    if column.startswith("meta."):
-        value = (obj.get("meta") or {}).get(column[5:])
-    elif column in ("id", "meta", "logprobs", "server_usage"):
-        value = obj.get(column)
-    else:
-        return obj.get(column)
+    """One column of a training row; a string column's ids, meta values and JSON (logprobs, tool calls, the
+    request fields) become strings for a stable schema."""
+    value = (obj.get("meta") or {}).get(column[5:]) if column.startswith("meta.") else obj.get(column)
+    if COLUMN_TYPES.get(column, "string") != "string":
+        return value
     return value if value is None or isinstance(value, str) else orjson.dumps(value).decode()
 
 

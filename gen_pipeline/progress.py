@@ -8,7 +8,6 @@ import itertools
 import logging
 import math
 import os
-import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -16,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import cost_lines
+from .display import Progress
 from .errors import EXIT_OUTAGE
 from .identical import SameSamples
 
 log = logging.getLogger("gen_pipeline")
 
-LOG_INTERVAL = 30.0
 STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
 # The ETA's rate is measured over this much recent history (all of it early in a run): long enough to
 # smooth the ups and downs of generation lengths, short enough to follow a server going down.
@@ -165,47 +164,23 @@ class RunStats:
         return {"compared": compared, "differed": sum(differed.values()), "by_offset": differed}
 
 
-class Progress:
-    """A tqdm bar on a terminal, a plain log line every LOG_INTERVAL seconds otherwise."""
+def progress_line(stats: RunStats, extra: str = "") -> str:
+    """The one line the progress bar or log shows: counts and rates, then `extra` (servers, alerts)."""
+    t = stats.elapsed()
+    parts = [
+        f"done {stats.completed}",
+        f"skipped {sum(stats.skipped.values())}",
+        f"failed {sum(stats.failed.values())}",
+        f"in flight {stats.in_flight}",
+        f"{stats.completed / t:.1f} req/s",
+        f"{stats.output_tokens / t:.0f} out tok/s",
+    ]
+    return " | ".join(parts + ([extra] if extra else []))
 
-    def __init__(self, mode: str, total: int | None = None) -> None:
-        if mode == "auto":
-            mode = "bar" if sys.stderr.isatty() else "log"
-        self.mode = mode
-        self._last_log = time.monotonic()
-        self.bar: Any = None
-        if mode == "bar":  # imported only for a bar: 0.05 s of every other run's start-up (log, off, workers)
-            from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="row", dynamic_ncols=True)
-
-    def update(self, stats: RunStats, extra: str = "") -> None:
-        """Refresh the display from the counters."""
-        line = self.line(stats, extra)
-        if self.bar is not None:
-            self.bar.n = stats.completed + sum(stats.failed.values()) + sum(stats.skipped.values())
-            self.bar.set_postfix_str(line, refresh=True)
-        elif self.mode == "log" and time.monotonic() - self._last_log >= LOG_INTERVAL:
-            self._last_log = time.monotonic()
-            log.info("progress: %s", line)
-
-    @staticmethod
-    def line(stats: RunStats, extra: str = "") -> str:
-        t = stats.elapsed()
-        failed = sum(stats.failed.values())
-        parts = [
-            f"done {stats.completed}",
-            f"skipped {sum(stats.skipped.values())}",
-            f"failed {failed}",
-            f"in flight {stats.in_flight}",
-            f"{stats.completed / t:.1f} req/s",
-            f"{stats.output_tokens / t:.0f} out tok/s",
-        ]
-        return " | ".join(parts + ([extra] if extra else []))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def show(progress: Progress, stats: RunStats, extra: str = "") -> None:
+    """Refresh the progress display from the run's counters."""
+    progress.update(stats.worked() + sum(stats.skipped.values()), progress_line(stats, extra))
 
 
 def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
@@ -311,10 +286,10 @@ async def watch_run(runner: Any) -> None:
             if runner.alerts:
                 more = f" (+{len(runner.alerts) - 1} more: gen-pipeline status)" if len(runner.alerts) > 1 else ""
                 extra += f" | ALERT: {runner.alerts[0]}{more}"
-            progress.update(runner.stats, extra)
+            show(progress, runner.stats, extra)
             if outage > runner.config.outage_timeout:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
             await asyncio.sleep(0.5)
     finally:
-        progress.update(runner.stats)
+        show(progress, runner.stats)
         progress.close()

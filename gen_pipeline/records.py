@@ -102,7 +102,7 @@ def parsed_id(raw: bytes) -> RowId | None:
         row = orjson.loads(raw)
     except (orjson.JSONDecodeError, UnicodeDecodeError):
         return None
-    rid = row.get("id") if isinstance(row, dict) else None
+    rid = row.get("id", row.get("custom_id")) if isinstance(row, dict) else None  # custom_id: OpenAI Batch
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
@@ -157,6 +157,10 @@ class Completion:
     meta: dict[str, Any]
     key: int = -1  # id_key(id): carried from the Prompt (hashed once), else hashed here
     reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
+    tool_calls: list[Any] | None = None  # the answer's own tool calls; written only when it made some
+    # what the request carried beside its messages that shapes the answer: tools, chat_template_kwargs,
+    # sampling (requests.shaping_fields); written right after the messages, each only when present
+    request: dict[str, Any] = field(default_factory=dict)
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
     turn: int | None = None  # --turns all: which user turn this answers (its key is samples.place_key)
     extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
@@ -175,6 +179,7 @@ class Completion:
         # reasoning_content only when the server sent one (a reasoning parser), so other lines stay as they were
         thinking = {"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}
         made_by = {k: v for k, v in (("checkpoint", self.checkpoint), ("weight_version", self.weight_version)) if v}
+        calls = {"tool_calls": self.tool_calls} if self.tool_calls else {}
         return (
             orjson.dumps(
                 {
@@ -182,8 +187,10 @@ class Completion:
                     "sample": self.sample,  # right after the id: samples.line_place reads it without parsing
                     **({"turn": self.turn} if self.turn is not None else {}),  # and the turn right after it
                     "messages": self.messages,
+                    **self.request,
                     "completion": self.completion,
                     **thinking,
+                    **calls,
                     "finish_reason": self.finish_reason,
                     "input_tokens": self.input_tokens,
                     "prompt_tokens": self.prompt_tokens,

@@ -34,6 +34,7 @@ from .records import Completion, Failure, Prompt
 from .retry import with_transport_retries
 from .serverstate import ServerState
 from .tokens.budget import OffsetLearner, rebudget, room_needed
+from .tokens.conversation import TEMPLATE_FIELDS
 from .usage import usage_problem
 
 log = logging.getLogger("gen_pipeline")
@@ -51,15 +52,29 @@ def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_token
     return body
 
 
+# Request fields that say nothing about what the model saw: the model, the prompt itself (the line's
+# messages), the budget (its max_tokens) and n (how the samples were batched).
+NOT_SHAPING = frozenset({"model", "messages", "max_tokens", "n"})
+
+
+def shaping_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """What a request carried beside its messages that shapes the answer, for its output line: `tools` and
+    `chat_template_kwargs` as sent, every other field (temperature, a sample's seed, ...) under `sampling`."""
+    out = {k: body[k] for k in TEMPLATE_FIELDS if body.get(k) is not None}
+    sampling = {k: v for k, v in body.items() if k not in NOT_SHAPING and k not in TEMPLATE_FIELDS}
+    return {**out, "sampling": sampling} if sampling else out
+
+
 # Reasons of answers refused by check_answer: a row's failure keeps one only when every attempt got it.
 REFUSED_ANSWERS = frozenset({EmptyCompletionError.reason, WrongModelError.reason})
 
 
 def check_answer(result: ChatResult, model: str, server: str) -> ChatResult:
-    """The result when it is a completion of `model`; else the error that counts against the server."""
+    """The result when it is a completion of `model` (text, thinking or tool calls); else the error that
+    counts against the server."""
     if result.model is not None and result.model != model:
         raise WrongModelError(f"the answer names model {result.model!r}, not {model!r}", server=server, status=200)
-    if not result.content and not result.reasoning_content:
+    if not result.content and not result.reasoning_content and not result.tool_calls:
         raise EmptyCompletionError(
             f"200 with no content and no reasoning (finish_reason {result.finish_reason!r}, "
             f"{result.completion_tokens} completion tokens)",
@@ -94,6 +109,7 @@ class Track:
     refused: int = 0  # attempts whose 200 check_answer refused
     checkpoint: str | None = None  # the fingerprint of the identity of the server that answered
     weight_version: str | None = None  # the weight_version its answer reported
+    body: dict[str, Any] = dataclasses.field(default_factory=dict)  # the request last sent (its shaping fields)
     input_tokens: int = 0  # our count of the prompt, for judging the server's
     broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
     other_failures: bool = False  # an attempt failed otherwise (a timeout, a refused connection, a 503...)
@@ -148,7 +164,8 @@ class RequestPath:
         track.input_tokens = prompt.input_tokens
         for _ in range(self.config.retry.budget_attempts):
             try:
-                result = await self._with_retries({**self.payload(prompt, max_tokens), **extra}, track)
+                track.body = {**self.payload(prompt, max_tokens), **extra}
+                result = await self._with_retries(track.body, track)
             except ContextOverflowError as exc:
                 error = exc
                 self.learner.observe(prompt.input_tokens, exc.counts)
@@ -266,6 +283,8 @@ class RequestPath:
             reasoning_content=result.reasoning_content,
             checkpoint=track.checkpoint,
             weight_version=track.weight_version,
+            tool_calls=result.tool_calls,
+            request=shaping_fields(track.body),
         )
 
     async def _breaks_servers(self, track: Track) -> bool:

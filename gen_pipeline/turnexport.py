@@ -5,7 +5,8 @@
 
 `messages` is the regenerated conversation: the last answered turn's request (which holds every earlier
 turn, with the target's own answers) and its answer; an assistant turn carries its `reasoning_content`
-when the server sent one. `conversation` says whether every user turn of the row was answered
+when the server sent one, and every turn its tool calls, ids and names (trainrow.py), beside the request's
+tools, chat_template_kwargs and sampling. `conversation` says whether every user turn of the row was answered
 ("complete") or the conversation ended early (a turn that no longer fit, or one not answered yet);
 `--drop-incomplete` leaves those out. The other columns are the last turn's. A conversation with a turn
 that export leaves out (`--drop-truncated`) is left out whole: a conversation with a hole is no data.
@@ -20,12 +21,12 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .exportconfig import ExportConfig, ExportStats, column_value, is_completion
+from .exportconfig import REQUEST_COLUMNS, ExportConfig, ExportStats, is_completion
 from .formats import jsonl_rows
 from .records import id_key
 from .rundata import completion_files
 from .samples import record_place, sample_key
-from .turns import answer_turn
+from .trainrow import server_kind, training_row, turn_features
 
 TURN_COLUMNS = {"conversation": "string", "turns": "int64"}  # the columns a conversation row adds
 
@@ -70,26 +71,19 @@ def _row(obj: dict[str, Any], turn: int, kept: int, config: ExportConfig, stats:
     if config.drop_incomplete and not complete:
         stats.conversations_left_out += 1
         return None
-    messages = [_message(m) for m in obj["messages"]]
-    messages.append(_message(answer_turn(obj["completion"], obj.get("reasoning_content"))))
-    row: dict[str, Any] = {"messages": messages, "conversation": "complete" if complete else "ended_early"}
-    row["turns"] = turn + 1
-    row.update((c, column_value(obj, c)) for c in config.columns)
+    row = training_row(obj, config.columns, server_kind(config))  # the last turn's request holds every turn
+    row.update(conversation="complete" if complete else "ended_early", turns=turn + 1)
     return row
 
 
-def _message(m: dict[str, Any]) -> dict[str, Any]:
-    return {"role": m.get("role"), "content": m.get("content"), "reasoning_content": m.get("reasoning_content")}
-
-
 def conversation_features(columns: tuple[str, ...], types: dict[str, str]) -> Any:
-    """The datasets schema of conversation rows: turns with their reasoning, and the conversation columns."""
+    """The datasets schema of conversation rows: every turn as trainrow.py writes it, and the conversation columns."""
     import datasets
 
-    text = datasets.Value("string")
     return datasets.Features(
         {
-            "messages": [{"role": text, "content": text, "reasoning_content": text}],
+            "messages": [turn_features()],
+            **dict.fromkeys(REQUEST_COLUMNS, datasets.Value("string")),
             **{c: datasets.Value(t) for c, t in TURN_COLUMNS.items()},
             **{c: datasets.Value(types.get(c, "string")) for c in columns},
         }

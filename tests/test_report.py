@@ -156,14 +156,15 @@ def test_progress_bar_shows_the_counts_and_log_mode_needs_no_tqdm(capsys):
     import subprocess
     import sys
 
-    from gen_pipeline.progress import Progress, RunStats
+    from gen_pipeline.display import Progress
+    from gen_pipeline.progress import RunStats, show
 
     stats = RunStats(completed=3)
     stats.failed["bad_input"] = 1
     bar = Progress("bar", total=10)
-    bar.update(stats)
+    show(bar, stats)
     bar.close()
     err = capsys.readouterr().err
     assert "4/10" in err and "done 3" in err and "failed 1" in err
-    code = "import sys; from gen_pipeline.progress import Progress; Progress('log'); print('tqdm' in sys.modules)"
+    code = "import sys; from gen_pipeline.display import Progress; Progress('log'); print('tqdm' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -133,7 +133,7 @@ def _message(m: Any, content_format: str, server: str) -> Any:
         if content_format == "openai" and not (server in ("sglang", "vllm") and m.get("role") == "tool"):
             m["content"] = [{"type": "text", "text": t} for t in texts]
         else:
-            m["content"] = _join(texts, server)
+            m["content"] = join_texts(texts, server)
     if isinstance(m.get("tool_calls"), list) and server in ("sglang", "vllm"):
         m["tool_calls"] = [_tool_call(c) for c in m["tool_calls"]]
     return {k: v for k, v in m.items() if v is not None}
@@ -234,7 +234,7 @@ def _texts(parts: list[Any]) -> list[str]:
     return texts
 
 
-def _join(texts: list[str], server: str) -> str:
+def join_texts(texts: list[str], server: str) -> str:
     """Text parts as one string, the way `server` joins them."""
     if server != "llamacpp":
         return PART_JOINER[server].join(texts)
