@@ -170,11 +170,10 @@ def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
     if problems and not config.force:
         raise PreflightError(problems)
     fleet.warnings.extend(f"PROBLEM ignored (--force): {p}" for p in problems)
-    if (warning := seed_warning(fleet.identities(), config.sampling)) is not None:
-        fleet.warnings.append(warning)
-    if config.shard is None:  # a worker's parent has printed them
-        for warning in fleet.warnings:
-            log.warning("warning: %s", warning)
+    if (seeded := seed_warning(fleet.identities(), config.sampling)) is not None:
+        fleet.warnings.append(seeded)
+    for warning in fleet.warnings:
+        log.warning("warning: %s", warning)
 
 
 async def settle_manifest(
@@ -196,7 +195,7 @@ async def settle_manifest(
         if counter is None:
             counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
         manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, counter, fleet.kind()))
-        check_manifest(config.out, manifest, config.force, write=config.shard is None)
+        check_manifest(config.out, manifest, config.force, write=True)
         extra = await background if background is not None else None
     except BaseException:
         if background is not None:
@@ -223,9 +222,8 @@ def with_provenance(config: RunConfig, fleet: FleetInfo, manifest: dict[str, Any
 
 
 def resume_state(config: RunConfig) -> ResumeState:
-    """What earlier runs settled; a worker reads only its own ids and leaves repairs to its parent."""
-    worker = config.shard is not None
-    state = scan(config.out, repair=False, mine=config.mine if worker else None)
+    """What earlier runs settled (read only: the run repairs torn tails itself, once it holds the directory)."""
+    state = scan(config.out, repair=False)
     state.samples = config.samples
     state.turns = config.turns == "all"
     return state
@@ -239,4 +237,4 @@ def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
     state = resume_state(config)
     if config.limit is not None:
         return state, None
-    return state, cursor.load(config.out, config.input, config.shard, config.retry_failed, state)
+    return state, cursor.load(config.out, config.input, None, config.retry_failed, state)
