@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .statustext import duration
+
 log = logging.getLogger("gen_pipeline")
 
 IDLE_S = 600.0  # a server without a request this long, while others are busy
@@ -83,7 +85,7 @@ class Watch:
         for s in servers:
             idle = now - max(s.last_sent, self.started)
             if idle >= IDLE_S and any(o is not s for o in busy):
-                alerts.append(f"{s.url} got no request for {idle / 60:.0f} min while others were busy")
+                alerts.append(f"{s.url} got no request for {duration(idle)} while others were busy")
         return alerts
 
     def _window(self) -> bool:
@@ -139,7 +141,7 @@ class Watch:
         quiet = now - self.last_completion
         if quiet < self.stall_s:
             return None
-        alert = f"stalled: no completion for {quiet / 60:.0f} min"
+        alert = f"stalled: no completion for {duration(quiet)}"
         if not self.stalled:
             self.stalled = True
             log.warning("ALERT %s", alert)
