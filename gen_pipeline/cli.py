@@ -174,6 +174,12 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
         help="resend rows whose ledger reason is one of these (comma list, or all)",
     )
     p.add_argument("--force", action="store_true", help="resume despite changed settings")
+    p.add_argument(
+        "--accept-checkpoint",
+        action="store_true",
+        help="resume although the servers serve another checkpoint (model_path, weight_version or server "
+        "version) than the one that wrote the run's rows; the manifest keeps both, each line names its own",
+    )
     _add_shaping_flags(p, run_only)
 
 

@@ -201,6 +201,8 @@ class RunConfig:
             HTTP Basic auth, never shown or written (the servers are named without it).
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
+        accept_checkpoint: resume although the servers serve another checkpoint than the one that wrote
+            the run's rows (the manifest keeps both; each line names its own). --force does not do this.
         progress: "auto" (a bar on a terminal, log lines otherwise), "bar", "log" or "off".
         samples: completions per prompt (a row's own `samples` overrides it), each keyed (id, sample).
         samples_via: "n" (one request with n = the samples missing, where the server honours it) or
@@ -251,6 +253,7 @@ class RunConfig:
     # resume and shutdown
     retry_failed: frozenset[str] = frozenset()
     force: bool = False
+    accept_checkpoint: bool = False
     grace_period: float = DEFAULT_GRACE_PERIOD
     fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     progress: str = "auto"
