@@ -44,8 +44,6 @@ EXIT_OK, EXIT_INCOMPLETE = 0, 3
 
 def claimed(config: RunConfig) -> bool:
     """Whether this `generate` runs as a claimer: --join, --shards, or a run directory made with shards."""
-    if config.shard is not None:
-        return False  # a static worker of an earlier layout
     if config.join or config.shards is not None:
         return True
     with contextlib.suppress(OSError, orjson.JSONDecodeError, AttributeError):

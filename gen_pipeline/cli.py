@@ -73,18 +73,9 @@ def _add_generate(sub: Any) -> None:
         help="claim open shards beside the other processes writing this run directory (one per node)",
     )
     p.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # set by --workers K: K share a server
-    p.add_argument("--shard", type=_shard, help=argparse.SUPPRESS)  # set by --workers for each worker
     p.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
     add_watch_flags(p)
     p.set_defaults(func=_generate)
-
-
-def _shard(text: str) -> tuple[int, int]:
-    index, _, count = text.partition("/")
-    try:
-        return int(index), int(count)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected INDEX/COUNT, got {text!r}") from None
 
 
 def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
@@ -184,6 +175,12 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
         help="resend rows whose ledger reason is one of these (comma list, or all)",
     )
     p.add_argument("--force", action="store_true", help="resume despite changed settings")
+    p.add_argument(
+        "--accept-checkpoint",
+        action="store_true",
+        help="resume although the servers serve another checkpoint (model_path, weight_version or server "
+        "version) than the one that wrote the run's rows; the manifest keeps both, each line names its own",
+    )
     _add_shaping_flags(p, run_only)
 
 

@@ -204,6 +204,8 @@ class RunConfig:
             HTTP Basic auth, never shown or written (the servers are named without it).
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
+        accept_checkpoint: resume although the servers serve another checkpoint than the one that wrote
+            the run's rows (the manifest keeps both; each line names its own). --force does not do this.
         progress: "auto" (a bar on a terminal, log lines otherwise), "bar", "log" or "off".
         samples: completions per prompt (a row's own `samples` overrides it), each keyed (id, sample).
         samples_via: "n" (one request with n = the samples missing, where the server honours it) or
@@ -254,13 +256,12 @@ class RunConfig:
     # resume and shutdown
     retry_failed: frozenset[str] = frozenset()
     force: bool = False
+    accept_checkpoint: bool = False
     grace_period: float = DEFAULT_GRACE_PERIOD
     fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     progress: str = "auto"
-    # processes: `workers` > 1 splits the input by a stable hash of the ids; `shard` = (index, count) is
-    # set by that parent for each worker process it starts
+    # processes: `workers` > 1 starts that many claimer processes on this node (workers.py)
     workers: int = 1
-    shard: tuple[int, int] | None = None
     # claimed shards (claims.py): `shards` = V of a new run directory, `join` = claim beside other processes,
     # `share` = how many claimers of one node split each server's capacity (--workers K sets K)
     shards: int | None = None
@@ -311,7 +312,6 @@ class RunConfig:
             (self.gpus_per_server >= 1, "--gpus-per-server must be at least 1"),
             (self.stall_minutes > 0, "--stall-minutes must be positive"),
             (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
-            (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
             (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
@@ -330,19 +330,9 @@ class RunConfig:
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
 
     def capacity_for(self, total: int) -> int:
-        """This process's part of a server's capacity of `total` requests (capacity.server_capacity):
-        worker processes share it, each taking its part (rounded up)."""
-        parts = self.shard[1] if self.shard else self.share
-        return -(-total // parts)
-
-    @property
-    def worker(self) -> int | None:
-        """The worker number of this process under --workers (None: the run's single writer)."""
-        return self.shard[0] if self.shard else None
-
-    def mine(self, key: int) -> bool:
-        """Whether the row with this id key belongs to this process."""
-        return self.shard is None or key % self.shard[1] == self.shard[0]
+        """This process's part of a server's capacity of `total` requests (capacity.server_capacity): the
+        claimers of one node (--workers K) share it, each taking its part (rounded up)."""
+        return -(-total // self.share)
 
     def timeout_for(self, max_tokens: int) -> float:
         """The timeout of one request that may generate `max_tokens` tokens."""

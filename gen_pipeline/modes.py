@@ -19,7 +19,7 @@ from .pipeline import run_single
 from .rundir import make_dir
 from .summary import Outcome
 from .tokens import TokenCounter
-from .workers import run_worker, run_workers
+from .workers import follow_parent, run_workers
 
 
 async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, handle_signals: bool = True) -> Outcome:
@@ -45,8 +45,8 @@ def run(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:
 def run_command(config: RunConfig, argv: list[str], parent_fd: int | None) -> Outcome:
     """`gen-pipeline generate`: a worker started by a supervisor (`parent_fd`: its pipe from the parent),
     the supervisor of `--workers K`, or this process alone."""
-    if config.shard is not None or parent_fd is not None:
-        return run_worker(config, parent_fd, run)
-    if config.workers > 1:
+    if parent_fd is not None:
+        follow_parent(parent_fd)  # a claimer that dies with its supervisor
+    elif config.workers > 1:
         return run_workers(config, argv)
     return run(config)

@@ -213,7 +213,7 @@ class Runner:
     def write_status(self, state: str) -> None:
         """Replace status.json with a snapshot (a failure to write it never stops the run)."""
         with contextlib.suppress(OutputError):
-            path = RunDir(self.config.out).writer(self.config.worker).status
+            path = RunDir(self.config.out).writer().status
             write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts))
 
 
@@ -230,7 +230,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
         learned_offset=runner.path.learner.offset,
     )
     config = runner.config
-    sharing = config.shard[1] if config.shard else config.share  # --workers K share each server
+    sharing = config.share  # --workers K share each server
     hours = cost.gpu_hours(runner.stats.elapsed(), len(runner.pool.servers), config.gpus_per_server, sharing)
     summary.update(gpus_per_server=config.gpus_per_server, gpu_hours=round(hours, 4))
     summary.update(cost.derive(summary))
@@ -278,11 +278,9 @@ def input_warnings(config: RunConfig, stats: RunStats) -> list[str]:
 async def run_single(config: RunConfig, counter: TokenCounter | None, handle_signals: bool) -> Outcome:
     """The single-process mode: hold the run directory's lock, then run the whole input."""
     lock = DirLock(config.out)
-    if config.shard is None:  # a worker process runs under its parent's lock (and holds its shard's)
-        lock.acquire()
+    lock.acquire()
     try:
-        if config.shard is None:  # an earlier --workers run's worker would write beside us
-            await asyncio.to_thread(refuse_shard_writers, config.out)
+        await asyncio.to_thread(refuse_shard_writers, config.out)  # an older version's worker still writing
         async with open_transport(config.api_key, auth=config.server_auth) as transport:
             return await _run_locked(config, Client(transport), counter, handle_signals)
     finally:
@@ -296,19 +294,19 @@ async def _run_locked(
     assert point is not None
     resume, resumed = point
     extra = thinking_fields(config, fleet)  # refused here, before anything is opened or sent
-    if config.shard is None and (torn := repair_all(config.out)):
+    if torn := repair_all(config.out):
         resume, resumed = resume_point(config)  # the scan read the torn tail as a corrupt line: again without it
         resume.torn_bytes = torn
     pool = build_pool(config, fleet)
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
-    found = resume.files.get(RunDir(config.out).writer(config.worker).completions.name)
-    writer = RunWriter(config.out, config.fsync_interval, config.worker, found)
+    found = resume.files.get(RunDir(config.out).writer().completions.name)
+    writer = RunWriter(config.out, config.fsync_interval, None, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
     keeper = (
         None
         if config.limit is not None
-        else cursor.CursorKeeper(config.out, config.input, config.shard, resumed, config.samples)
+        else cursor.CursorKeeper(config.out, config.input, None, resumed, config.samples)
     )
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)
@@ -351,5 +349,5 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     summary = runner_summary(runner, fleet, exit_code)
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
-        write_json_atomic(RunDir(config.out).writer(config.worker).summary, summary)
+        write_json_atomic(RunDir(config.out).writer().summary, summary)
     return Outcome(summary, exit_code, run_error(runner))

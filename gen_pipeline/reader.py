@@ -40,9 +40,8 @@ class BatchReader:
         stats: RunStats,
         resumed: Resumed | None = None,
         context_length: int | None = None,
-        mine: Callable[[int], bool] | None = None,  # a claimer's held shards (else a static worker's shard)
+        mine: Callable[[int], bool] | None = None,  # a claimer's held shards (None: every row)
     ) -> None:
-        mine = mine or (config.mine if config.shard else None)
         start = resumed.start if resumed else None
         self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
         self.carried = dict(resumed.tallies) if resumed else {}

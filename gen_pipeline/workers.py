@@ -1,17 +1,17 @@
-"""`generate --workers K`: K worker processes, each owning the rows whose id hash falls in its shard.
+"""`generate --workers K`: K claimer processes on this node, supervised by the one the user started.
 
-The parent holds the directory lock, settles the manifest, repairs torn tails, then starts
-`gen-pipeline generate ... --shard i/K --parent-fd N` K times. Worker i writes completions-0000i.jsonl,
-failures-0000i.jsonl, status-0000i.json and summary-0000i.json, holding the lock .lock-0000i while it
-does, and takes 1/K of each server's capacity. Resume reads every shard file, so a run may be resumed
-with any K. Signals go to the parent, which passes them on once (the workers run in their own process
+The parent holds the run directory's shared lock, settles the manifest (V, the number of shards, is
+recorded there) and repairs torn tails, then starts `gen-pipeline generate ... --join --share K
+--parent-fd N` K times. Each worker is a claimer (claimrun.py): it claims open shards of the run and
+writes shards/SSSSS/, and takes 1/K of each server's capacity. When they have all ended, the parent
+adds up their summaries into summary.json. A run may be resumed with any K, or by claimers on other
+nodes. Signals go to the parent, which passes them on once (the workers run in their own process
 groups, so Ctrl-C is not delivered twice).
 
 Workers die with their parent: on Linux the kernel kills them when it dies (PR_SET_PDEATHSIG), and
 everywhere each watches the read end of a pipe whose write end only the parent holds; end of file
-means the parent is gone, and the worker exits at once. A worker that finds its parent gone once it
-holds its shard lock exits before writing anything, so no two writers ever share a shard file. The API
-key reaches the workers in their environment, never on their command line.
+means the parent is gone, and the worker exits at once, before it claims anything if it finds it gone
+on start. The API key reaches the workers in their environment, never on their command line.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -37,7 +36,7 @@ from .claims import SharedRunLock
 from .config import API_KEY_ENV, SERVER_AUTH_ENV, RunConfig
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .http import Client, open_transport
-from .locks import ShardLock, refuse_shard_writers
+from .locks import refuse_shard_writers
 from .rundir import RunDir, make_dir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
 from .store import repair_all
@@ -182,24 +181,6 @@ def _merge(config: RunConfig, codes: list[int], elapsed: float, started: float) 
         error = None if exit_code == EXIT_OUTPUT else str(exc)
         return Outcome(summary, merged_exit_code([exit_code, EXIT_OUTPUT]), error)
     return Outcome(summary, exit_code)
-
-
-def run_worker(config: RunConfig, parent_fd: int | None, run: Callable[[RunConfig], Outcome]) -> Outcome:
-    """One worker of `generate --workers K` (`parent_fd`: the pipe from its parent, when it has one): it
-    holds its shard's lock for as long as it writes; a claimer (no static shard) takes its own locks."""
-    if parent_fd is not None:
-        follow_parent(parent_fd)
-    if config.shard is None:
-        return run(config)
-    make_dir(config.out)
-    lock = ShardLock(config.out, *config.shard)
-    lock.acquire()
-    try:
-        if parent_fd is not None and parent_gone(parent_fd):
-            _orphaned()  # it died before we held the lock: a new run may be writing our rows already
-        return run(config)
-    finally:
-        lock.release()
 
 
 def follow_parent(fd: int) -> None:

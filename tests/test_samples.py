@@ -94,6 +94,13 @@ def test_n_in_sampling_becomes_samples_or_is_refused():
         RunConfig(input=Path("x"), out=Path("o"), sampling={"n": 2})
 
 
+def test_an_n_beyond_64_bits_in_the_flag_is_quoted_as_written():
+    """`--sampling '{"n": 1000...0}'` is refused naming the number the flag wrote, not "1e+30"."""
+    big = "1" + "0" * 30
+    with pytest.raises(ConfigError, match=f"4096, not {big}$"):
+        config_from_args(_args("--sampling", f'{{"n": {big}}}'))
+
+
 def test_a_rows_n_becomes_its_samples_or_is_a_bad_row():
     """A row's sampling `n` becomes its samples; `n` against the row's own samples is bad input."""
     p = parse_row(b'{"id": 1, "prompt": "hi", "sampling": {"n": 4, "top_p": 0.9}}', 1)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from e2e import prompts
-from procs import PY, env, generate, sim_fleet, wait_for_lines
+from procs import PY, env, generate, old_worker_lock, sim_fleet, wait_for_lines
 from test_report import snapshot
 
-from gen_pipeline.locks import DirLock, ShardLock
+from gen_pipeline.locks import DirLock
 from gen_pipeline.status import EXIT_NOT_RUNNING, EXIT_RUNNING_OR_OK, STATUS, inspect_run
 from gen_pipeline.store import SUMMARY, write_json_atomic
 from gen_pipeline.summary import write_status
@@ -58,9 +58,9 @@ def test_a_status_whose_writer_holds_the_lock_is_running(fresh):
 
 def test_a_worker_that_let_go_of_its_shard_is_not_running(fresh):
     """Two fresh worker status files: the one whose shard lock is free is NOT RUNNING, the run goes on."""
-    held = ShardLock(fresh, 0, 2)
+    held = old_worker_lock(fresh, 0, 2)
     held.acquire()
-    gone = ShardLock(fresh, 1, 2)
+    gone = old_worker_lock(fresh, 1, 2)
     gone.acquire()
     gone.release()
     try:
