@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 from e2e import WEATHER_TOOL, prompts, read_jsonl
+from provenance_checks import OUTPUT_SETTINGS, assert_manifest_matches_servers
 
 from gen_pipeline.check import render_check, run_check
 from gen_pipeline.config import RetryPolicy, RunConfig
@@ -172,6 +173,7 @@ def test_every_request_shape_counts_exactly(servers, write_jsonl, tmp_path):
     assert summary["completed"] == len(rows) and summary["failed"] == {}
     assert summary["token_drift"] == {"compared": len(rows), "differed": 0, "by_offset": {}}
     assert orjson.loads((out / "manifest.json").read_bytes())["server_kind"] == "sglang"
+    assert_manifest_matches_servers(out, list(servers))  # model_path, weight_version, version, settings; each line's
     for url in servers:
         view = summary["servers"][url]
         assert view["completions"] > 0 and view["capacity_source"] == "token pool"  # 8192 // 8 = 1024 < 2048
@@ -283,6 +285,7 @@ async def _answers(url: str, bodies: list[dict[str, Any]]) -> tuple[list[tuple[i
 
 
 SERVER_INFO_KEYS = ("context_length", "max_total_num_tokens", "max_req_input_len", "version", "max_running_requests")
+SERVER_INFO_KEYS += ("model_path", "weight_version", *OUTPUT_SETTINGS)  # what provenance records
 
 
 def test_the_simulator_answers_as_the_real_server(servers, counter):
@@ -309,6 +312,8 @@ def test_the_simulator_answers_as_the_real_server(servers, counter):
     real_state, sim_state = (i["/get_server_info"]["internal_states"][0] for i in (real_info, sim_info))
     assert {k: sim_state[k] for k in state} == {k: real_state[k] for k in state}
     assert list(sim_info["/get_model_info"]) == list(real_info["/get_model_info"])
+    for key in ("model_path", "weight_version", "served_model_name"):
+        assert sim_info["/get_model_info"][key] == real_info["/get_model_info"][key], key
     [real_load], [sim_load] = real_info["/v1/loads"]["loads"], sim_info["/v1/loads"]["loads"]
     assert set(sim_load) <= set(real_load)
     for key in ("max_running_requests", "max_total_num_tokens", "num_running_reqs", "num_waiting_reqs"):
