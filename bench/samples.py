@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gen_pipeline.config import RetryPolicy, RunConfig  # noqa: E402
-from gen_pipeline.pipeline import run_async  # noqa: E402
+from gen_pipeline.modes import run_async  # noqa: E402
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet  # noqa: E402
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # Each public name and the module it lives in, imported when first asked for: `import gen_pipeline` (which
 # every `gen-pipeline` command does first) stays cheap, so the command has its stop handlers in place
@@ -22,7 +22,7 @@ _EXPORTS = {
     "RunConfig": "config",
     "agenerate": "api",
     "generate": "api",
-    "run": "pipeline",
+    "run": "modes",
 }
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         PipelineError,
         RequestError,
     )
-    from .pipeline import run
+    from .modes import run
     from .summary import Outcome
 
 __all__ = [

@@ -14,9 +14,10 @@ resume raise a PipelineError.
 
 Where an event loop is already running (a Jupyter notebook, an async application), `await agenerate(...)`
 runs the job on that loop. `generate(...)` there runs it on a thread of its own with its own loop and blocks
-until it ends, so the same call works in a script and in a notebook cell. Neither installs signal handlers:
-Ctrl-C (or interrupting the kernel) cancels the run, without the command's grace period for requests in
-flight; what is written stays valid and resumable.
+until it ends, so the same call works in a script and in a notebook cell. In a notebook the default
+`progress="auto"` shows tqdm's notebook bar, and both print the summary the command prints when they end.
+Neither installs signal handlers: Ctrl-C (or interrupting the kernel) cancels the run, without the
+command's grace period for requests in flight; what is written stays valid and resumable.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import API_KEY_ENV, DEFAULT_SERVERS, RunConfig
+from .display import in_notebook
 from .errors import ConfigError
+from .modes import run_async
 from .options import build_config
-from .pipeline import run_async
-from .summary import Outcome
+from .summary import Outcome, describe
 
 
 def api_config(input: str | Path, out: str | Path, servers: str | Sequence[str], options: dict[str, Any]) -> RunConfig:
@@ -48,8 +50,7 @@ async def agenerate(
 ) -> dict[str, Any]:
     """Run `generate` on the running event loop and return its summary."""
     config = api_config(input, out, servers, options)
-    outcome = await run_async(config, handle_signals=False)
-    return outcome.summary
+    return _shown(await run_async(config, handle_signals=False), config)
 
 
 def generate(
@@ -60,8 +61,17 @@ def generate(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_async(config, handle_signals=False)).summary
-    return _on_own_thread(config).summary
+        return _shown(asyncio.run(run_async(config, handle_signals=False)), config)
+    return _shown(_on_own_thread(config), config)
+
+
+def _shown(outcome: Outcome, config: RunConfig) -> dict[str, Any]:
+    """The run's summary; in a notebook also printed as the command prints it (a cell shows nothing else)."""
+    if in_notebook():
+        print(describe(outcome, config.out))
+        if outcome.error is not None:
+            print(f"error: {outcome.error}")
+    return outcome.summary
 
 
 def _on_own_thread(config: RunConfig) -> Outcome:

@@ -3,7 +3,10 @@
     gen-pipeline check -i prompts/my.jsonl -s 127.0.0.1:30000-30007 --max-tokens 8192 --json check.json
 
 fleet      every server answers its model card and /health; one model and one max_model_len everywhere;
-           each server's max_running_requests (the concurrency generate uses unless --concurrency).
+           each server's limits (SGLang: max_req_input_len, its KV pool), version, and the capacity
+           generate uses unless --concurrency, with where it came from (capacity.py);
+           what checkpoint each serves (kind and version, model_path, weight_version, the settings that
+           change outputs, deterministic inference), with a warning when the servers disagree.
 tokenizer  a few chat requests with max_tokens 1, built from the first rows of the input, to every server
            that is up: the server's usage.prompt_tokens must equal our count, or every budget is off.
 plan       every row read, validated and counted exactly as generate does, nothing sent: the input-length
@@ -15,8 +18,8 @@ It does not wait for servers to come up: it reports who answers now. The flags t
 (--max-attempts, --startup-timeout, --outage-timeout, --grace-period, --fsync-interval, --progress) are
 accepted, so one command line serves both, but ignored and left out of --help. --limit and
 --system-prompt shape the rows as in generate. Problems: a server down or unhealthy, different models or
-context lengths, tokenizer drift, a refused resume, no valid row, every prompt over_length, or more than
-half of the prompts over_length or clamped below a quarter of their budget.
+context lengths, tokenizer drift, a refused resume (settings or checkpoint changed), no valid row, every
+prompt over_length, or more than half of the prompts over_length or clamped below a quarter of their budget.
 
 Exit codes: 0 the run looks fine (warnings may be printed); 1 the run would fail or waste most of its
 budget, with one line per problem saying why (bad flags exit 1 too, as for generate).
@@ -34,8 +37,9 @@ from typing import Any
 
 import orjson
 
+from .capacity import server_capacity
 from .cli import add_run_flags, config_from_args
-from .config import DEFAULT_SAFETY_MARGIN, RunConfig
+from .config import DEFAULT_CONCURRENCY, DEFAULT_SAFETY_MARGIN, RunConfig
 from .errors import ConfigError, RequestError
 from .findings import drift_problem
 from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
@@ -44,6 +48,7 @@ from .inputfile import check_input
 from .oversize import SizeFloor
 from .plan import budget_plan, plan_findings, plan_lines
 from .progress import RunStats
+from .provenance import checkpoint_change, fleet_warnings, identity_records, seed_warning, server_lines
 from .reader import conversation, first_lines, shaped
 from .records import Prompt
 from .requests import request_body
@@ -73,15 +78,20 @@ class ServerCheck:
 
     def view(self, config: RunConfig) -> dict[str, Any]:
         i = self.info
-        running = i.max_running_requests if i else None
+        capacity = server_capacity(config, i)
         return {
             "url": self.url,
             "up": i is not None,
             "healthy": self.healthy,
             "model": i.model if i else None,
+            "version": i.version if i else None,
             "context_length": i.context_length if i else None,
-            "max_running_requests": running,
-            "capacity": config.capacity_for(running) if i else None,
+            "max_req_input_len": i.max_req_input_len if i else None,
+            "max_total_num_tokens": i.max_total_num_tokens if i else None,
+            "max_running_requests": i.max_running_requests if i else None,
+            "capacity": config.capacity_for(capacity.requests) if i else None,
+            "capacity_source": capacity.source if i else None,
+            "checkpoint": i.identity.fingerprint if i and i.identity else None,
             "error": self.error,
         }
 
@@ -121,10 +131,19 @@ def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings
     if sick:
         found.problems.append(f"{len(sick)} server(s) answer but are not healthy: {'; '.join(sick)}")
     found.problems.extend(fleet_info(checks).problems())
+    found.warnings.extend(fleet_warnings(fleet_info(checks).identities()))
+    if (seeded := seed_warning(fleet_info(checks).identities(), config.sampling)) is not None:
+        found.warnings.append(seeded)
     running = fleet_info(checks).spread("max_running_requests")
     if len(running) > 1:
         found.warnings.append(f"servers report different max_running_requests: {running}")
-    wanted = {c.url: config.capacity_for(c.info.max_running_requests) for c in checks if c.info is not None}
+    wanted = {c.url: config.capacity_for(server_capacity(config, c.info).requests) for c in checks if c.info}
+    guessed = [c.url for c in checks if c.info is not None and server_capacity(config, c.info).source == "default"]
+    if guessed:
+        found.warnings.append(
+            f"{len(guessed)} server(s) report no running slots and no KV pool: their capacity "
+            f"{DEFAULT_CONCURRENCY} is a guess (--concurrency sets it): {', '.join(guessed)}"
+        )
     if (warning := fit_open_files(wanted, open_file_limit())[1]) is not None:
         found.warnings.append(warning)
     if config.concurrency and running and config.concurrency < min(map(int, running)):
@@ -218,12 +237,19 @@ def resume_state(out: Path | None) -> ResumeState:
     return scan(out, repair=False, save_index=False) if out is not None else ResumeState()
 
 
-def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any], found: Findings) -> None:
-    """A resume that generate would refuse (settings changed) is a problem."""
+def manifest_findings(
+    config: RunConfig, out: Path | None, ours: dict[str, Any], found: Findings, checks: list[ServerCheck]
+) -> None:
+    """A resume that generate would refuse (settings or checkpoint changed) is a problem."""
     path = out / MANIFEST if out else None
-    if path is None or not path.exists() or config.force:
+    if path is None or not path.exists():
         return
     old = orjson.loads(path.read_bytes())
+    changed = checkpoint_change(old, fleet_info(checks).identities())
+    if changed is not None and not config.accept_checkpoint:
+        found.problems.append(f"{out}: {changed}; generate would refuse")
+    if config.force:
+        return
     diffs = [f"{k}: {old.get(k)!r} -> {ours.get(k)!r}" for k in MANIFEST_KEYS if old.get(k) != ours.get(k)]
     if diffs:
         found.problems.append(f"{out} holds a run with other settings ({'; '.join(diffs)}); generate would refuse")
@@ -234,11 +260,12 @@ def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any],
 
 async def _fleet_and_probes(
     config: RunConfig, counter: TokenCounter | None, report: dict[str, Any], found: Findings
-) -> tuple[TokenCounter, str, int] | None:
+) -> tuple[TokenCounter, str, int, list[ServerCheck]] | None:
     async with open_transport(config.api_key, auth=config.server_auth) as transport:
         client = Client(transport)
         checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
         report["fleet"] = [c.view(config) for c in checks]
+        report["provenance"] = identity_records(fleet_info(checks).identities())
         fleet_findings(checks, config, found)
         fleet = fleet_info(checks)
         try:
@@ -259,7 +286,7 @@ async def _fleet_and_probes(
         if up and prompts:
             report["tokenizer"] = await tokenizer_agreement(client, up, model, prompts, config)
             tokenizer_findings(report["tokenizer"], loaded.name, found)
-        return loaded, model, ctx
+        return loaded, model, ctx, checks
 
 
 async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, resume: bool = False) -> dict[str, Any]:
@@ -271,10 +298,10 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
     report: dict[str, Any] = {"input": str(config.input), "servers": list(config.servers)}
     resolved = await _fleet_and_probes(config, counter, report, found)
     if resolved is not None:
-        loaded, model, ctx = resolved
+        loaded, model, ctx, checks = resolved
         out = config.out if resume and config.out.is_dir() else None
         manifest = manifest_for(config, model, ctx, loaded, report["settings"]["server_kind"])
-        manifest_findings(config, out, manifest, found)
+        manifest_findings(config, out, manifest, found, checks)
         plan = await asyncio.to_thread(budget_plan, config, loaded, ctx, resume_state(out))
         report["plan"] = plan.view()
         plan_findings(plan, found)
@@ -290,9 +317,15 @@ def _server_line(s: dict[str, Any]) -> str:
     if not s["up"]:
         return f"  {s['url']}  DOWN  {s['error']}"
     health = "healthy" if s["healthy"] else f"UNHEALTHY ({s['error']})"
+    limits = f"context {s['context_length']}"
+    if s.get("max_req_input_len") is not None:
+        limits += f" (inputs under {s['max_req_input_len']})"
+    if s.get("max_total_num_tokens") is not None:
+        limits += f"  KV pool {s['max_total_num_tokens']} tokens"
+    version = f" {s['version']}" if s.get("version") else ""
     return (
-        f"  {s['url']}  {health}  model {s['model']}  context {s['context_length']}  "
-        f"max_running {s['max_running_requests']}  capacity {s['capacity']}"
+        f"  {s['url']}  {health}  model {s['model']}{version}  {limits}  max_running {s['max_running_requests']}  "
+        f"capacity {s['capacity']} ({s.get('capacity_source')})"
     )
 
 
@@ -310,6 +343,7 @@ def render_check(report: dict[str, Any]) -> str:
     up = sum(s["up"] for s in report.get("fleet", []))
     lines = [f"fleet: {up} of {len(report.get('fleet', []))} servers up"]
     lines += [_server_line(s) for s in report.get("fleet", [])]
+    lines += server_lines(report.get("provenance", []))
     lines += _tokenizer_lines(report) + plan_lines(report)
     lines += [f"WARNING: {w}" for w in report["warnings"]]
     lines += [f"PROBLEM: {p}" for p in report["problems"]]

@@ -28,15 +28,14 @@ from .errors import OutputError
 from .fleet import FleetInfo
 from .http import Client, open_transport
 from .locks import refuse_shard_writers
-from .pipeline import Runner, _exit_code, _nothing, run_error, runner_summary
+from .pipeline import Runner, final_exit_code, no_handlers, run_error, runner_summary
 from .progress import RunStats, snapshot
 from .requests import RequestPath
 from .rundir import MANIFEST, SUMMARY, RunDir, write_json_atomic
 from .runtime import install_run_handlers
 from .setup import build_pool, settle_manifest
-from .status import write_status
 from .store import ResumeState, repair_all
-from .summary import Outcome, merge_summaries
+from .summary import Outcome, merge_summaries, write_status
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner
 
@@ -45,8 +44,6 @@ EXIT_OK, EXIT_INCOMPLETE = 0, 3
 
 def claimed(config: RunConfig) -> bool:
     """Whether this `generate` runs as a claimer: --join, --shards, or a run directory made with shards."""
-    if config.shard is not None:
-        return False  # a static worker of an earlier layout
     if config.join or config.shards is not None:
         return True
     with contextlib.suppress(OSError, orjson.JSONDecodeError, AttributeError):
@@ -84,7 +81,7 @@ class ClaimRunner(Runner):
     def write_status(self, state: str) -> None:
         """Replace claimers/ID.json with a snapshot plus who this claimer is."""
         assert self.claimer is not None and self.feed is not None
-        doc = snapshot(self.stats, self.pool.servers, state, self.pool.clock())
+        doc = snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts)
         doc["claimer"] = {**self.claimer.info(self.feed.shards()), "done_total": self.stats.completed}
         with contextlib.suppress(OutputError):
             write_status(self.claimer.rundir.claimer(self.claimer.ident).status, doc)
@@ -152,7 +149,8 @@ def _runner(
 async def _serve(runner: ClaimRunner, feed: ClaimFeed, handle: bool) -> int:
     """Run every claim; let go of what is left (a stopped run's shards stay open); the exit code."""
     writer = feed.writer
-    restore = install_run_handlers(runner.request_stop, writer.sync, runner.config.grace_period) if handle else _nothing
+    grace = runner.config.grace_period
+    restore = install_run_handlers(runner.request_stop, writer.sync, grace) if handle else no_handlers
     try:
         with contextlib.suppress(OutputError):  # recorded in runner.fatal; what is on disk stays valid
             await runner.run()
@@ -164,7 +162,7 @@ async def _serve(runner: ClaimRunner, feed: ClaimFeed, handle: bool) -> int:
         restore()
     if runner.tracker.error is not None:
         raise runner.tracker.error
-    code = _exit_code(runner)
+    code = final_exit_code(runner)
     if code == EXIT_OK and writer.unsettled:
         code = EXIT_INCOMPLETE
     runner.write_status("finished")
@@ -201,6 +199,10 @@ def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
     parts = last_session(claimer_summaries(rundir), span)
     elapsed = max((span(p)[1] for p in parts), default=0.0) - min((span(p)[0] for p in parts), default=0.0)
     merged = merge_summaries(parts, elapsed, code)
+    if code == EXIT_OK and merged["stop_reason"]:
+        # the run ended well: a claimer's own stop (a Slurm task cancelled or requeued) did not stop it
+        merged["warnings"].append(f"a claimer stopped early ({merged['stop_reason']}); the others went on")
+        merged["stop_reason"] = None
     if parts:
         merged.update(started=min(span(p)[0] for p in parts), ended=max(span(p)[1] for p in parts))
     merged["claimers"] = merged.pop("workers")

@@ -27,8 +27,9 @@ from .inputfile import input_lines
 from .ledger import ledger_reasons
 from .locks import is_held
 from .records import TRANSIENT_REASONS
-from .report import read_json
+from .rundata import read_json
 from .rundir import RunDir
+from .statustext import ago, count_lines, duration, status_lines
 from .summary import merge_statuses
 
 STALE_AFTER = 30.0  # seconds without a status write before a live claimer is flagged
@@ -102,8 +103,6 @@ def _unmarked(table: ShardTable) -> set[int]:
 
 def rows_left(run: Path, manifest: dict[str, Any]) -> tuple[int, int | None]:
     """Rows done (completions on disk) and rows still to settle (None when the input cannot be read here)."""
-    from .status import count_lines
-
     done = sum(count_lines(p) for p in RunDir(run).completion_files())
     source = Path(str(manifest.get("input", "")))
     lines = input_lines(source) if source.is_file() else None
@@ -132,8 +131,6 @@ def _totals(view: ClaimerView) -> dict[str, Any]:
 
 def claimer_line(view: ClaimerView, now: float) -> str:
     """One claimer: name, host, Slurm job/task, shards held, rows/s, last update, and a flag."""
-    from .status import _duration
-
     info, s = view.info, view.status
     slurm = info.get("slurm") or {}
     where = f"host {info.get('host', '?')}"
@@ -144,12 +141,12 @@ def claimer_line(view: ClaimerView, now: float) -> str:
     line = (
         f"  {view.ident} ({where}): {s.get('state', 'running') if view.alive else 'ended'}, shards {_few(shards)}, "
         f"{(s.get('rates') or {}).get('req_per_s', 0)} rows/s, done {info.get('done_total', 0)}, "
-        f"updated {_duration(age)} ago"
+        f"updated {duration(age)} ago"
     )
     if not view.alive and s.get("state") != "finished":
         line += ": NOT RUNNING (its lock is free: crashed or killed); its shards are open to any claimer"
     elif view.running and age > STALE_AFTER:
-        line += f": STALLED (no update for {_duration(age)} while it holds its lock)"
+        line += f": STALLED (no update for {duration(age)} while it holds its lock)"
     return line
 
 
@@ -161,17 +158,15 @@ def _few(shards: list[int]) -> str:
 
 def describe(run: Path, views: list[ClaimerView], manifest: dict[str, Any], now: float | None = None) -> list[str]:
     """The claimed-shard view: the merged figures, the shards, rows done, and one line per claimer."""
-    from .status import _ago, _status_lines
-
     now = time.time() if now is None else now
     done, left = rows_left(run, manifest)
     doc = merged(views, left)
     running = sum(v.running for v in views)
     sh = shard_counts(run, manifest, views)
-    head = f"{doc['state']} ({running} of {len(views)} claimers running), updated {_ago(doc, now)} ago"
+    head = f"{doc['state']} ({running} of {len(views)} claimers running), updated {ago(doc, now)} ago"
     shards = f"shards: {sh['count']} | open {sh['open']} | claimed {sh['claimed']} | settled {sh['settled']}"
     rows = f"rows done {done}" + (f", {left} to go" if left is not None else "")
-    return [head, shards, rows, *_status_lines(doc), "claimers:", *(claimer_line(v, now) for v in views)]
+    return [head, shards, rows, *status_lines(doc), "claimers:", *(claimer_line(v, now) for v in views)]
 
 
 def open_shards(run: Path, manifest: dict[str, Any]) -> int:

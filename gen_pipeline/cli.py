@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .config import (
     API_KEY_ENV,
     DEFAULT_CONCURRENCY,
@@ -32,6 +32,7 @@ from .config import (
     DEFAULT_SERVERS,
     DEFAULT_STARTUP_TIMEOUT,
     LOADER_ENV,
+    SERVER_AUTH_ENV,
     RunConfig,
 )
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OUTPUT, OutputError, PipelineError
@@ -72,18 +73,9 @@ def _add_generate(sub: Any) -> None:
         help="claim open shards beside the other processes writing this run directory (one per node)",
     )
     p.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # set by --workers K: K share a server
-    p.add_argument("--shard", type=_shard, help=argparse.SUPPRESS)  # set by --workers for each worker
     p.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
     add_watch_flags(p)
     p.set_defaults(func=_generate)
-
-
-def _shard(text: str) -> tuple[int, int]:
-    index, _, count = text.partition("/")
-    try:
-        return int(index), int(count)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected INDEX/COUNT, got {text!r}") from None
 
 
 def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
@@ -183,6 +175,12 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
         help="resend rows whose ledger reason is one of these (comma list, or all)",
     )
     p.add_argument("--force", action="store_true", help="resume despite changed settings")
+    p.add_argument(
+        "--accept-checkpoint",
+        action="store_true",
+        help="resume although the servers serve another checkpoint (model_path, weight_version or server "
+        "version) than the one that wrote the run's rows; the manifest keeps both, each line names its own",
+    )
     _add_shaping_flags(p, run_only)
 
 
@@ -222,30 +220,26 @@ def _add_shaping_flags(p: argparse.ArgumentParser, run_only: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Build the frozen RunConfig from parsed flags (and the API key and tokenizer loader variables)."""
+    """Build the frozen RunConfig from parsed flags (and the API key, server credentials and tokenizer loader
+    variables)."""
     options = {k: v for k, v in vars(args).items() if k in OPTIONS}
     options["api_key"] = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if auth := os.environ.get(SERVER_AUTH_ENV):  # a --workers claimer: its parent's --servers credentials
+        import orjson
+
+        options["server_auth"] = {url: tuple(cred) for url, cred in orjson.loads(auth).items()}
     options["tokenizer_loader"] = os.environ.get(LOADER_ENV) or "auto"
     return build_config(**options)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .pipeline import run
+    from .modes import run_command
     from .runtime import quiet_streams, say
     from .summary import describe
 
     config = config_from_args(args)
     with quiet_streams():  # a closed stdout or stderr must not lose a stop, nor the summary on disk
-        if config.shard is not None or args.parent_fd is not None:
-            from .workers import run_worker
-
-            outcome = run_worker(config, args.parent_fd)
-        elif config.workers > 1:
-            from .workers import run_workers
-
-            outcome = run_workers(config, args.argv)
-        else:
-            outcome = run(config)
+        outcome = run_command(config, args.argv, args.parent_fd)
         print(describe(outcome, config.out))
         if outcome.error is not None:
             say(f"error: {outcome.error}")

@@ -18,6 +18,9 @@ from .tokens.conversation import TEMPLATE_FIELDS, template_input_error
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
 DEFAULT_SERVERS = "127.0.0.1:30000-30007"
 API_KEY_ENV = "GEN_PIPELINE_API_KEY"  # read by the entry points (the command line, the Python API), nothing below
+# --workers hands its claimers the credentials of --servers URLs here (JSON {server: [user, password]}), not on
+# their command lines; read by the command line only
+SERVER_AUTH_ENV = "GEN_PIPELINE_SERVER_AUTH"
 DEFAULT_CONCURRENCY = 64
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_MIN_TOKENS = 16
@@ -190,8 +193,8 @@ class RunConfig:
         max_tokens: the default output budget; a row's own max_tokens caps it further.
         min_tokens: below this many tokens of room a prompt is not sent (ledger: over_length).
         safety_margin: tokens kept free beyond the exact count.
-        concurrency: requests in flight per server; None means each server's own
-            max_running_requests (from /server_info) where it reports one, else DEFAULT_CONCURRENCY.
+        concurrency: requests in flight per server; None means what each server says (capacity.py: its
+            running slots, capped by its KV token pool), else DEFAULT_CONCURRENCY.
         queue_margin: requests kept queued on a server beyond the running ones it reports, so a finished
             request is replaced without a round trip; None means the balancer's default (0 with --concurrency).
         model: the model name to send; None means the id the servers report.
@@ -201,6 +204,8 @@ class RunConfig:
             HTTP Basic auth, never shown or written (the servers are named without it).
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
+        accept_checkpoint: resume although the servers serve another checkpoint than the one that wrote
+            the run's rows (the manifest keeps both; each line names its own). --force does not do this.
         progress: "auto" (a bar on a terminal, log lines otherwise), "bar", "log" or "off".
         samples: completions per prompt (a row's own `samples` overrides it), each keyed (id, sample).
         samples_via: "n" (one request with n = the samples missing, where the server honours it) or
@@ -251,13 +256,12 @@ class RunConfig:
     # resume and shutdown
     retry_failed: frozenset[str] = frozenset()
     force: bool = False
+    accept_checkpoint: bool = False
     grace_period: float = DEFAULT_GRACE_PERIOD
     fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     progress: str = "auto"
-    # processes: `workers` > 1 splits the input by a stable hash of the ids; `shard` = (index, count) is
-    # set by that parent for each worker process it starts
+    # processes: `workers` > 1 starts that many claimer processes on this node (workers.py)
     workers: int = 1
-    shard: tuple[int, int] | None = None
     # claimed shards (claims.py): `shards` = V of a new run directory, `join` = claim beside other processes,
     # `share` = how many claimers of one node split each server's capacity (--workers K sets K)
     shards: int | None = None
@@ -271,6 +275,9 @@ class RunConfig:
     metrics_worker: str = "0"
     # cost (cost.py): GPUs behind each server, for GPU-hours in summary.json
     gpus_per_server: int = 1
+    # alerts (alerts.py): no completion for stall_minutes is a stall; on_stall runs once per stall
+    stall_minutes: float = 10.0
+    on_stall: str | None = None
 
     def __post_init__(self) -> None:
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
@@ -303,8 +310,8 @@ class RunConfig:
             (self.shards is None or self.shards >= 1, "--shards must be at least 1"),
             (self.share >= 1, "bad --share"),
             (self.gpus_per_server >= 1, "--gpus-per-server must be at least 1"),
+            (self.stall_minutes > 0, "--stall-minutes must be positive"),
             (self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, "bad --metrics-port"),
-            (self.shard is None or 0 <= self.shard[0] < self.shard[1], "bad --shard"),
             (1 <= self.samples <= MAX_SAMPLES, f"--samples must be from 1 to {MAX_SAMPLES}"),
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
             (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
@@ -322,23 +329,10 @@ class RunConfig:
         if reserved & self.sampling.keys():
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
 
-    def capacity_for(self, reported: int | None) -> int:
-        """Requests this process keeps in flight on a server that reports `reported` running slots.
-
-        Worker processes share a server's capacity, each taking its part (rounded up).
-        """
-        total = self.concurrency or reported or DEFAULT_CONCURRENCY
-        parts = self.shard[1] if self.shard else self.share
-        return -(-total // parts)
-
-    @property
-    def worker(self) -> int | None:
-        """The worker number of this process under --workers (None: the run's single writer)."""
-        return self.shard[0] if self.shard else None
-
-    def mine(self, key: int) -> bool:
-        """Whether the row with this id key belongs to this process."""
-        return self.shard is None or key % self.shard[1] == self.shard[0]
+    def capacity_for(self, total: int) -> int:
+        """This process's part of a server's capacity of `total` requests (capacity.server_capacity): the
+        claimers of one node (--workers K) share it, each taking its part (rounded up)."""
+        return -(-total // self.share)
 
     def timeout_for(self, max_tokens: int) -> float:
         """The timeout of one request that may generate `max_tokens` tokens."""

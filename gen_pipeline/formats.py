@@ -10,6 +10,8 @@ Each row keeps its prompt (every turn up to and including the last user turn); t
 dropped, or kept as `reference` when asked. With `keep_turns` (`prepare --keep-turns`) a conversation
 keeps its system and user turns only, for `generate --turns all` to answer every one. A source id
 column becomes `source_id`, and every other column is carried as is (`generate` files them under `meta`).
+Whether a converted row is valid is not judged here: `prepare` checks each row it writes with `rows.parse_row`,
+the one validator `generate` reads it with.
 
 `open_source` reads JSONL directly (orjson, one pass) and everything else through `datasets`: JSON,
 Parquet, CSV, TXT, Arrow, a `save_to_disk` folder, a folder of data files, or a hub dataset name.
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, PipelineError
-from .records import ROLES, Messages, content_digest, id_from_digest
+from .records import Messages, content_digest, id_from_digest
 from .store import iter_json_lines
 
 # Suffixes read by `datasets` builders; .jsonl is read directly (faster, no Arrow copy).
@@ -87,19 +89,10 @@ def detect_format(raw: dict[str, Any]) -> str | None:
     return None
 
 
-def _content(value: Any) -> str:
-    """A message's text; OpenAI content parts are joined when they are all text."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
-    ):
-        return "\n".join(p["text"] for p in value)
-    raise InvalidRowError("non_text_content" if isinstance(value, list) else "bad_content")
-
-
 def _turns(items: Any, role_key: str, text_key: str, roles: dict[str, str] | None) -> Messages:
-    """Role/content messages from a list of turns; an empty system turn is dropped."""
+    """Role/content messages from a list of turns, every other field of an OpenAI-style turn kept (tool
+    calls, tool-call ids, names, reasoning); an empty system turn is dropped. Whether the turns are valid
+    is `rows`' to judge (prepare checks what it writes as `generate` will read it)."""
     if not isinstance(items, list) or not items:
         raise InvalidRowError("no_messages")
     messages: Messages = []
@@ -107,14 +100,11 @@ def _turns(items: Any, role_key: str, text_key: str, roles: dict[str, str] | Non
         if not isinstance(item, dict):
             raise InvalidRowError("bad_message")
         role = item.get(role_key) if roles is None else roles.get(str(item.get(role_key)))
-        if role not in ROLES:
-            raise InvalidRowError("bad_role")
-        content = _content(item.get(text_key))
-        if not content.strip():
-            if role == "system":
-                continue  # many ShareGPT dumps carry an empty system turn
-            raise InvalidRowError("empty_content")
-        messages.append({"role": role, "content": content})
+        content = item.get(text_key)
+        if role == "system" and isinstance(content, str) and not content.strip():
+            continue  # many ShareGPT dumps carry an empty system turn
+        turn = {k: v for k, v in item.items() if k not in (role_key, text_key)} if roles is None else {}
+        messages.append({"role": role, "content": content, **turn})
     return messages
 
 
@@ -169,8 +159,6 @@ def _prompt(raw: dict[str, Any]) -> tuple[Messages, str | None]:
 
 
 def _user(text: str) -> Messages:
-    if not text.strip():
-        raise InvalidRowError("empty_content")
     return [{"role": "user", "content": text}]
 
 

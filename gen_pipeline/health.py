@@ -1,4 +1,5 @@
-"""Whether a server is worth its failures, as small pure decisions, and active probes while it is out.
+"""Whether a server is worth its failures, as small pure decisions (the probes of a server that is out
+are in prober.py).
 
 A failure's cost is what it took from the fleet. One that comes back at once and holds no slot (a 502 or
 503 on arrival, a 429) is cheap: the request goes elsewhere and the server's slots kept doing useful work.
@@ -6,28 +7,14 @@ A timeout, a hang, or a 5xx or reset after seconds of work is expensive: a slot 
 refused connection means nothing listens. So a server stays in use while the slot-seconds it spends on
 successes outweigh what its failures waste (`worth_keeping`), leaves at once when it refuses connections,
 and after a few expensive failures in a row; a cheap failure never lengthens its lock-out.
-
-While a server is out, it is probed every PROBE_INTERVAL seconds with `GET /v1/models`: that answers at
-once on SGLang, vLLM and llama.cpp (SGLang's `/health` takes at least a second and says 503 while warming
-up, although `/v1/*` already serves), and fails with "connection refused" while a server restarts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .errors import ConnectError, OverloadedError, RequestError, RequestTimeout, RetryableError
-
-if TYPE_CHECKING:
-    from .balancer import ServerPool
-    from .http import Client
-    from .serverstate import ServerState
-
-PROBE_INTERVAL = 1.0
-PROBE_TIMEOUT = 3.0
 
 # A failure answered within CHEAP_HELD_S, or within CHEAP_FRACTION of the server's mean latency, held no slot.
 CHEAP_HELD_S = 0.25
@@ -146,23 +133,3 @@ def stalled(in_flight: int, quiet_s: float, slowest_s: float | None) -> bool:
     if in_flight == 0 or slowest_s is None:
         return False
     return quiet_s > max(STALL_FLOOR_S, STALL_FACTOR * slowest_s)
-
-
-async def probe_once(client: Client, server: ServerState) -> bool:
-    """Whether the server answers its model list now."""
-    try:
-        await client.get_json(server.url, "/v1/models", PROBE_TIMEOUT)
-    except RequestError:
-        return False
-    return True
-
-
-async def watch(pool: ServerPool, client: Client, interval: float = PROBE_INTERVAL) -> None:
-    """Probe every out-of-service server, forever (the pipeline cancels this task)."""
-    while True:
-        out = pool.out_of_service()
-        if out:
-            results = await asyncio.gather(*(probe_once(client, s) for s in out))
-            for server, ok in zip(out, results, strict=True):
-                pool.record_probe(server, ok, interval)
-        await asyncio.sleep(interval)

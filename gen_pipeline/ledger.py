@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .donekeys import KeySet, completion_keys, union
 from .records import id_key
 from .rundir import RunDir
 from .samples import place_key, record_place
 from .store import iter_json_lines
+
+T = TypeVar("T")
 
 
 def done_keys(runs: Sequence[Path]) -> KeySet:
@@ -32,18 +35,24 @@ def done_keys(runs: Sequence[Path]) -> KeySet:
 def ledger_reasons(runs: Sequence[Path], done: Container[int] | None = None) -> Counter[str]:
     """How many rows of these runs each ledger reason stands for, among the rows not `done` (default:
     the runs' completion lines)."""
+    return Counter(standing(runs, done, lambda obj: str(obj["reason"])))
+
+
+def standing(runs: Sequence[Path], done: Container[int] | None, pick: Callable[[dict[str, Any]], T]) -> list[T]:
+    """`pick` of each ledger entry that stands for a row the output does not hold: the newest per key not
+    `done` (default: the runs' completion lines), after each entry without an id."""
     done = done_keys(runs) if done is None else done
-    newest: dict[int, tuple[float, str]] = {}
-    anonymous: Counter[str] = Counter()
+    newest: dict[int, tuple[float, T]] = {}
+    anonymous: list[T] = []
     for path in (p for run in runs for p in RunDir(run).failure_files()):
         for _, obj in iter_json_lines(path):
             place = record_place(obj) if obj is not None and "reason" in obj else None
             if obj is None or place is None:
                 continue
             if obj.get("id") is None:
-                anonymous[str(obj["reason"])] += 1
+                anonymous.append(pick(obj))
                 continue
             key, when = place_key(id_key(obj["id"]), *place), float(obj.get("time") or 0.0)
-            if when >= newest.get(key, (float("-inf"), ""))[0]:
-                newest[key] = (when, str(obj["reason"]))
-    return anonymous + Counter(reason for key, (_, reason) in newest.items() if key not in done)
+            if key not in newest or when >= newest[key][0]:
+                newest[key] = (when, pick(obj))
+    return anonymous + [value for key, (_, value) in newest.items() if key not in done]

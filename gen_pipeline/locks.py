@@ -1,12 +1,13 @@
 """Who writes where: exclusive flocks on files of a run directory, each naming its holder.
 
-    .lock          the run directory: held by the `generate` that owns it (the parent under --workers)
-    .lock-KKKKK    shard KKKKK: held by the process writing completions-KKKKK.jsonl and
-                   failures-KKKKK.jsonl, for as long as it writes them
+    .lock          the run directory: held by the `generate` that owns it (held shared by the claimers
+                   of a claimed-shard run: claims.py, which also locks each claimed shard)
+    .lock-KKKKK    held by a static worker of an older version while it wrote completions-KKKKK.jsonl;
+                   nothing takes it now, but a run refuses to start while an old worker still holds it
 
 The kernel drops a flock when its holder dies, so a lock is never stale; the text in the file (pid,
 shard, host) only names the holder in messages. A probe (`is_held`, used by `status` and by a run that
-checks for an earlier run's workers) takes a shared lock for an instant, so `acquire` tries again for
+checks for an older version's workers) takes a shared lock for an instant, so `acquire` tries again for
 ACQUIRE_RETRY seconds before it gives up: a probe never makes a writer fail.
 """
 
@@ -97,17 +98,6 @@ class DirLock(FileLock):
         return f"{self.path.parent} is in use by {holder}"
 
 
-class ShardLock(FileLock):
-    """One writer per shard file: worker `index` of `count` holds it while it writes its files."""
-
-    def __init__(self, out: Path, index: int, count: int) -> None:
-        super().__init__(RunDir(out).writer(index).lock, f" (shard {index}/{count})")
-        self.index = index
-
-    def refusal(self, holder: str) -> str:
-        return f"{self.path.parent}: shard {self.index} is already being written by {holder}"
-
-
 def is_held(path: Path) -> bool | None:
     """Whether some process holds the lock on `path` now; None when there is no such file."""
     try:
@@ -132,13 +122,13 @@ def holder(path: Path) -> str:
 
 
 def shard_writers(out: Path) -> list[str]:
-    """Who holds a shard lock in `out` now (workers of a run still writing)."""
+    """Who holds a .lock-KKKKK in `out` now (static workers of an older version, still writing)."""
     return [holder(p) for p in sorted(out.glob(".lock-*")) if is_held(p)]
 
 
 def refuse_shard_writers(out: Path, wait: float = ORPHAN_WAIT) -> None:
-    """Raise ConfigError (one line, naming each) while workers of an earlier run still write in `out`;
-    ones that are dying get `wait` seconds to finish."""
+    """Raise ConfigError (one line, naming each) while static workers of an older version's run still
+    write in `out`; ones that are dying get `wait` seconds to finish."""
     deadline = time.monotonic() + wait
     while writers := shard_writers(out):
         if time.monotonic() >= deadline:

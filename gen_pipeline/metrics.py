@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from .config import RunConfig
 from .records import ALL_REASONS
 
 FILE_INTERVAL = 2.0  # seconds between --metrics-file rewrites
-# After the run, /metrics stays up until it has been scraped once more (its final figures), at most this long.
+# After the run, a /metrics that has been scraped stays up until scraped once more (its final figures): at
+# most two of the intervals seen between scrapes, and never more than this long.
 LINGER_S = 15.0
 TOKEN_KINDS = ("prompt", "completion", "cached")
 
@@ -139,7 +141,7 @@ class Exporter:
         self.config = config
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RunCollector(stats, pool, config.metrics_worker))
-        self.scrapes = 0
+        self.scrapes: list[float] = []  # when /metrics was read (the last two)
         self.scraped = asyncio.Event()
         self.runner: Any = None
         self.linger = LINGER_S  # the run sets 0 when interrupted: a Ctrl-C does not wait for a scrape
@@ -154,7 +156,7 @@ class Exporter:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         body = self.exposition()
-        self.scrapes += 1
+        self.scrapes = [*self.scrapes[-1:], time.monotonic()]
         self.scraped.set()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -191,8 +193,15 @@ class Exporter:
             return
         self.scraped.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.scraped.wait(), self.linger)
+            await asyncio.wait_for(self.scraped.wait(), self.linger_s())
         await self.runner.cleanup()
+
+    def linger_s(self) -> float:
+        """How long to wait for the scrape that reads the final figures (0 when nobody has scraped)."""
+        if not self.scrapes:
+            return 0.0
+        interval = self.scrapes[-1] - self.scrapes[0] if len(self.scrapes) > 1 else self.linger
+        return min(2 * interval + 1.0, self.linger)
 
 
 @contextlib.asynccontextmanager

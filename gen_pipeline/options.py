@@ -15,6 +15,7 @@ import orjson
 
 from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_SERVERS, RetryPolicy, RunConfig, parse_reasons, parse_servers
 from .errors import ConfigError
+from .rows import as_written
 from .samples import run_samples
 from .tokens.conversation import TEMPLATE_FIELDS
 
@@ -54,7 +55,10 @@ def build_config(
         raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted(OPTIONS)}")
     extra = {"temperature": temperature, "top_p": top_p, "seed": seed}
     fields = {**parse_sampling(sampling), **{k: v for k, v in extra.items() if v is not None}}
-    options["sampling"], options["samples"] = run_samples(fields, options.get("samples"))  # n becomes samples
+    try:
+        options["sampling"], options["samples"] = run_samples(fields, options.get("samples"))  # n becomes samples
+    except ConfigError as exc:  # an "n" beyond 64 bits is quoted as the flag wrote it, not as a float
+        raise ConfigError(as_written(str(exc), sampling.encode() if isinstance(sampling, str) else b"")) from None
     kwargs = parse_json_object(chat_template_kwargs, "--chat-template-kwargs")
     given = {"tools": read_tools(tools), "chat_template_kwargs": kwargs}
     options.update(lift_template_inputs(options["sampling"], given))

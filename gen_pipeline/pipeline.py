@@ -1,5 +1,7 @@
-"""One `generate` run: prompts file -> validated rows -> token counts -> budgets -> balanced requests
--> one line in the output or the ledger. This is the only module that knows every other one.
+"""One process's `generate` run: prompts file -> validated rows -> token counts -> budgets -> balanced
+requests -> one line in the output or the ledger. The Runner drives it; `run_single` is the single-process
+mode (one writer holding the run directory's lock); claimrun.py reuses the Runner as a claimer, and
+modes.py chooses between them.
 """
 
 from __future__ import annotations
@@ -12,30 +14,31 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cost, cursor, health
+from . import cost, cursor
+from .alerts import Watch
 from .balancer import ServerPool
 from .config import RunConfig
 from .converse import TurnDispatch
 from .cursor import CursorKeeper, MarkTracker
-from .dispatch import SampleDispatch, thinking_fields
-from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT, ConfigError, OutputError
+from .dispatch import SampleDispatch, Sent, thinking_fields
+from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .findings import drift_warning, over_length_advice, server_cut_warning
 from .fleet import FleetInfo
 from .http import Client, open_transport
-from .inputfile import check_input
 from .locks import refuse_shard_writers
 from .metrics import exporting
+from .prober import watch_servers
 from .progress import RunStats, snapshot, watch_run
 from .reader import BatchReader
 from .recorder import Recorder
 from .records import TRANSIENT_REASONS, Failure, Prompt
+from .refusals import RefusalJudge
 from .requests import RequestPath
-from .rundir import RunDir, make_dir
+from .rundir import RunDir
 from .runtime import install_run_handlers
 from .setup import build_pool, resume_point, settle_manifest
-from .status import write_status
 from .store import DirLock, ResumeState, RunWriter, repair_all, write_json_atomic
-from .summary import Outcome, run_summary
+from .summary import Outcome, run_summary, write_status
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner, dispatch_budget
 from .usage import usage_warnings
@@ -60,17 +63,22 @@ class Runner:
     dispatch: SampleDispatch | None = None  # None: a plain SampleDispatch over `path`
     turns: TurnDispatch | None = None  # --turns all: each prompt's conversations (set by `use_turns`)
     recorder: Recorder = field(init=False)
+    judge: RefusalJudge = field(init=False)  # holds back 400s until it is clear they are the rows' fault
     tracker: MarkTracker = field(default_factory=MarkTracker)
     warnings: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str = ""
     stop_code: int = 0  # the exit code the stop asks for
     undispatched: int = 0  # prompts in the queue, not yet taken by a worker
+    watch: Watch = field(init=False)  # the alerts status.json and the progress line show
+    alerts: list[str] = field(default_factory=list)  # the alerts that held at the last look
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(
             self.config, self.writer, self.stats, self.counter.name, self.request_stop, self.warnings
         )
+        self.judge = RefusalJudge(len(self.pool.servers), self._release, lambda r: self.request_stop(r, EXIT_OUTAGE))
+        self.watch = Watch(self.config.stall_minutes * 60, self.config.on_stall, str(self.config.out))
 
     def use_turns(self) -> None:
         """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
@@ -94,10 +102,12 @@ class Runner:
         queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
         monitor = asyncio.create_task(watch_run(self))
-        prober = asyncio.create_task(health.watch(self.pool, self.client)) if self.client else monitor
+        prober = asyncio.create_task(watch_servers(self.pool, self.client)) if self.client else monitor
         producer = asyncio.create_task(self._produce(queue, workers))
         try:
             await self._until_done_or_stopped(producer, tasks)
+            if not self.stopping.is_set():
+                self.judge.finish()
         finally:
             for t in [monitor, prober, producer, *tasks]:
                 t.cancel()
@@ -171,11 +181,18 @@ class Runner:
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
             transient = await (self._converse(prompt) if self.turns is not None else self._send(prompt, dispatch))
-            if transient is None:
-                continue  # not settled here: the next run goes on with it
-            if transient:
-                self.reader.source.logging = False  # the input cursor stops short of this row
-            self.tracker.settled(prompt.line, ok=not transient)
+            if transient is not None:  # None: not settled here (the judge's to settle, or the next run's)
+                self._settle(prompt, transient)
+
+    def _settle(self, prompt: Prompt, transient: bool) -> None:
+        """A written prompt for the input cursor: passed, or (transient) held before."""
+        if transient:
+            self.reader.source.logging = False  # the input cursor stops short of this row
+        self.tracker.settled(prompt.line, ok=not transient)
+
+    def _release(self, prompt: Prompt, sent: Sent) -> None:
+        """Write and settle a prompt the refusal judge held back (its 400 was the row's fault)."""
+        self._settle(prompt, self.recorder.sent(prompt, sent))
 
     async def _send(self, prompt: Prompt, dispatch: SampleDispatch) -> bool | None:
         """The samples one prompt owes: True when one failed for a transient reason (None: not sent)."""
@@ -183,7 +200,8 @@ class Runner:
         budget = self._budget(prompt)
         if budget is None:
             return False
-        return self.recorder.sent(prompt, await dispatch.generate(prompt, budget, prompt.pending or (0,)))
+        sent = await dispatch.generate(prompt, budget, prompt.pending or (0,))
+        return None if self.judge.hold(prompt, sent) else self.recorder.sent(prompt, sent)
 
     async def _converse(self, prompt: Prompt) -> bool | None:
         """--turns all: the conversations one prompt owes, each budgeted turn by turn; None when the run
@@ -200,14 +218,15 @@ class Runner:
     def write_status(self, state: str) -> None:
         """Replace status.json with a snapshot (a failure to write it never stops the run)."""
         with contextlib.suppress(OutputError):
-            path = RunDir(self.config.out).writer(self.config.worker).status
-            write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock()))
+            path = RunDir(self.config.out).writer().status
+            write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts))
 
 
 def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
     warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
     warnings += usage_warnings(runner.pool.servers)
+    warnings += [w for w in [runner.stats.same_samples.warning()] if w is not None]
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(
         stop_reason=runner.stop_reason or None,
@@ -216,7 +235,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
         learned_offset=runner.path.learner.offset,
     )
     config = runner.config
-    sharing = config.shard[1] if config.shard else config.share  # --workers K share each server
+    sharing = config.share  # --workers K share each server
     hours = cost.gpu_hours(runner.stats.elapsed(), len(runner.pool.servers), config.gpus_per_server, sharing)
     summary.update(gpus_per_server=config.gpus_per_server, gpu_hours=round(hours, 4))
     summary.update(cost.derive(summary))
@@ -229,7 +248,8 @@ def _raise_first_failure(done: set[asyncio.Task[Any]]) -> None:
             raise task.exception()  # type: ignore[misc]
 
 
-def _exit_code(runner: Runner) -> int:
+def final_exit_code(runner: Runner) -> int:
+    """The exit code a finished or stopped Runner ends with."""
     if runner.recorder.fatal is not None:
         return EXIT_OUTPUT
     if runner.stopping.is_set():
@@ -260,26 +280,12 @@ def input_warnings(config: RunConfig, stats: RunStats) -> list[str]:
     return warnings
 
 
-async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, handle_signals: bool = True) -> Outcome:
-    """Run `generate` with an optional injected token counter (tests use a fake one).
-
-    `handle_signals` installs the command's SIGINT/SIGTERM/SIGHUP handlers (a grace period, then a hard exit
-    on the second); the Python API leaves them out, so a cancelled or interrupted call just stops.
-    """
-    if not config.input.is_file():
-        raise ConfigError(f"input file not found: {config.input}")
-    check_input(config.input)
-    make_dir(config.out)
-    from . import claimrun
-
-    if claimrun.claimed(config):  # claimed shards: many processes share the directory (claims.py)
-        return await claimrun.run_claimer(config, counter, handle_signals)
+async def run_single(config: RunConfig, counter: TokenCounter | None, handle_signals: bool) -> Outcome:
+    """The single-process mode: hold the run directory's lock, then run the whole input."""
     lock = DirLock(config.out)
-    if config.shard is None:  # a worker process runs under its parent's lock (and holds its shard's)
-        lock.acquire()
+    lock.acquire()
     try:
-        if config.shard is None:  # an earlier --workers run's worker would write beside us
-            await asyncio.to_thread(refuse_shard_writers, config.out)
+        await asyncio.to_thread(refuse_shard_writers, config.out)  # an older version's worker still writing
         async with open_transport(config.api_key, auth=config.server_auth) as transport:
             return await _run_locked(config, Client(transport), counter, handle_signals)
     finally:
@@ -293,19 +299,19 @@ async def _run_locked(
     assert point is not None
     resume, resumed = point
     extra = thinking_fields(config, fleet)  # refused here, before anything is opened or sent
-    if config.shard is None and (torn := repair_all(config.out)):
+    if torn := repair_all(config.out):
         resume, resumed = resume_point(config)  # the scan read the torn tail as a corrupt line: again without it
         resume.torn_bytes = torn
     pool = build_pool(config, fleet)
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
-    found = resume.files.get(RunDir(config.out).writer(config.worker).completions.name)
-    writer = RunWriter(config.out, config.fsync_interval, config.worker, found)
+    found = resume.files.get(RunDir(config.out).writer().completions.name)
+    writer = RunWriter(config.out, config.fsync_interval, None, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
     keeper = (
         None
         if config.limit is not None
-        else cursor.CursorKeeper(config.out, config.input, config.shard, resumed, config.samples)
+        else cursor.CursorKeeper(config.out, config.input, None, resumed, config.samples)
     )
     runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
     runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)
@@ -318,14 +324,14 @@ async def _run_locked(
     if handle_signals:
         restore_signals = install_run_handlers(runner.request_stop, runner.writer.sync, config.grace_period)
     else:
-        restore_signals = _nothing
+        restore_signals = no_handlers
     try:
         return await _run_loop(runner, fleet)
     finally:
         restore_signals()
 
 
-def _nothing() -> None:
+def no_handlers() -> None:
     """No signal handlers to put back (the Python API installs none)."""
 
 
@@ -344,14 +350,9 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     for warning in (*warnings, server_cut_warning(stats.server_cut)):
         if warning is not None:
             runner.warnings.append(warning)
-    exit_code = _exit_code(runner)
+    exit_code = final_exit_code(runner)
     summary = runner_summary(runner, fleet, exit_code)
     runner.write_status("finished")
     with contextlib.suppress(OutputError):
-        write_json_atomic(RunDir(config.out).writer(config.worker).summary, summary)
+        write_json_atomic(RunDir(config.out).writer().summary, summary)
     return Outcome(summary, exit_code, run_error(runner))
-
-
-def run(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:
-    """Run `generate` to completion (or a clean stop) and return its summary and exit code."""
-    return asyncio.run(run_async(config, counter))

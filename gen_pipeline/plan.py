@@ -14,8 +14,8 @@ from .config import RunConfig
 from .progress import RunStats
 from .reader import BatchReader
 from .records import Prompt
-from .report import distribution
 from .rows import BadRow
+from .rundata import distribution
 from .source import Skipped
 from .store import ResumeState
 from .tokens import TokenCounter

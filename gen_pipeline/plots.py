@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .report import Completions, distribution
+from .rundata import Completions, distribution
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

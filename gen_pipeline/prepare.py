@@ -28,6 +28,7 @@ import orjson
 from .errors import ConfigError, OutputError
 from .formats import FORMATS, InvalidRowError, RowConverter, jsonl_rows, open_source
 from .records import PERMANENT_REASONS, id_key
+from .rows import RowError, parse_row
 from .rundir import RunDir, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -135,10 +136,11 @@ class AtomicJsonl:
             raise OutputError(f"cannot write {self.tmp}: {exc}") from exc
         return self
 
-    def write(self, row: dict[str, Any]) -> None:
+    def write(self, line: bytes) -> None:
+        """Write one row's line (newline included)."""
         assert self.file is not None
         try:
-            self.file.write(orjson.dumps(row, default=str, option=_DUMP) + b"\n")
+            self.file.write(line)
         except OSError as exc:
             raise OutputError(f"cannot write {self.tmp}: {exc}") from exc
 
@@ -213,10 +215,11 @@ def load_known(paths: tuple[Path, ...], keep_turns: bool = False) -> KnownPrompt
 
 def _accept(
     convert: RowConverter, raw: Any, known: KnownPrompts, seen: set[int], report: PrepareReport
-) -> dict[str, Any] | None:
-    """The input row to write for one source row, or None (counted as invalid, excluded or dup)."""
+) -> bytes | None:
+    """The line to write for one source row, or None (counted as invalid, excluded or dup)."""
     try:
         row = convert(raw)
+        line = valid_line(row.row)
     except InvalidRowError as exc:
         report.invalid[exc.reason] += 1
         return None
@@ -227,8 +230,21 @@ def _accept(
         report.duplicates += 1
     else:
         seen.add(key)
-        return row.row
+        return line
     return None
+
+
+def valid_line(row: dict[str, Any]) -> bytes:
+    """The row as the line `generate` will read, checked by the validator that reads it (rows.parse_row):
+    a row prepare writes is a row generate takes; InvalidRowError (the RowError's tag) otherwise."""
+    try:
+        line = orjson.dumps(row, default=str, option=_DUMP)
+        parse_row(line, 0)
+    except orjson.JSONEncodeError:
+        raise InvalidRowError("too_deep") from None  # nested beyond what orjson writes
+    except RowError as exc:
+        raise InvalidRowError(exc.tag) from None
+    return line + b"\n"
 
 
 def prepare(config: PrepareConfig) -> PrepareReport:
@@ -243,9 +259,9 @@ def prepare(config: PrepareConfig) -> PrepareReport:
             rows = open_source(src, config.split, config.subset, config.streaming, config.limit)
             for raw in rows:
                 report.read += 1
-                row = _accept(convert, raw, known, seen, report)
-                if row is not None:
-                    out.write(row)
+                line = _accept(convert, raw, known, seen, report)
+                if line is not None:
+                    out.write(line)
                     report.written += 1
                 if report.read % PROGRESS_EVERY == 0:
                     log.info("prepare: %d rows read, %d written", report.read, report.written)

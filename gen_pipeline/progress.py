@@ -8,7 +8,6 @@ import itertools
 import logging
 import math
 import os
-import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -16,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import cost_lines
+from .display import Progress
 from .errors import EXIT_OUTAGE
+from .identical import SameSamples
 
 log = logging.getLogger("gen_pipeline")
 
-LOG_INTERVAL = 30.0
 STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
 # The ETA's rate is measured over this much recent history (all of it early in a run): long enough to
 # smooth the ups and downs of generation lengths, short enough to follow a server going down.
@@ -78,14 +78,17 @@ class RunStats:
     input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
     ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
+    progressed: tuple[float, int] = (-1.0, 0)  # (clock, worked()) when rate() last saw worked() grow
 
     def __post_init__(self) -> None:
         if self.started < 0:
             self.started = self.clock()
         self.rate_points.append((self.started, 0))
+        self.progressed = (self.started, 0)
 
     def note_input(self, rows: int, fraction: float) -> None:
         """The reader has passed on `rows` more rows, having consumed `fraction` of the input."""
@@ -121,12 +124,20 @@ class RunStats:
     def rate(self) -> float:
         """Rows settled per second over the last ETA_WINDOW seconds (since the start, early on)."""
         now, worked = self.clock(), self.worked()
+        if worked != self.progressed[1]:
+            self.progressed = (now, worked)
         if now - self.rate_points[-1][0] >= RATE_SAMPLE:
             self.rate_points.append((now, worked))
         while len(self.rate_points) > 2 and now - self.rate_points[1][0] >= ETA_WINDOW:
             self.rate_points.popleft()  # the oldest kept is the last one at least a window old
         since, then = self.rate_points[0]
         return (worked - then) / (now - since) if now > since else 0.0
+
+    def idle(self) -> float:
+        """Seconds since a row was last settled (since the start, before the first one), as seen by rate()'s
+        callers (status.json every STATUS_INTERVAL s)."""
+        self.rate()
+        return self.clock() - self.progressed[0]
 
     def elapsed(self) -> float:
         return max(self.clock() - self.started, 1e-9)
@@ -153,55 +164,33 @@ class RunStats:
         return {"compared": compared, "differed": sum(differed.values()), "by_offset": differed}
 
 
-class Progress:
-    """A tqdm bar on a terminal, a plain log line every LOG_INTERVAL seconds otherwise."""
-
-    def __init__(self, mode: str, total: int | None = None) -> None:
-        if mode == "auto":
-            mode = "bar" if sys.stderr.isatty() else "log"
-        self.mode = mode
-        self._last_log = time.monotonic()
-        self.bar: Any = None
-        if mode == "bar":  # imported only for a bar: 0.05 s of every other run's start-up (log, off, workers)
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="row", dynamic_ncols=True)
-
-    def update(self, stats: RunStats, extra: str = "") -> None:
-        """Refresh the display from the counters."""
-        line = self.line(stats, extra)
-        if self.bar is not None:
-            self.bar.n = stats.completed + sum(stats.failed.values()) + sum(stats.skipped.values())
-            self.bar.set_postfix_str(line, refresh=True)
-        elif self.mode == "log" and time.monotonic() - self._last_log >= LOG_INTERVAL:
-            self._last_log = time.monotonic()
-            log.info("progress: %s", line)
-
-    @staticmethod
-    def line(stats: RunStats, extra: str = "") -> str:
-        t = stats.elapsed()
-        failed = sum(stats.failed.values())
-        parts = [
-            f"done {stats.completed}",
-            f"skipped {sum(stats.skipped.values())}",
-            f"failed {failed}",
-            f"in flight {stats.in_flight}",
-            f"{stats.completed / t:.1f} req/s",
-            f"{stats.output_tokens / t:.0f} out tok/s",
-        ]
-        return " | ".join(parts + ([extra] if extra else []))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def progress_line(stats: RunStats, extra: str = "") -> str:
+    """The one line the progress bar or log shows: counts and rates, then `extra` (servers, alerts)."""
+    t = stats.elapsed()
+    parts = [
+        f"done {stats.completed}",
+        f"skipped {sum(stats.skipped.values())}",
+        f"failed {sum(stats.failed.values())}",
+        f"in flight {stats.in_flight}",
+        f"{stats.completed / t:.1f} req/s",
+        f"{stats.output_tokens / t:.0f} out tok/s",
+    ]
+    return " | ".join(parts + ([extra] if extra else []))
 
 
-def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dict[str, Any]:
+def show(progress: Progress, stats: RunStats, extra: str = "") -> None:
+    """Refresh the progress display from the run's counters."""
+    progress.update(stats.worked() + sum(stats.skipped.values()), progress_line(stats, extra))
+
+
+def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
     """The status.json document (schema in gen_pipeline/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
+    updated = time.time()
     return {
-        "updated": time.time(),
+        "updated": updated,
+        "last_settled": round(updated - stats.idle(), 1),  # a row's end; the start before the first
         "pid": os.getpid(),
         "state": state,
         "counts": {
@@ -224,6 +213,7 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float) -> dic
             for s in servers
         },
         "last_error": dict(stats.last_error),
+        "alerts": list(alerts),
     }
 
 
@@ -237,6 +227,14 @@ def _samples_lines(summary: dict[str, Any]) -> list[str]:
     if reasoning := summary.get("reasoning_tokens"):
         lines.append(f"output tokens: reasoning {reasoning['reasoning']}, answer {reasoning['answer']}")
     return lines
+
+
+def _cache_note(view: dict[str, Any]) -> str:
+    """A server's prefix-cache hits, where it reports them (SGLang --enable-cache-report)."""
+    cached, prompt = view.get("cached_tokens"), view.get("prompt_tokens")
+    if cached is None or not prompt:
+        return ""
+    return f", prefix cache {cached} of {prompt} prompt tokens ({100 * cached / prompt:.0f}%)"
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -262,7 +260,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     for url, view in summary["servers"].items():
         lines.append(
             f"  {url}: {view['completions']} done, failures {view['failures'] or 0}, "
-            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s"
+            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s, "
+            f"capacity {view.get('capacity')} ({view.get('capacity_source')}){_cache_note(view)}"
         )
     lines.extend(f"WARNING: {w}" for w in summary["warnings"])
     return "\n".join(lines)
@@ -283,10 +282,15 @@ async def watch_run(runner: Any) -> None:
             outage = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
-            progress.update(runner.stats, extra)
+            tail = runner.pool.backlog is not None  # the input is read: slow servers are left idle on purpose
+            runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock(), tail)
+            if runner.alerts:
+                more = f" (+{len(runner.alerts) - 1} more: gen-pipeline status)" if len(runner.alerts) > 1 else ""
+                extra += f" | ALERT: {runner.alerts[0]}{more}"
+            show(progress, runner.stats, extra)
             if outage > runner.config.outage_timeout:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
             await asyncio.sleep(0.5)
     finally:
-        progress.update(runner.stats)
+        show(progress, runner.stats)
         progress.close()

@@ -40,9 +40,8 @@ class BatchReader:
         stats: RunStats,
         resumed: Resumed | None = None,
         context_length: int | None = None,
-        mine: Callable[[int], bool] | None = None,  # a claimer's held shards (else a static worker's shard)
+        mine: Callable[[int], bool] | None = None,  # a claimer's held shards (None: every row)
     ) -> None:
-        mine = mine or (config.mine if config.shard else None)
         start = resumed.start if resumed else None
         self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
         self.carried = dict(resumed.tallies) if resumed else {}
@@ -183,7 +182,8 @@ def first_lines(source: PromptSource, limit: int | None) -> Generator[Prompt | B
 
 def shaped(prompt: Prompt, config: RunConfig) -> Prompt:
     """The row as it is counted and sent: --system-prompt put first, and the run's tools and
-    chat_template_kwargs where the row has none of its own (a row's own value replaces the run's)."""
+    chat_template_kwargs where the row has none of its own (a row's own value replaces the run's); the
+    tool_choice it is sent with noted for the count."""
     with_system_prompt(prompt, config.system_prompt)
     if prompt.turns:
         prompt.turns[0] = prompt.messages  # --turns all: the system prompt opens the conversation
@@ -191,6 +191,7 @@ def shaped(prompt: Prompt, config: RunConfig) -> Prompt:
         prompt.tools = config.tools
     if prompt.template_kwargs is None:
         prompt.template_kwargs = config.chat_template_kwargs
+    prompt.tool_choice = (prompt.sampling or {}).get("tool_choice", config.sampling.get("tool_choice"))
     return prompt
 
 
@@ -198,7 +199,7 @@ def conversation(prompt: Prompt) -> ChatInput:
     """What the template renders for a row: its messages, with its tools and template kwargs if any."""
     if prompt.tools is None and not prompt.template_kwargs:
         return prompt.messages
-    return Conversation(prompt.messages, prompt.tools, prompt.template_kwargs or {})
+    return Conversation(prompt.messages, prompt.tools, prompt.template_kwargs or {}, prompt.tool_choice)
 
 
 def with_system_prompt(prompt: Prompt, text: str | None) -> Prompt:

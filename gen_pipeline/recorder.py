@@ -8,6 +8,7 @@ that show a tokenizer the servers do not use.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from .cost import useful_tokens
 from .dispatch import Sent
 from .errors import EXIT_ERROR, EXIT_OUTPUT, OutputError
 from .findings import DRIFT_EVIDENCE, early_drift_problem
+from .identical import greedy
 from .progress import RunStats
 from .reader import conversation
 from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
@@ -24,6 +26,11 @@ from .runtime import say
 from .source import Skipped
 from .store import RunWriter
 from .tokens.conversation import shapes
+
+log = logging.getLogger("gen_pipeline")
+
+# Poison rows named one by one in the summary's warnings (the ledger holds them all).
+POISON_NAMED = 10
 
 
 class Recorder:
@@ -71,9 +78,18 @@ class Recorder:
         if sent.reasoning_tokens is not None:
             self.stats.reasoning_tokens += sent.reasoning_tokens
             self.stats.reasoned_output_tokens += sent.output_tokens
-        if any(isinstance(o, Completion) for o in sent.outcomes):
+        done = [o for o in sent.outcomes if isinstance(o, Completion)]
+        if done:
             self.stats.input_tokens += prompt.input_tokens  # once: one request with n, or a cached prefix
+            self._judge_samples(prompt, done)
         return transient
+
+    def _judge_samples(self, prompt: Prompt, done: list[Completion]) -> None:
+        """Count prompts whose samples all came back the same (not asked greedy); warn once when many did."""
+        if greedy({**self.config.sampling, **(prompt.sampling or {})}):
+            return
+        if self.stats.same_samples.note(done):
+            log.warning("%s", self.stats.same_samples.warning())
 
     def failure(self, failure: Failure) -> None:
         """One ledger line, and the reason's count and newest detail."""
@@ -81,6 +97,12 @@ class Recorder:
         self._write(self.writer.write_failure, failure)
         self.stats.failed[failure.reason] += 1
         self.stats.last_error[failure.reason] = f"{failure.server or failure.source}: {failure.detail}"[:300]
+        if failure.reason == "poison" and self.stats.failed["poison"] <= POISON_NAMED:
+            self.warnings.append(
+                f"row {failure.id!r} (line {failure.line}) was answered 5xx by every server it was sent to, "
+                f"and they serve other requests: ledgered `poison` (a rerun skips it, --retry-failed poison "
+                f"sends it again). The server said: {failure.detail[:200]}"
+            )
 
     def _count(self, outcome: Completion, kinds: frozenset[str] = frozenset()) -> None:
         """Add one written completion to the run's figures (`kinds`: its request's shapes)."""

@@ -102,7 +102,7 @@ def parsed_id(raw: bytes) -> RowId | None:
         row = orjson.loads(raw)
     except (orjson.JSONDecodeError, UnicodeDecodeError):
         return None
-    rid = row.get("id") if isinstance(row, dict) else None
+    rid = row.get("id", row.get("custom_id")) if isinstance(row, dict) else None  # custom_id: OpenAI Batch
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
@@ -129,6 +129,7 @@ class Prompt:
     at_least: bool = False  # input_tokens is a lower bound from the row's size: too long to be worth counting
     tools: list[Any] | None = None  # the OpenAI tools the template gets: the row's own, else the run's
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, likewise
+    tool_choice: Any = None  # the tool_choice it is sent with (its sampling's, else the run's): SGLang renders by it
     turns: list[Messages] | None = None  # --turns all: the segments, one per user turn (turns.split_turns)
     resume: dict[int, tuple[int, Messages]] = field(default_factory=dict)  # sample -> (first turn, history)
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
@@ -156,9 +157,17 @@ class Completion:
     meta: dict[str, Any]
     key: int = -1  # id_key(id): carried from the Prompt (hashed once), else hashed here
     reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
+    tool_calls: list[Any] | None = None  # the answer's own tool calls; written only when it made some
+    # what the request carried beside its messages that shapes the answer: tools, chat_template_kwargs,
+    # sampling (requests.shaping_fields); written right after the messages, each only when present
+    request: dict[str, Any] = field(default_factory=dict)
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
     turn: int | None = None  # --turns all: which user turn this answers (its key is samples.place_key)
     extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
+    # what produced it: the fingerprint of the server's identity (the manifest lists it under provenance),
+    # and the weight_version the answer reported; each written only when known
+    checkpoint: str | None = None
+    weight_version: str | None = None
     # when the answer came back (epoch s, as the ledger's `time`): the report's time axis
     time: float = field(default_factory=time.time)
 
@@ -169,6 +178,8 @@ class Completion:
     def to_line(self) -> bytes:
         # reasoning_content only when the server sent one (a reasoning parser), so other lines stay as they were
         thinking = {"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}
+        made_by = {k: v for k, v in (("checkpoint", self.checkpoint), ("weight_version", self.weight_version)) if v}
+        calls = {"tool_calls": self.tool_calls} if self.tool_calls else {}
         return (
             orjson.dumps(
                 {
@@ -176,8 +187,10 @@ class Completion:
                     "sample": self.sample,  # right after the id: samples.line_place reads it without parsing
                     **({"turn": self.turn} if self.turn is not None else {}),  # and the turn right after it
                     "messages": self.messages,
+                    **self.request,
                     "completion": self.completion,
                     **thinking,
+                    **calls,
                     "finish_reason": self.finish_reason,
                     "input_tokens": self.input_tokens,
                     "prompt_tokens": self.prompt_tokens,
@@ -188,6 +201,7 @@ class Completion:
                     "latency_s": round(self.latency_s, 4),
                     "time": round(self.time, 3),
                     "model": self.model,
+                    **made_by,
                     "meta": self.meta,
                     **self.extra,
                 }
@@ -240,7 +254,11 @@ class Failure:
 
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.
 # empty_completion: every attempt got a 200 with no content and no reasoning (README's ledger table).
-PERMANENT_REASONS = frozenset({"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion"})
+# poison: every server answered the row 5xx while it served other rows (the row breaks them, resending it
+# cannot help; --retry-failed poison sends it again once the servers are fixed).
+PERMANENT_REASONS = frozenset(
+    {"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion", "poison"}
+)
 # Ledger reasons from transport or fleet trouble; a plain rerun retries them. wrong_model: every attempt was
 # answered by a server naming another model (fix the fleet, then rerun).
 TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection", "wrong_model"})

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from . import health, pacing
 from .health import Window
+from .provenance import ServerIdentity
 
 
 @dataclass
@@ -18,12 +19,15 @@ class ServerState:
     url: str
     capacity: int
     margin: int = 0  # requests in flight beyond `capacity`, queued at the server
+    capacity_source: str = "default"  # where `capacity` came from (capacity.SOURCES)
     in_flight: int = 0
     homes: int = 0  # conversations between two turns whose next turn this server keeps room for (--turns all)
     trial_in_flight: int = 0
     requests: int = 0  # requests the server received (refused connections are not counted)
     completions: int = 0
     output_tokens: int = 0
+    prompt_tokens: int = 0  # as the server counted them (usage.prompt_tokens)
+    cached_tokens: int | None = None  # of them, served by its prefix cache (None: the server reports none)
     latency_total: float = 0.0
     mean_latency: float | None = None
     slowest_s: float | None = None
@@ -39,6 +43,9 @@ class ServerState:
     out_of_service_s: float = 0.0  # closed out-of-service periods
     trial: bool = False  # half-open: one fresh request at a time until one succeeds
     quiet_since: float = 0.0  # the last answer, or when it got work after being idle
+    identity: ServerIdentity | None = None  # the checkpoint it served at start (None: not known)
+    retired: bool = False  # its checkpoint changed mid-run: out for the rest of the run
+    last_sent: float = -math.inf  # when it was last given a request (alerts.py: a server left idle)
     bad_usage: int = 0  # answers whose usage was impossible (usage.py), and the first one's reason
     bad_usage_first: str = ""
 
@@ -66,6 +73,12 @@ class ServerState:
         queued_ahead = max(0, self.in_flight + 1 - self.capacity)
         return latency * (1 + queued_ahead / self.capacity)
 
+    def note_usage(self, prompt_tokens: int | None, cached_tokens: int | None) -> None:
+        """Add one answer's prompt tokens and the part of them the server's prefix cache served."""
+        self.prompt_tokens += prompt_tokens or 0
+        if cached_tokens is not None:
+            self.cached_tokens = (self.cached_tokens or 0) + cached_tokens
+
     def out_of_service(self, now: float) -> float:
         """Seconds this server could not be sent new requests, the current period included."""
         if self.out_since is None:
@@ -82,10 +95,13 @@ class ServerState:
             "failures": dict(self.failures),
             "mean_latency_s": round(self.latency_total / done, 3) if done else None,
             "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             # tokens per second of request time: the server's speed as this client saw it
             "output_tokens_per_request_s": round(self.output_tokens / busy, 1) if busy else None,
             "out_of_service_s": round(self.out_of_service(now), 1),
             "capacity": self.capacity,
+            "capacity_source": self.capacity_source,
             "queue_margin": self.margin,
             **({"impossible_usage": self.bad_usage} if self.bad_usage else {}),
         }

@@ -11,14 +11,18 @@ from typing import Any, TypeVar
 
 import orjson
 
-from . import __version__, cursor
+from . import cursor
+from ._version import __version__
 from .balancer import ServerPool
-from .config import RunConfig
+from .capacity import server_capacity
+from .config import DEFAULT_CONCURRENCY, RunConfig
 from .cursor import Resumed
 from .errors import ConfigError, PreflightError
 from .fleet import FleetInfo, discover
 from .http import Client
 from .pacing import queue_margin
+from .provenance import provenance_section, seed_warning
+from .rundir import read_manifest
 from .runtime import open_file_limit
 from .serverstate import ServerState
 from .store import ResumeState, check_manifest, scan
@@ -112,14 +116,24 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     allows (`ulimit -n`, read when `open_files` is None), every server's share shrinks to fit, with a
     warning, instead of failing connections that would then be blamed on the servers.
     """
-    reported = {s.url: s.max_running_requests for s in fleet.servers}
-    wanted = {url: config.capacity_for(reported.get(url)) for url in config.servers}
+    infos = {s.url: s for s in fleet.servers}
+    found = {url: server_capacity(config, infos.get(url)) for url in config.servers}
+    wanted = {url: config.capacity_for(c.requests) for url, c in found.items()}
     capacities, warning = fit_open_files(wanted, open_file_limit() if open_files is None else open_files)
     if warning is not None:
         fleet.warnings.append(warning)
         log.warning("%s", warning)
-    margin = {url: _margin(config, reported.get(url), c, warning) for url, c in capacities.items()}
-    pool = ServerPool(ServerState(url, capacity, margin[url]) for url, capacity in capacities.items())
+    if guessed := [url for url, c in found.items() if c.source == "default" and url not in fleet.down]:
+        fleet.warnings.append(
+            f"{len(guessed)} server(s) report no running slots and no KV pool: {DEFAULT_CONCURRENCY} requests in "
+            f"flight each is a guess (--concurrency sets it): {', '.join(guessed)}"
+        )
+    margin = {url: _margin(config, found[url].reported, c, warning) for url, c in capacities.items()}
+    identity = {s.url: s.identity for s in fleet.servers}
+    pool = ServerPool(
+        ServerState(url, capacity, margin[url], capacity_source=found[url].source, identity=identity.get(url))
+        for url, capacity in capacities.items()
+    )
     for server in pool.servers:
         if server.url in fleet.down:
             pool.mark_down(server)
@@ -156,9 +170,10 @@ def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
     if problems and not config.force:
         raise PreflightError(problems)
     fleet.warnings.extend(f"PROBLEM ignored (--force): {p}" for p in problems)
-    if config.shard is None:  # a worker's parent has printed them
-        for warning in fleet.warnings:
-            log.warning("warning: %s", warning)
+    if (seeded := seed_warning(fleet.identities(), config.sampling)) is not None:
+        fleet.warnings.append(seeded)
+    for warning in fleet.warnings:
+        log.warning("warning: %s", warning)
 
 
 async def settle_manifest(
@@ -179,8 +194,8 @@ async def settle_manifest(
     try:
         if counter is None:
             counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
-        manifest = manifest_for(config, model, ctx, counter, fleet.kind())
-        check_manifest(config.out, manifest, config.force, write=config.shard is None)
+        manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, counter, fleet.kind()))
+        check_manifest(config.out, manifest, config.force, write=True)
         extra = await background if background is not None else None
     except BaseException:
         if background is not None:
@@ -195,14 +210,20 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     model, ctx, tokenizer = resolve(config, fleet)
     start_findings(config, fleet)
     identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
-    manifest = manifest_for(config, model, ctx, identity, fleet.kind())
+    manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, identity, fleet.kind()))
     check_manifest(config.out, manifest, config.force, write=True)
 
 
+def with_provenance(config: RunConfig, fleet: FleetInfo, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with the fleet's provenance merged into the run directory's (CheckpointChangedError:
+    the servers serve a checkpoint the run's rows were not written by, and --accept-checkpoint is not set)."""
+    old = read_manifest(config.out)
+    return {**manifest, "provenance": provenance_section(old, fleet.identities(), config.accept_checkpoint)}
+
+
 def resume_state(config: RunConfig) -> ResumeState:
-    """What earlier runs settled; a worker reads only its own ids and leaves repairs to its parent."""
-    worker = config.shard is not None
-    state = scan(config.out, repair=False, mine=config.mine if worker else None)
+    """What earlier runs settled (read only: the run repairs torn tails itself, once it holds the directory)."""
+    state = scan(config.out, repair=False)
     state.samples = config.samples
     state.turns = config.turns == "all"
     return state
@@ -216,4 +237,4 @@ def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
     state = resume_state(config)
     if config.limit is not None:
         return state, None
-    return state, cursor.load(config.out, config.input, config.shard, config.retry_failed, state)
+    return state, cursor.load(config.out, config.input, None, config.retry_failed, state)

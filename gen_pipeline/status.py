@@ -1,9 +1,10 @@
 """`status.json` and `gen-pipeline status DIR`: how a run is doing, seen from another terminal.
 
-While it runs, the pipeline replaces DIR/status.json every few seconds (atomically, `write_status`):
+While it runs, the pipeline replaces DIR/status.json every few seconds (atomically, `summary.write_status`):
 
     {
       "updated": 1732900000.0,        # epoch seconds of this snapshot
+      "last_settled": 1732899990.0,   # epoch seconds when a row was last settled (the start, before one was)
       "pid": 12345,                   # the generate process
       "state": "running",             # "running" | "stopping" (after Ctrl-C / SIGTERM) | "finished"
       "counts": {
@@ -61,74 +62,14 @@ from .inputfile import input_lines
 from .ledger import ledger_reasons
 from .locks import holder, is_held
 from .progress import format_summary
-from .report import completion_files, read_json
-from .rundir import LOCK, MANIFEST, STATUS, SUMMARY, RunDir, write_json_atomic
+from .rundata import completion_files, read_json
+from .rundir import LOCK, MANIFEST, STATUS, SUMMARY, RunDir
+from .statustext import ago, count_lines, duration, render_status, status_lines
 from .summary import merge_statuses
 
 STALE_AFTER = 30.0  # seconds without an update before a run counts as not running (when no lock tells)
 EXIT_RUNNING_OR_OK = 0
 EXIT_NOT_RUNNING = 3  # crashed, killed, stopped or finished badly: the run wants the same command again
-CHUNK = 1 << 20
-
-
-def write_status(path: Path, status: dict[str, Any]) -> None:
-    """Replace status.json in one step, so a reader never sees half of it."""
-    write_json_atomic(path, status)
-
-
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s} s"
-
-
-def _server_line(url: str, s: dict[str, Any]) -> str:
-    health = "healthy" if s.get("healthy", True) else "OUT OF SERVICE"
-    return (
-        f"  {url}  in flight {s.get('in_flight', 0)}/{s.get('capacity', '?')}  {health}  "
-        f"requests {s.get('requests', 0)}  failures {s.get('failures') or {}}"
-    )
-
-
-def _ago(status: dict[str, Any], now: float) -> str:
-    return _duration(max(0.0, now - float(status.get("updated", now))))
-
-
-def render_status(status: dict[str, Any], now: float | None = None) -> str:
-    """A status.json snapshot as readable lines."""
-    now = time.time() if now is None else now
-    head = f"{status.get('state', 'running')} (pid {status.get('pid')}), updated {_ago(status, now)} ago"
-    return "\n".join([head, *_status_lines(status)])
-
-
-def _status_lines(status: dict[str, Any]) -> list[str]:
-    """Everything below the first line: counts, rates, servers, last errors."""
-    counts, rates = status.get("counts") or {}, status.get("rates") or {}
-    failed = counts.get("failed") or {}
-    eta = status.get("eta_s")
-    servers = status.get("servers") or {}
-    healthy = sum(bool(s.get("healthy", True)) for s in servers.values())
-    lines = [
-        f"done {counts.get('done', 0)} | skipped {counts.get('skipped', 0)} | "
-        f"failed {f'{sum(failed.values())} {failed}' if failed else 0} | "
-        f"in flight {counts.get('in_flight', 0)}" + (f" | queued {counts['queued']}" if "queued" in counts else ""),
-        f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
-        f"ETA {_duration(eta) if eta is not None else 'unknown'}",
-        f"servers: {healthy} of {len(servers)} healthy",
-    ]
-    lines += [_server_line(url, s) for url, s in servers.items()]
-    lines += [f"last {reason}: {text}" for reason, text in (status.get("last_error") or {}).items()]
-    return lines
-
-
-def count_lines(path: Path) -> int:
-    """Newlines in a file, read in chunks (completions files are large)."""
-    n = 0
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            n += chunk.count(b"\n")
-    return n
 
 
 def file_counts(run: Path, manifest: dict[str, Any] | None) -> str:
@@ -167,7 +108,7 @@ def _finished_code(summary: dict[str, Any]) -> int:
 
 def _finished(run: Path, summary: dict[str, Any], now: float) -> list[str]:
     age = now - (_mtime(run / SUMMARY) or now)
-    head = f"finished {_duration(age)} ago, exit code {summary.get('exit_code')}"
+    head = f"finished {duration(age)} ago, exit code {summary.get('exit_code')}"
     if summary.get("stop_reason"):
         head += f" ({summary['stop_reason']})"
     if summary.get("exit_code") not in (0, None):
@@ -191,7 +132,9 @@ def inspect_run(run: Path, now: float | None = None) -> tuple[str, int]:
     if status is None and summary is None and manifest is None and not completion_files(run) and not workers:
         raise ConfigError(f"{run} is not a run directory (no status.json, summary.json or completions)")
     m = manifest or {}
-    lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}, {len(m.get('servers') or [])} servers"]
+    # no server count here: the servers listed below are the ones that count (claimers on other nodes
+    # bring fleets of their own; a resume may name other servers than the manifest's)
+    lines = [f"run {run}: model {m.get('model')}, input {m.get('input')}"]
     if m.get("shards") is not None:  # claimed shards: claimers on any number of hosts (claimstatus.py)
         body, code = _describe_claimed(run, summary, m, now)
     elif workers and (status is None or float(status.get("updated", 0)) < max(w.updated for w in workers)):
@@ -229,7 +172,7 @@ def _not_running(run: Path, status: dict[str, Any] | None, manifest: dict[str, A
 
 def _gone(updated: float, last_known: str, now: float) -> list[str]:
     return [
-        f"not running (last update {_duration(now - updated)} ago): crashed or killed; run the same command again "
+        f"not running (last update {duration(now - updated)} ago): crashed or killed; run the same command again "
         "to resume",
         "last known status:",
         last_known,
@@ -276,15 +219,15 @@ def render_workers(workers: list[Worker], now: float | None = None) -> str:
     now = time.time() if now is None else now
     merged = merge_workers(workers)
     running = sum(w.state == "running" for w in workers)
-    head = f"{merged['state']} ({running} of {len(workers)} workers running), updated {_ago(merged, now)} ago"
-    return "\n".join([head, *_status_lines(merged), "workers:", *(_worker_line(w, now) for w in workers)])
+    head = f"{merged['state']} ({running} of {len(workers)} workers running), updated {ago(merged, now)} ago"
+    return "\n".join([head, *status_lines(merged), "workers:", *(_worker_line(w, now) for w in workers)])
 
 
 def _worker_line(worker: Worker, now: float) -> str:
     s = worker.status
     state = {"running": str(s.get("state", "running")), "finished": "finished"}.get(worker.state, "NOT RUNNING")
     line = (
-        f"  worker {worker.index} (pid {s.get('pid')}): {state}, updated {_ago(s, now)} ago, "
+        f"  worker {worker.index} (pid {s.get('pid')}): {state}, updated {ago(s, now)} ago, "
         f"done {(s.get('counts') or {}).get('done', 0)}"
     )
     if worker.state == "not running":

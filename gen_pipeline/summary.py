@@ -17,6 +17,7 @@ from typing import Any
 from . import cost
 from .errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_OUTPUT
 from .progress import format_summary
+from .rundir import write_json_atomic
 
 Doc = dict[str, Any]
 
@@ -136,10 +137,14 @@ SUMMARY_RULES: dict[str, Any] = {
     **dict.fromkeys(COUNTS, SUM),
     **dict.fromkeys(("skipped", "failed", "finish_reasons"), TALLY),
     "token_drift": {"compared": SUM, "by_offset": TALLY},
+    "identical_samples": {"compared": SUM, "identical": SUM},
     "servers": PerKey(
         {
-            **dict.fromkeys(("requests", "completions", "output_tokens", "capacity", "queue_margin"), SUM),
+            **dict.fromkeys(("requests", "completions", "output_tokens", "prompt_tokens", "capacity"), SUM),
+            "queue_margin": SUM,
+            "cached_tokens": Rule(lambda v: None if all(x is None for x in v) else total(v)),
             "failures": TALLY,
+            "capacity_source": Rule(_joined),
             "impossible_usage": Rule(total, optional=True),
             "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
             # the slowest part's view: the parts share the servers, a mean of means would hide a slow one
@@ -163,6 +168,7 @@ SUMMARY_RULES: dict[str, Any] = {
 
 STATUS_RULES: dict[str, Any] = {
     "updated": Rule(lambda v: max(float(x) for x in v) if v else 0.0, live=True),
+    "last_settled": Rule(largest, live=True, optional=True),
     "state": Rule(_state, live=True),
     "counts": {
         "done": SUM,
@@ -173,6 +179,7 @@ STATUS_RULES: dict[str, Any] = {
     },
     "rates": {"req_per_s": Rule(_rounded(2), live=True), "out_tok_per_s": Rule(_rounded(1), live=True)},
     "eta_s": Rule(_eta, live=True),
+    "alerts": Rule(lambda v: sorted({a for alerts in v for a in alerts or []}), live=True, optional=True),
     "servers": PerKey(
         {
             "in_flight": Rule(total, live=True),
@@ -238,6 +245,7 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "truncated_in_reasoning": stats.truncated_in_reasoning,
         "reasoning_tokens": stats.reasoning_view(),
         "token_drift": stats.drift_view(),
+        "identical_samples": stats.same_samples.view(),
         "cut_by_server": stats.server_cut,
         "learned_offset": 0,
         "servers": pool.views(),
@@ -261,3 +269,8 @@ def describe(outcome: Outcome, out: Path) -> str:
     if outcome.exit_code in (EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_INCOMPLETE, EXIT_OUTPUT):
         text += f"\nto resume, run the same command again (output in {out})"
     return text
+
+
+def write_status(path: Path, status: dict[str, Any]) -> None:
+    """Replace a status file (status.json, a claimer's) in one step, so a reader never sees half of it."""
+    write_json_atomic(path, status)

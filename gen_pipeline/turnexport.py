@@ -5,7 +5,8 @@
 
 `messages` is the regenerated conversation: the last answered turn's request (which holds every earlier
 turn, with the target's own answers) and its answer; an assistant turn carries its `reasoning_content`
-when the server sent one. `conversation` says whether every user turn of the row was answered
+when the server sent one, and every turn its tool calls, ids and names (trainrow.py), beside the request's
+tools, chat_template_kwargs and sampling. `conversation` says whether every user turn of the row was answered
 ("complete") or the conversation ended early (a turn that no longer fit, or one not answered yet);
 `--drop-incomplete` leaves those out. The other columns are the last turn's. A conversation with a turn
 that export leaves out (`--drop-truncated`) is left out whole: a conversation with a hole is no data.
@@ -17,44 +18,33 @@ memory), the second writes the line of that turn.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from .card import read_manifest
-from .errors import ConfigError
+from .exportconfig import REQUEST_COLUMNS, ExportConfig, ExportStats, is_completion
 from .formats import jsonl_rows
 from .records import id_key
-from .report import completion_files
+from .rundata import completion_files
 from .samples import record_place, sample_key
-from .turns import answer_turn
-
-if TYPE_CHECKING:
-    from .export import ExportConfig, ExportStats
+from .trainrow import server_kind, training_row, turn_features
 
 TURN_COLUMNS = {"conversation": "string", "turns": "int64"}  # the columns a conversation row adds
 
 
-def turns_runs(runs: tuple[Any, ...]) -> bool:
-    """Whether these runs were made with --turns all; ConfigError when some were and some were not."""
-    kinds = {read_manifest(run).get("turns") == "all" for run in runs}
-    if len(kinds) > 1:
-        raise ConfigError("some of these runs were made with --turns all and some without; export them apart")
-    return kinds == {True}
-
-
-def conversation_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
-    """One training row per conversation of the runs, in the order their last turns were written."""
-    from .export import _is_completion, kept_completions
-
+def conversation_rows(
+    config: ExportConfig, stats: ExportStats, completions: Iterable[dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """One training row per conversation of the runs, in the order their last turns were written;
+    `completions`: the runs' kept completion lines (export.kept_completions)."""
     last: dict[int, int] = {}
     kept: Counter[int] = Counter()
-    for obj in kept_completions(config, stats):
+    for obj in completions:
         key, turn = _conversation(obj)
         kept[key] += 1
         last[key] = max(last.get(key, -1), turn)
     for f in (f for run in config.runs for f in completion_files(run)):
         for obj in jsonl_rows(f):
-            if not _is_completion(obj) or record_place(obj) is None:
+            if not is_completion(obj) or record_place(obj) is None:
                 continue
             key, turn = _conversation(obj)
             if last.get(key) != turn:
@@ -81,28 +71,19 @@ def _row(obj: dict[str, Any], turn: int, kept: int, config: ExportConfig, stats:
     if config.drop_incomplete and not complete:
         stats.conversations_left_out += 1
         return None
-    from .export import _value
-
-    messages = [_message(m) for m in obj["messages"]]
-    messages.append(_message(answer_turn(obj["completion"], obj.get("reasoning_content"))))
-    row: dict[str, Any] = {"messages": messages, "conversation": "complete" if complete else "ended_early"}
-    row["turns"] = turn + 1
-    row.update((c, _value(obj, c)) for c in config.columns)
+    row = training_row(obj, config.columns, server_kind(config))  # the last turn's request holds every turn
+    row.update(conversation="complete" if complete else "ended_early", turns=turn + 1)
     return row
 
 
-def _message(m: dict[str, Any]) -> dict[str, Any]:
-    return {"role": m.get("role"), "content": m.get("content"), "reasoning_content": m.get("reasoning_content")}
-
-
 def conversation_features(columns: tuple[str, ...], types: dict[str, str]) -> Any:
-    """The datasets schema of conversation rows: turns with their reasoning, and the conversation columns."""
+    """The datasets schema of conversation rows: every turn as trainrow.py writes it, and the conversation columns."""
     import datasets
 
-    text = datasets.Value("string")
     return datasets.Features(
         {
-            "messages": [{"role": text, "content": text, "reasoning_content": text}],
+            "messages": [turn_features()],
+            **dict.fromkeys(REQUEST_COLUMNS, datasets.Value("string")),
             **{c: datasets.Value(t) for c, t in TURN_COLUMNS.items()},
             **{c: datasets.Value(types.get(c, "string")) for c in columns},
         }

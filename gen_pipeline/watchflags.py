@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def add_watch_flags(p: argparse.ArgumentParser) -> None:
-    """--metrics-port/--metrics-host/--metrics-file (metrics.py), --gpus-per-server (cost.py)."""
+    """--metrics-port/--metrics-host/--metrics-file (metrics.py), --gpus-per-server (cost.py),
+    --stall-minutes/--on-stall (alerts.py)."""
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -29,4 +30,16 @@ def add_watch_flags(p: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="GPUs behind each server (tensor parallel size), for GPU-hours per million tokens (default 1)",
+    )
+    p.add_argument(
+        "--stall-minutes",
+        type=float,
+        default=10.0,
+        metavar="M",
+        help="no completion for M minutes is a stall: flagged by status and the progress line (default 10)",
+    )
+    p.add_argument(
+        "--on-stall",
+        metavar="CMD",
+        help="a shell command run once per stall ($GEN_PIPELINE_ALERT says what, $GEN_PIPELINE_OUT where)",
     )

@@ -1,17 +1,17 @@
-"""`generate --workers K`: K worker processes, each owning the rows whose id hash falls in its shard.
+"""`generate --workers K`: K claimer processes on this node, supervised by the one the user started.
 
-The parent holds the directory lock, settles the manifest, repairs torn tails, then starts
-`gen-pipeline generate ... --shard i/K --parent-fd N` K times. Worker i writes completions-0000i.jsonl,
-failures-0000i.jsonl, status-0000i.json and summary-0000i.json, holding the lock .lock-0000i while it
-does, and takes 1/K of each server's capacity. Resume reads every shard file, so a run may be resumed
-with any K. Signals go to the parent, which passes them on once (the workers run in their own process
+The parent holds the run directory's shared lock, settles the manifest (V, the number of shards, is
+recorded there) and repairs torn tails, then starts `gen-pipeline generate ... --join --share K
+--parent-fd N` K times. Each worker is a claimer (claimrun.py): it claims open shards of the run and
+writes shards/SSSSS/, and takes 1/K of each server's capacity. When they have all ended, the parent
+adds up their summaries into summary.json. A run may be resumed with any K, or by claimers on other
+nodes. Signals go to the parent, which passes them on once (the workers run in their own process
 groups, so Ctrl-C is not delivered twice).
 
 Workers die with their parent: on Linux the kernel kills them when it dies (PR_SET_PDEATHSIG), and
 everywhere each watches the read end of a pipe whose write end only the parent holds; end of file
-means the parent is gone, and the worker exits at once. A worker that finds its parent gone once it
-holds its shard lock exits before writing anything, so no two writers ever share a shard file. The API
-key reaches the workers in their environment, never on their command line.
+means the parent is gone, and the worker exits at once, before it claims anything if it finds it gone
+on start. The API key reaches the workers in their environment, never on their command line.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ import threading
 import time
 from typing import Any
 
+import orjson
+
 from . import metrics
 from .claimrun import claimer_summaries, with_shards
 from .claims import SharedRunLock
-from .config import API_KEY_ENV, RunConfig
+from .config import API_KEY_ENV, SERVER_AUTH_ENV, RunConfig
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .http import Client, open_transport
-from .locks import ShardLock, refuse_shard_writers
-from .pipeline import run
+from .locks import refuse_shard_writers
 from .rundir import RunDir, make_dir, write_json_atomic
 from .runtime import STOP_SIGNALS, say
 from .store import repair_all
@@ -46,11 +47,31 @@ SEVERITY = [EXIT_ERROR, EXIT_OUTPUT, EXIT_OUTAGE, EXIT_INTERRUPTED, EXIT_INCOMPL
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def worker_argv(argv: list[str], index: int, count: int, parent_fd: int) -> list[str]:
-    """The command line of worker `index`: the user's without the API key, as a claimer beside the others
-    taking 1/count of each server, the pipe that tells it its parent is alive, and no progress display."""
+def worker_argv(
+    argv: list[str], index: int, count: int, parent_fd: int, servers: tuple[str, ...] | None = None
+) -> list[str]:
+    """The command line of worker `index`: the user's without the API key and with `servers` (their names,
+    without user:password@) as --servers, as a claimer beside the others taking 1/count of each server, the
+    pipe that tells it its parent is alive, and no progress display."""
     shard = ["--join", "--share", str(count), "--parent-fd", str(parent_fd)]
-    return [sys.executable, "-m", "gen_pipeline", *without_api_key(argv), *shard, "--progress", "off"]
+    argv = without_api_key(argv) if servers is None else named_servers(without_api_key(argv), servers)
+    return [sys.executable, "-m", "gen_pipeline", *argv, *shard, "--progress", "off"]
+
+
+def named_servers(argv: list[str], servers: tuple[str, ...]) -> list[str]:
+    """argv with every --servers / -s value (however spelled) replaced by `servers`."""
+    value = ",".join(servers)
+    out, take = [], False
+    for arg in argv:
+        name, eq, _ = arg.partition("=")
+        if take:
+            arg, take = value, False
+        elif name == "-s" or (len(name) > 3 and "--servers".startswith(name)):
+            arg, take = (f"{name}={value}", False) if eq else (arg, True)
+        elif arg.startswith("-s") and not arg.startswith("--"):  # -sVALUE
+            arg = f"-s{value}"
+        out.append(arg)
+    return out
 
 
 def without_api_key(argv: list[str]) -> list[str]:
@@ -68,11 +89,13 @@ def without_api_key(argv: list[str]) -> list[str]:
 
 
 def worker_env(config: RunConfig) -> dict[str, str]:
-    """The workers' environment: ours, the API key (`ps` shows command lines to every user) and quiet
-    transformers."""
+    """The workers' environment: ours, the API key and the --servers URLs' credentials (`ps` shows command
+    lines to every user) and quiet transformers."""
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
     if config.api_key:
         env[API_KEY_ENV] = config.api_key
+    if config.server_auth:
+        env[SERVER_AUTH_ENV] = orjson.dumps(config.server_auth).decode()
     return env
 
 
@@ -136,7 +159,7 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
 
 
 def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) -> subprocess.Popen[bytes]:
-    argv = [*worker_argv(argv, index, config.workers, alive_r), *metrics.worker_args(config, index)]
+    argv = [*worker_argv(argv, index, config.workers, alive_r, config.servers), *metrics.worker_args(config, index)]
     env = worker_env(config)
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
 
@@ -158,24 +181,6 @@ def _merge(config: RunConfig, codes: list[int], elapsed: float, started: float) 
         error = None if exit_code == EXIT_OUTPUT else str(exc)
         return Outcome(summary, merged_exit_code([exit_code, EXIT_OUTPUT]), error)
     return Outcome(summary, exit_code)
-
-
-def run_worker(config: RunConfig, parent_fd: int | None) -> Outcome:
-    """One worker of `generate --workers K` (`parent_fd`: the pipe from its parent, when it has one): it
-    holds its shard's lock for as long as it writes; a claimer (no static shard) takes its own locks."""
-    if parent_fd is not None:
-        follow_parent(parent_fd)
-    if config.shard is None:
-        return run(config)
-    make_dir(config.out)
-    lock = ShardLock(config.out, *config.shard)
-    lock.acquire()
-    try:
-        if parent_fd is not None and parent_gone(parent_fd):
-            _orphaned()  # it died before we held the lock: a new run may be writing our rows already
-        return run(config)
-    finally:
-        lock.release()
 
 
 def follow_parent(fd: int) -> None:

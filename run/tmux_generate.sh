@@ -11,11 +11,14 @@
 # MAKE_ARGS go to `make generate` unchanged, e.g.
 #   run/tmux_generate.sh INPUT=prompts/x.jsonl OUT=runs/x
 #   run/tmux_generate.sh --session big INPUT=prompts/big.jsonl OUT=runs/big ARGS="--max-tokens 4096 --retry-failed all"
-# To resume a run, start the same command again once its session has ended (generate skips what is done).
+# To resume a run, run the same command again (generate skips what is done).
 #
 # If the session does not exist it is created in the repository root, `make generate MAKE_ARGS`
 # is typed into its shell (which stays open afterwards, with the output and the exit status),
-# and the script attaches to it. If it exists and no MAKE_ARGS are given, the script re-attaches.
+# and the script attaches to it. If it exists and its last job has ended (finished, failed or
+# interrupted: its shell waits at the prompt), the new command is typed into that shell, which
+# resumes the run, and the script attaches. If a job still runs there, nothing is started and the
+# script attaches to it. Without MAKE_ARGS the script only (re-)attaches.
 # Detach with Ctrl-b d; re-attach later with `tmux attach -t NAME` or by running this again.
 # The job runs in tmux's login shell, whose environment is tmux's, not necessarily this shell's:
 # pass settings as MAKE_ARGS (make generate uses .venv/bin directly, so PATH does not matter).
@@ -24,7 +27,7 @@
 #   0  session started and/or attached (or --dry-run printed the commands)
 #   1  tmux is not installed, or a tmux command failed
 #   2  usage error
-#   3  the session already exists and MAKE_ARGS were given: nothing was started
+#   3  MAKE_ARGS were given but a job still runs in the session: nothing was started
 set -euo pipefail
 
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -88,15 +91,25 @@ exists=0
 if ((have_tmux)) && tmux has-session -t "$target" 2>/dev/null; then exists=1; fi
 if ((!have_tmux)); then log "note: tmux is not installed here; printing the commands anyway"; fi
 
-if ((exists)); then
-  if ((${#make_args[@]})); then
-    die 3 "tmux session '$session' already exists (a job may still be running in it); nothing was started.
-       Re-attach with: tmux attach -t $session   (or run this script without make arguments)
-       or use another --session NAME, or end it first: tmux kill-session -t $session"
-  fi
+# Whether a job still runs in the session: its pane's shell has a child (the shell at its prompt has none).
+job_running() {
+  local shell_pid
+  shell_pid=$(tmux display-message -p -t "$target:" '#{pane_pid}') || return 1
+  pgrep -P "$shell_pid" >/dev/null
+}
+
+job=$(quote_cmd make generate "${make_args[@]}")
+result=0
+if ((exists)) && ((${#make_args[@]})) && job_running; then
+  log "a job is still running in tmux session '$session': nothing was started; attaching to it
+       (to start anew once it has ended, run this again; to end it: tmux kill-session -t $session)"
+  result=3
+elif ((exists)) && ((${#make_args[@]})); then
+  run_tmux send-keys -t "$target:" "cd $(quote_cmd "$REPO_ROOT") && $job" Enter
+  ((dry_run)) || log "its last job has ended: started '$job' in tmux session '$session' (it resumes the run)"
+elif ((exists)); then
   log "tmux session '$session' already exists: re-attaching"
 else
-  job=$(quote_cmd make generate "${make_args[@]}")
   run_tmux new-session -d -s "$session" -c "$REPO_ROOT"
   run_tmux send-keys -t "$target:" "$job" Enter
   ((dry_run)) || log "started '$job' in tmux session '$session' (in $REPO_ROOT)"
@@ -104,7 +117,7 @@ fi
 
 log "re-attach at any time with: tmux attach -t $session   (detach: Ctrl-b d)"
 if ((detach)); then
-  exit 0
+  exit "$result"
 elif [[ -n ${TMUX:-} ]]; then
   run_tmux switch-client -t "$target"
 elif [[ -t 0 && -t 1 ]] || ((dry_run)); then
@@ -112,3 +125,4 @@ elif [[ -t 0 && -t 1 ]] || ((dry_run)); then
 else
   log "not attaching: no terminal"
 fi
+exit "$result"

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.rundir import RunDir
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.summary import Outcome

@@ -12,9 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gen_pipeline.locks import FileLock
+from gen_pipeline.rundir import RunDir
 from gen_pipeline.sim import free_ports
 
 PY = sys.executable
+
+
+def old_worker_lock(out: Path, index: int, count: int) -> FileLock:
+    """The lock a static worker of an older version held while it wrote completions-KKKKK.jsonl."""
+    return FileLock(RunDir(out).writer(index).lock, f" (shard {index}/{count})")
 
 
 def env() -> dict[str, str]:

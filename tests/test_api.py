@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ from e2e import fleet_in_thread, read_jsonl
 
 import gen_pipeline
 from gen_pipeline.config import RunConfig
+from gen_pipeline.display import in_notebook
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.progress import format_summary
 from gen_pipeline.sim import SimConfig, free_ports
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
 
@@ -123,6 +126,48 @@ def test_readme_example_runs_inside_a_running_event_loop(notebook: str) -> None:
 
     in_thread(lambda: asyncio.run(asyncio.wait_for(cell(), DEADLINE)))
     _check_example_run(namespace, Path("runs/cell"))
+
+
+class FakeShell:
+    """IPython's shell as `get_ipython()` returns it: a Jupyter kernel's config has IPKernelApp."""
+
+    def __init__(self, kernel: bool) -> None:
+        self.config = {"IPKernelApp": {"connection_file": "kernel.json"}} if kernel else {"TerminalIPythonApp": {}}
+
+
+def fake_ipython(monkeypatch: pytest.MonkeyPatch, shell: FakeShell | None) -> None:
+    """`sys.modules["IPython"]` as inside a kernel (or a terminal IPython, or IPython imported but no shell)."""
+    module = types.ModuleType("IPython")
+    module.get_ipython = lambda: shell  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", module)
+
+
+@pytest.mark.parametrize(
+    ("shell", "expected"), [(FakeShell(kernel=True), True), (FakeShell(kernel=False), False), (None, False)]
+)
+def test_in_notebook_is_a_jupyter_kernel_only(monkeypatch: pytest.MonkeyPatch, shell, expected) -> None:
+    """A kernel's IPython counts as a notebook; a terminal IPython, or IPython with no shell, does not."""
+    assert in_notebook() is False  # a test run is no notebook
+    fake_ipython(monkeypatch, shell)
+    assert in_notebook() is expected
+
+
+def test_a_notebook_cell_shows_a_progress_bar_and_prints_the_summary(
+    notebook: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a Jupyter kernel (stderr is no terminal there) progress="auto" draws tqdm's bar instead of log
+    lines nobody sees, and generate() prints the summary the command prints."""
+    fake_ipython(monkeypatch, FakeShell(kernel=True))
+    namespace: dict[str, Any] = {}
+
+    async def cell() -> None:
+        exec(_example(notebook, "runs/shown"), namespace)
+
+    in_thread(lambda: asyncio.run(asyncio.wait_for(cell(), DEADLINE)))
+    _check_example_run(namespace, Path("runs/shown"))
+    out, err = capsys.readouterr()
+    assert "20row" in err.replace(" ", "") and "done 20" in err, err  # the bar's count and its line
+    assert format_summary(namespace["summary"]) in out, out
 
 
 def test_agenerate_runs_on_the_running_loop(notebook: str) -> None:

@@ -65,6 +65,23 @@ def test_rebudget_table(counts, sent, expected):
     assert rebudget(counts, sent_max_tokens=sent, context_length=CTX, margin=16, min_tokens=16) == expected
 
 
+@pytest.mark.parametrize(
+    ("counts", "counted", "expected"),
+    [
+        # SGLang 0.5.23: "max_completion_tokens is too large: 5000.This model supports at most 2048 ..."
+        (OverflowCounts("sglang.maxtok", 2048, output_tokens=5000), 100, 2048 - 100 - 16),
+        (OverflowCounts("vllm.maxtok_gt_ctx", 2048, output_tokens=5000), 100, 2048 - 100 - 16),
+        (OverflowCounts("sglang.maxtok", 2048, output_tokens=5000), 2040, None),  # our count leaves no room
+        (OverflowCounts("sglang.maxtok", 2048, output_tokens=5000), None, None),  # a size floor, not a count
+        (OverflowCounts("no_counts"), 100, None),  # no context named: nothing to fit against
+    ],
+)
+def test_rebudget_fits_an_error_without_the_input_count_with_ours(counts, counted, expected):
+    """max_tokens alone over the server's context: the retry fits the context the error names, with our count."""
+    got = rebudget(counts, sent_max_tokens=5000, context_length=100_000, margin=16, min_tokens=16, counted=counted)
+    assert got == expected
+
+
 def test_offset_is_learned_after_repeated_evidence():
     """The same positive gap three times becomes the offset; noise and lower bounds do not."""
     learner = OffsetLearner()

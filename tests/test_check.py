@@ -10,10 +10,10 @@ import orjson
 import pytest
 from e2e import fleet_in_thread, prompts, read_jsonl
 
-from gen_pipeline.check import run_check
+from gen_pipeline.check import render_check, run_check
 from gen_pipeline.cli import main
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 CTX = 1024
@@ -160,6 +160,27 @@ def test_a_fleet_larger_than_the_open_file_limit_is_a_warning(write_jsonl, tmp_p
     import gen_pipeline.check as check_module
 
     monkeypatch.setattr(check_module, "open_file_limit", lambda: 100)  # 2 servers x 64 slots need 128
-    report = check([sim(2, context_length=CTX)], write_jsonl(prompts(4)), tmp_path)
+    roomy = sim(2, context_length=CTX, max_total_tokens=64 * MAX_TOKENS)  # the KV pool admits all 64
+    report = check([roomy], write_jsonl(prompts(4)), tmp_path)
     assert report["ok"], report["problems"]
     assert any("open-file limit (ulimit -n) is 100: keeping 36 in flight" in w for w in report["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("settings", "run", "capacity", "source"),
+    [
+        ({"report_max_running": True, "max_total_tokens": 10**6}, {}, 64, "reported"),
+        ({"max_total_tokens": 10**6}, {}, 64, "loads endpoint"),  # /server_info says null (SGLang 0.5.23)
+        ({}, {}, 13, "token pool"),  # 8 contexts of 1024 hold 13 requests of max_tokens 600
+        ({}, {"concurrency": 5}, 5, "--concurrency"),
+    ],
+)
+def test_capacity_comes_from_the_servers_and_says_where(write_jsonl, tmp_path, settings, run, capacity, source):
+    """Each server's capacity is what it reports, its /v1/loads figure where /server_info says null, or what its
+    KV token pool admits when that is less; check shows the source and the server's limits."""
+    report = check([sim(1, context_length=CTX, **settings)], write_jsonl(prompts(4)), tmp_path, **run)
+    [server] = report["fleet"]
+    assert (server["capacity"], server["capacity_source"]) == (capacity, source)
+    assert server["max_req_input_len"] == CTX - 6 and server["version"] == "0.5.23"
+    assert f"capacity {capacity} ({source})" in render_check(report)
+    assert not any("is a guess" in w for w in report["warnings"])

@@ -14,7 +14,7 @@ from procs import generate, run_generate, sim_fleet
 
 from gen_pipeline.claims import ShardTable, batch_size, input_fingerprint, shard_of
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.rundir import RunDir
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 

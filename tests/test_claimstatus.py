@@ -10,7 +10,8 @@ import pytest
 from gen_pipeline.claimrun import aggregate_summary
 from gen_pipeline.claims import input_fingerprint
 from gen_pipeline.errors import ExportCheckError
-from gen_pipeline.export import ExportConfig, ExportStats, check_settled, kept_completions
+from gen_pipeline.export import check_settled, kept_completions
+from gen_pipeline.exportconfig import ExportConfig, ExportStats
 from gen_pipeline.locks import FileLock
 from gen_pipeline.rundir import RunDir
 from gen_pipeline.status import inspect_run
@@ -81,6 +82,25 @@ def test_summary_elapsed_is_the_sessions_wall_time(run):
     summary = aggregate_summary(rundir, 0)
     assert summary["elapsed_s"] == 60.0  # 100 to 160: not the sum (100), and not since the old session
     assert summary["completed"] == 2 and summary["claimers"] == 2
+
+
+def test_a_claimer_stopped_on_the_way_is_not_the_stop_of_a_run_that_ended_well(run):
+    """A Slurm task cancelled mid-run (exit 130, "interrupted by SIGTERM") beside one that finished the run
+    (exit 0): summary.json and status say exit code 0 without "(interrupted by SIGTERM)", and the early
+    stop is a warning."""
+    rundir = RunDir(run)
+    rundir.claimer("x").summary.parent.mkdir(parents=True)
+    base = {"completed": 1, "output_tokens": 10, "elapsed_s": 0.0, "started": 100.0, "ended": 150.0}
+    parts = {"x": {"exit_code": 130, "stop_reason": "interrupted by SIGTERM"}, "y": {"exit_code": 0}}
+    for ident, part in parts.items():
+        rundir.claimer(ident).summary.write_bytes(orjson.dumps({**base, **part}))
+        rundir.claimer(ident).status.write_bytes(b"{}")
+    summary = aggregate_summary(rundir, 0)
+    assert summary["exit_code"] == 0 and summary["stop_reason"] is None
+    assert "a claimer stopped early (interrupted by SIGTERM); the others went on" in summary["warnings"]
+    (run / "summary.json").write_bytes(orjson.dumps(summary))
+    text, _ = inspect_run(run)
+    assert "exit code 0" in text and "interrupted" not in text.splitlines()[1], text
 
 
 def test_export_refuses_open_shards_unless_partial(run, tmp_path):

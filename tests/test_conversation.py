@@ -85,9 +85,10 @@ def test_a_conversation_carries_its_own_tools_and_kwargs():
     tools = [{"type": "function", "function": {"name": "f"}}]
     conv = Conversation([user("q")], tools=tools, template_kwargs={"enable_thinking": False})
     view = server_view(conv, tools=[{"other": 1}], template_kwargs={"enable_thinking": True, "x": 1})
-    assert view.tools == tools and view.template_kwargs == {"enable_thinking": False, "x": 1}
+    assert [t["function"]["name"] for t in view.tools] == ["f"]
+    assert view.template_kwargs == {"enable_thinking": False, "x": 1}
     plain = server_view([user("q")], tools=tools, template_kwargs={"x": 1})
-    assert plain.tools == tools and plain.template_kwargs == {"x": 1}
+    assert [t["function"]["name"] for t in plain.tools] == ["f"] and plain.template_kwargs == {"x": 1}
 
 
 @pytest.mark.parametrize(
@@ -118,4 +119,40 @@ def test_vllm_keeps_the_message_and_tool_fields_it_knows():
     assert view.messages[1] == {"role": "assistant", "content": "", "reasoning": "r", "reasoning_content": "r"}
     assert view.tools == [{"type": "function", "function": {"name": "f", "description": None, "parameters": {}}}]
     assert list(view.tools[0]["function"]) == ["name", "description", "parameters"]
-    assert server_view([user("q")], tools=[tool], server="sglang").tools == [tool]
+
+
+def test_sglang_renders_its_pydantic_dump_of_each_tool():
+    """SGLang 0.5.23 hands the template Tool.model_dump(): "defer_loading": null on every tool, the function's
+    own key order with an absent description/parameters as null, unknown fields dropped, strict kept only
+    when set, and the tool's defer_loading copied into its function."""
+    tool = {"function": {"parameters": {}, "name": "f", "more": 2}}
+    [dumped] = server_view([user("q")], tools=[tool], server="sglang").tools
+    assert dumped == {"type": "function", "function": {"parameters": {}, "name": "f", "description": None},
+                      "defer_loading": None}  # fmt: skip
+    assert list(dumped) == ["type", "function", "defer_loading"]
+    assert list(dumped["function"]) == ["parameters", "name", "description"]
+    strict = {"type": "function", "defer_loading": True, "function": {"name": "g", "strict": True, "description": "d"}}
+    [dumped] = server_view([user("q")], tools=[strict], server="sglang").tools
+    assert dumped["function"] == {"name": "g", "strict": True, "description": "d", "parameters": None,
+                                  "defer_loading": True}  # fmt: skip
+    assert dumped["defer_loading"] is True
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "names"),
+    [
+        (None, ["f", "g"]),
+        ("auto", ["f", "g"]),
+        ("required", ["f", "g"]),
+        ("none", None),
+        ({"type": "function", "function": {"name": "g"}}, ["g"]),
+        ({"type": "function", "function": {"name": "nope"}}, None),
+    ],
+)
+def test_sglang_renders_the_tools_its_tool_choice_leaves(tool_choice, names):
+    """tool_choice "none" renders no tool on SGLang, a named choice only that tool; vLLM renders them all."""
+    tools = [{"type": "function", "function": {"name": n}} for n in ("f", "g")]
+    chat = Conversation([user("q")], tools, {}, tool_choice)
+    view = server_view(chat, server="sglang")
+    assert (None if view.tools is None else [t["function"]["name"] for t in view.tools]) == names
+    assert len(server_view(chat, server="vllm").tools or []) == 2

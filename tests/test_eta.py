@@ -117,3 +117,18 @@ def test_eta_is_unknown_until_rows_settle(tmp_path):
     assert stats.eta() is None
     stats.completed = 10
     assert stats.eta() == pytest.approx((200 - 10) / (10 / 10.0))
+
+
+def test_status_json_says_when_a_row_was_last_settled(tmp_path):
+    """last_settled: the snapshot's time less the seconds since the settled count last grew (the start
+    before any row), so `status` can tell a stalled run from one still settling rows."""
+    clock = Clock()
+    stats = RunStats(clock=clock)
+    clock.now = 30.0
+    assert stats.idle() == 30.0  # nothing settled since the start
+    stats.completed = 5
+    clock.now = 40.0
+    assert stats.idle() == 0.0  # seen growing now
+    clock.now = 170.0  # an outage: nothing settles
+    doc = snapshot(stats, [], "running", clock.now)
+    assert doc["updated"] - doc["last_settled"] == pytest.approx(130.0, abs=0.2)

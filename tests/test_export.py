@@ -15,6 +15,7 @@ from gen_pipeline import export, status
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.ledger import ledger_reasons
 from gen_pipeline.records import Completion, Failure
+from gen_pipeline.trainrow import REQUEST_COLUMNS
 
 MANIFEST = {
     "model": "sim-model",
@@ -64,10 +65,10 @@ def test_round_trip_through_parquet(run_dir, tmp_path):
     out = tmp_path / "ds"
     assert run_export(run_dir, "--out", out) == 0
     ds = read_parquet(out, tmp_path)
-    assert ds.column_names == ["messages", *export.DEFAULT_COLUMNS]
+    assert ds.column_names == ["messages", *REQUEST_COLUMNS, *export.DEFAULT_COLUMNS]
     assert sorted(ds["id"]) == ["0", "1", "2"]
     row = next(r for r in ds if r["id"] == "0")
-    assert row["messages"] == [
+    assert [{k: v for k, v in m.items() if v is not None} for m in row["messages"]] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Q0"},
         {"role": "assistant", "content": "A0"},
@@ -124,7 +125,7 @@ def test_save_to_disk_with_meta_columns(run_dir, tmp_path):
     out = tmp_path / "ds"
     run_export(run_dir, "--out", out, "--save-to-disk", "--columns", "id,meta.source_id,meta.label")
     ds = datasets.load_from_disk(str(out))
-    assert ds.column_names == ["messages", "id", "meta.source_id", "meta.label"]
+    assert ds.column_names == ["messages", *REQUEST_COLUMNS, "id", "meta.source_id", "meta.label"]
     row = next(r for r in ds if r["id"] == "0")
     assert (row["meta.source_id"], row["meta.label"]) == ("100", '{"a":1}')
     assert next(r for r in ds if r["id"] == "2")["meta.source_id"] is None
@@ -150,7 +151,7 @@ def test_an_empty_run_exports_an_empty_dataset(tmp_path):
     run_export(run, "--out", tmp_path / "ds")
     # datasets cannot load a split with no rows, so read the file with pyarrow
     table = pq.read_table(tmp_path / "ds" / "data" / "train-00000-of-00001.parquet")
-    assert (table.num_rows, table.column_names) == (0, ["messages", *export.DEFAULT_COLUMNS])
+    assert (table.num_rows, table.column_names) == (0, ["messages", *REQUEST_COLUMNS, *export.DEFAULT_COLUMNS])
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from gen_pipeline.progress import RunStats
 from gen_pipeline.reader import BatchReader
 from gen_pipeline.records import Prompt
 from gen_pipeline.rows import BadRow
+from gen_pipeline.rundir import RunDir
 from gen_pipeline.source import PromptSource
 from gen_pipeline.store import ResumeState
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
@@ -278,8 +279,9 @@ def test_a_corrupt_gzip_input_is_refused_in_one_line(tmp_path, capsys):
     assert input_lines(path) is None
 
 
+@pytest.mark.parametrize("run", [{}, {"shards": 4}], ids=["one process", "claimed shards"])
 @pytest.mark.parametrize(("n", "words"), [(40, 5), (300, 100)], ids=["cut in the first 64 KiB", "cut further on"])
-def test_a_truncated_gzip_input_settles_every_readable_row_then_stops(tmp_path, n, words):
+def test_a_truncated_gzip_input_settles_every_readable_row_then_stops(tmp_path, n, words, run):
     """A gzip input cut mid-stream: every row before the cut is settled, then the run stops with the reason
     (exit 1); a rerun sends nothing again and stops the same way (it made no progress before: 201 rows lost)."""
     rows = prompts(n, words=words)
@@ -291,13 +293,14 @@ def test_a_truncated_gzip_input_settles_every_readable_row_then_stops(tmp_path, 
         for line in f:  # the lines gzip itself can read before the cut
             readable.append(orjson.loads(line)["id"])
     assert 0 < len(readable) < n
-    for run in range(2):
-        outcome, fleet = run_sim(path, out)
+    for again in (False, True):
+        outcome, fleet = run_sim(path, out, **run)
         assert outcome.exit_code == 1 and "cannot read" in (outcome.error or ""), outcome.summary
         assert any("cannot read" in w for w in outcome.summary["warnings"])
-        assert outcome.summary["completed"] == (len(readable) if run == 0 else 0)
-        assert sum(s.requests for s in fleet.stats.values()) == (len(readable) if run == 0 else 0)
-    assert sorted(r["id"] for r in read_jsonl(out / "completions.jsonl")) == readable
+        assert outcome.summary["completed"] == (0 if again else len(readable))
+        assert sum(s.requests for s in fleet.stats.values()) == (0 if again else len(readable))
+    written = [r["id"] for p in RunDir(out).completion_files() for r in read_jsonl(p)]
+    assert sorted(written) == readable
 
 
 def test_an_unfinished_last_line_is_left_for_the_next_run(tmp_path):

@@ -6,26 +6,10 @@ import os
 import threading
 
 import pytest
+from procs import old_worker_lock
 
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.locks import DirLock, ShardLock, is_held, refuse_shard_writers, shard_writers
-
-
-def test_a_held_shard_is_refused_naming_its_holder(tmp_path):
-    """A second writer of one shard is refused with the holder's pid and shard; other shards are free."""
-    first = ShardLock(tmp_path, 1, 2)
-    first.acquire()
-    try:
-        with pytest.raises(ConfigError, match=rf"shard 1 is already being written by pid {os.getpid()} \(shard 1/2\)"):
-            ShardLock(tmp_path, 1, 2).acquire()
-        other = ShardLock(tmp_path, 0, 2)
-        other.acquire()
-        other.release()
-    finally:
-        first.release()
-    again = ShardLock(tmp_path, 1, 3)
-    again.acquire()
-    again.release()
+from gen_pipeline.locks import DirLock, is_held, refuse_shard_writers, shard_writers
 
 
 def test_is_held_tells_held_free_and_missing_apart(tmp_path):
@@ -61,9 +45,10 @@ def test_a_probe_never_makes_a_writer_fail(tmp_path):
 
 
 def test_refuse_shard_writers_names_every_live_worker(tmp_path):
-    """A run refuses a directory where workers still write, naming each; with none it goes ahead."""
+    """A run refuses a directory where an older version's static workers still write, naming each; with
+    none it goes ahead."""
     refuse_shard_writers(tmp_path, wait=0)
-    held = [ShardLock(tmp_path, i, 3) for i in (0, 2)]
+    held = [old_worker_lock(tmp_path, i, 3) for i in (0, 2)]
     for lock in held:
         lock.acquire()
     try:

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.metrics import server_label, worker_args, worker_file
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 SERIES = (
@@ -94,6 +94,7 @@ async def _run_and_scrape(tmp_path: Path, n: int) -> tuple[list[dict[Any, float]
 # aiohttp 3.14 deprecates the BasicAuth the transport sends URL credentials with (a warning, not an error)
 @pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore:The 'auth' parameter is deprecated:DeprecationWarning")
+@pytest.mark.slow
 def test_metrics_port_serves_each_series_with_a_dead_and_a_flaky_server(tmp_path: Path) -> None:
     """Mid-run and at the end every series is there, the dead server is down, the figures are the summary's,
     and no label carries the URL's password or the API key."""
@@ -155,3 +156,50 @@ def test_metrics_file_holds_the_final_figures(tmp_path: Path) -> None:
     assert value(samples, "gen_pipeline_rows_total", outcome="completed") == outcome.summary["completed"] == 20
     assert value(samples, "gen_pipeline_tokens_total", kind="completion") == outcome.summary["output_tokens"]
     assert [p.name for p in path.parent.iterdir()] == ["gen.prom"]  # no temporary file left
+
+
+@pytest.mark.slow
+def test_workers_each_write_their_own_labelled_file_and_they_add_up(tmp_path: Path) -> None:
+    """--workers 2 --metrics-file PATH: gen.0.prom and gen.1.prom, labelled worker 0 and 1, whose sums are
+    the merged summary's (what `sum without (worker)` gives Prometheus)."""
+    import procs
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(80)))
+    textfiles = tmp_path / "textfiles"
+    textfiles.mkdir()
+    with procs.sim_fleet(2) as servers:
+        args = ("--workers", "2", "--max-tokens", "16", "--metrics-file", str(textfiles / "gen.prom"))
+        done = procs.run_generate(inp, tmp_path / "out", servers, *args)
+    assert done.returncode == 0, done.stderr
+    summary = orjson.loads((tmp_path / "out" / "summary.json").read_bytes())
+    assert sorted(p.name for p in textfiles.iterdir()) == ["gen.0.prom", "gen.1.prom"]
+    parts = [parse((textfiles / f"gen.{i}.prom").read_text()) for i in range(2)]
+    for i, samples in enumerate(parts):
+        assert {dict(labels)["worker"] for _, labels in samples} == {str(i)}
+    completed = sum(
+        v for samples in parts for (name, labels), v in samples.items() if name == "gen_pipeline_rows_total"
+        and dict(labels)["outcome"] == "completed"
+    )  # fmt: skip
+    tokens = sum(
+        v for samples in parts for (name, labels), v in samples.items() if name == "gen_pipeline_tokens_total"
+        and dict(labels)["kind"] == "completion"
+    )  # fmt: skip
+    assert completed == summary["completed"] == 80
+    assert tokens == summary["output_tokens"]
+
+
+def test_after_the_run_metrics_wait_only_for_a_scraper_that_is_there(tmp_path: Path) -> None:
+    """Nobody scraped: no wait at the end. A scraper every second: about two intervals. Slow ones: at most 15 s."""
+    from gen_pipeline.metrics import Exporter
+    from gen_pipeline.progress import RunStats
+
+    cfg = RunConfig(input=tmp_path / "in", out=tmp_path / "o", metrics_port=9100)
+    exporter = Exporter(cfg, RunStats(), None)
+    assert exporter.linger_s() == 0.0
+    exporter.scrapes = [10.0, 11.0]
+    assert exporter.linger_s() == 3.0
+    exporter.scrapes = [10.0, 70.0]
+    assert exporter.linger_s() == 15.0
+    exporter.linger = 0.0  # interrupted
+    assert exporter.linger_s() == 0.0

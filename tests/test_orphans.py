@@ -1,4 +1,4 @@
-"""generate --workers K: workers die with their parent, and no two writers ever share a shard file.
+"""generate --workers K: workers die with their parent, and no two writers ever share a file.
 
 Real processes: a parent killed with SIGKILL (alone, with its process group, or after one of its
 workers) leaves no worker writing, and a resume started at once writes every id exactly once.
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from e2e import check_invariant, prompts
 from procs import (
+    PY,
     alive,
     children,
     env,
@@ -22,11 +23,11 @@ from procs import (
     run_generate,
     sim_fleet,
     wait_for_done,
-    wait_for_lines,
     wait_gone,
 )
 
 from gen_pipeline.config import API_KEY_ENV, RunConfig
+from gen_pipeline.rundir import RunDir
 from gen_pipeline.workers import without_api_key, worker_argv, worker_env
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process trees from /proc")
@@ -72,34 +73,35 @@ def test_workers_die_with_their_parent_and_a_resume_at_once_is_exact(write_jsonl
 
 
 @pytest.mark.slow
-def test_a_resume_is_refused_while_an_earlier_runs_worker_still_writes(write_jsonl, tmp_path):
-    """A worker that outlived its run (here one stopped with SIGSTOP) keeps its shard; a resume, one
+def test_a_resume_is_refused_while_an_older_versions_worker_still_writes(write_jsonl, tmp_path):
+    """A static worker of an older version that outlived its run keeps its shard lock; a resume, one
     process or --workers, is refused in one line naming its pid and shard, and writes nothing."""
-    rows = prompts(400)
-    path, out = write_jsonl(rows), tmp_path / "out"
-    with sim_fleet(2, "--token-latency", "0.01") as servers:
-        argv = generate_argv(path, out, servers, "--shard", "1/2", "--concurrency", "2", progress="off")
-        worker = start(argv, tmp_path / "stderr")
-        try:
-            wait_for_lines(out / "completions-00001.jsonl", 5, 60)
-            os.kill(worker.pid, signal.SIGSTOP)
-            for extra in ([], ["--workers", "2"]):
-                resume = run_generate(path, out, servers, *extra, timeout=60)
-                assert resume.returncode == 1, resume.stderr
-                assert len(resume.stderr.splitlines()) == 1, resume.stderr
-                assert f"pid {worker.pid} (shard 1/2)" in resume.stderr
-            assert not (out / "completions.jsonl").exists() and not (out / "completions-00000.jsonl").exists()
-        finally:
-            kill_all([worker.pid])
-            worker.wait(timeout=30)
+    path, out = write_jsonl(prompts(10)), tmp_path / "out"
+    out.mkdir()
+    hold = (
+        "import sys; from pathlib import Path; from gen_pipeline.locks import FileLock\n"
+        "FileLock(Path(sys.argv[1]), ' (shard 1/2)').acquire(); print('held', flush=True); sys.stdin.read()"
+    )
+    lock = RunDir(out).writer(1).lock
+    worker = subprocess.Popen([PY, "-c", hold, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "held\n"
+        for extra in ([], ["--workers", "2"]):
+            resume = run_generate(path, out, "127.0.0.1:1", *extra, timeout=60)
+            assert resume.returncode == 1, resume.stderr
+            assert len(resume.stderr.splitlines()) == 1, resume.stderr
+            assert f"pid {worker.pid} (shard 1/2)" in resume.stderr
+        assert not (out / "completions.jsonl").exists() and not (out / "shards").exists()
+    finally:
+        worker.communicate(timeout=30)
 
 
 def test_a_worker_whose_parent_is_already_gone_writes_nothing(write_jsonl, tmp_path):
-    """A worker that starts after its parent died (the pipe is closed) exits 130 before it locks or writes."""
+    """A worker that starts after its parent died (the pipe is closed) exits 130 before it claims or writes."""
     path, out = write_jsonl(prompts(5)), tmp_path / "out"
     read_end, write_end = os.pipe()
     os.close(write_end)
-    argv = generate_argv(path, out, "127.0.0.1:1", "--shard", "0/2", "--parent-fd", str(read_end), progress="off")
+    argv = generate_argv(path, out, "127.0.0.1:1", "--join", "--parent-fd", str(read_end), progress="off")
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=env(), pass_fds=(read_end,), timeout=60)
     finally:

@@ -16,7 +16,8 @@ from gen_pipeline.plots import (
     throughput_series,
     timed_series,
 )
-from gen_pipeline.report import Completions, drift_text
+from gen_pipeline.report import drift_text
+from gen_pipeline.rundata import Completions
 
 pytest.importorskip("matplotlib")
 

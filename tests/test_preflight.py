@@ -17,7 +17,7 @@ from e2e import check_invariant, prompts, read_jsonl
 from gen_pipeline.cli import main
 from gen_pipeline.config import RetryPolicy, RunConfig, parse_reasons
 from gen_pipeline.errors import FleetError
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 

@@ -15,7 +15,9 @@ import pytest
 from gen_pipeline import cli, prepare
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.formats import InvalidRowError, RowConverter, detect_format
+from gen_pipeline.prepare import valid_line
 from gen_pipeline.records import Completion, Failure, content_id
+from gen_pipeline.rows import RowError, parse_row
 
 U = "user"
 
@@ -131,28 +133,32 @@ def test_format_flag_overrides_the_guess():
         ({"foo": "bar"}, "unknown_format"),
         ({"messages": []}, "no_messages"),
         ({"messages": msgs(("assistant", "only an answer"))}, "no_user_turn"),
-        ({"messages": msgs(("robot", "beep"))}, "bad_role"),
+        ({"messages": msgs(("robot", "beep"), (U, "hi"))}, "bad_role"),
         ({"messages": msgs((U, "   "))}, "empty_content"),
         ({"messages": [{"role": U, "content": 5}]}, "bad_content"),
         (
             {"messages": [{"role": U, "content": [{"type": "image_url", "image_url": {}}]}]},
             "non_text_content",
         ),
-        ({"conversations": [{"from": "alien", "value": "x"}]}, "bad_role"),
+        ({"conversations": [{"from": "alien", "value": "x"}, {"from": "human", "value": "hi"}]}, "bad_role"),
         ({"text": ""}, "empty_content"),
     ],
 )
 def test_invalid_rows_are_rejected_with_a_reason(raw, reason):
-    """Each kind of bad row has its own reason tag for the report."""
+    """Each kind of bad row has its own reason tag for the report: the format's, or the validator's that
+    generate reads the row with."""
     with pytest.raises(InvalidRowError) as info:
-        RowConverter()(raw)
+        valid_line(RowConverter()(raw).row)
     assert info.value.reason == reason
 
 
-def test_text_content_parts_are_joined():
-    """OpenAI content parts that are all text become one string."""
+def test_text_content_parts_are_kept_as_given():
+    """OpenAI content parts that are all text are written as they are: the server joins them, as it does
+    for any row generate sends (its own way: SGLang with a space, vLLM with a newline)."""
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    assert RowConverter()({"messages": [{"role": U, "content": parts}]}).row["messages"] == msgs((U, "a\nb"))
+    row = RowConverter()({"messages": [{"role": U, "content": parts}]}).row
+    assert row["messages"] == [{"role": U, "content": parts}]
+    assert parse_row(valid_line(row), 1).messages == row["messages"]
 
 
 def test_dedup_collapses_whitespace_and_unicode_variants_but_not_roles(tmp_path, write_jsonl, capsys):
@@ -317,3 +323,50 @@ def test_module_runs_alone_and_reports_an_unreachable_hub(tmp_path):
     )
     assert result.returncode == 1, result.stderr
     assert "error: cannot read someone/no-such-dataset" in result.stderr
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+TOOL_TURNS = [
+    {"role": "user", "content": "weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "look it up"},
+    {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "sunny"},
+    {"role": "user", "content": "and tomorrow?"},
+]
+# Source rows on which prepare and generate disagreed (issue 29): a tool-call conversation prepare dropped
+# ("bad_content"), and rows whose carried columns generate refuses, which prepare wrote.
+DISPUTED = [
+    ({"messages": TOOL_TURNS, "tools": [{"type": "function", "function": {"name": "get_weather"}}]}, None),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}, None),
+    ({"prompt": "hi", "max_tokens": 0}, "bad_max_tokens"),
+    ({"prompt": "hi", "sampling": "hot"}, "bad_sampling"),
+    ({"prompt": "hi", "samples": 0}, "bad_samples"),
+    ({"prompt": "hi", "tools": "get_weather"}, "bad_template_inputs"),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "tool_calls": "c1"},
+                {"role": "user", "content": "y"},
+            ]
+        },
+        "bad_tool_calls",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "reason"), DISPUTED)
+def test_prepare_writes_exactly_the_rows_generate_takes(raw, reason, tmp_path, write_jsonl):
+    """One validator: every row prepare writes is one generate reads without a bad_input, and every row it
+    refuses generate refuses too, for the same reason; a tool-call history is written whole."""
+    out = tmp_path / "p.jsonl"
+    report = prepare.prepare(prepare.PrepareConfig(inputs=(str(write_jsonl([raw])),), out=out))
+    lines = out.read_bytes().splitlines()
+    if reason is None:
+        assert report.written == 1 and not report.invalid
+        row = parse_row(lines[0], 1)  # generate's reader
+        assert row.messages == raw["messages"] and row.tools == raw.get("tools")
+    else:
+        assert report.written == 0 and dict(report.invalid) == {reason: 1} and lines == []
+        with pytest.raises(RowError) as info:
+            parse_row(orjson.dumps({"id": "x", **raw}), 1)
+        assert info.value.tag == reason

@@ -155,6 +155,15 @@ def test_a_row_the_template_refuses_is_an_error_text_and_the_batch_survives(tiny
     assert out[1] == "chat template failed: no bad roles"
 
 
+def test_a_key_error_in_the_template_names_the_key_the_template_needs(tiny_fast):
+    """A KeyError out of the template is said as such: the key it needs and that the input lacks it, not
+    only the bare key ("chat template failed: 'messages'")."""
+    counter = FastTokenCounter(tiny_fast.tokenizer, ChatTemplate("{{ '{messages}'.format(x=1) }}", {}), "t")
+    [out] = counter.count([[{"role": "user", "content": "ok"}]])
+    needs = "the template needs the key 'messages', which its input does not have (KeyError)"
+    assert out == f"chat template failed: {needs}"
+
+
 def test_loader_falls_back_to_transformers_when_the_folder_is_not_simple(tmp_path):
     folder = tmp_path / "tok"
     shutil.copytree(TINY_TOKENIZER, folder)

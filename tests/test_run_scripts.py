@@ -763,6 +763,77 @@ def test_tmux_generate_without_tmux_is_a_clear_error(tmp_path: Path) -> None:
     assert "tmux is not installed" in proc.stderr
 
 
+@pytest.fixture
+def tmux_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A tmux server of this test's own (its socket under tmp_path) whose shells find a fake `make` that
+    records its arguments and folder in tmp_path/make-args; killed afterwards."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "make"
+    fake.write_text(f'#!/bin/sh\necho "$PWD $*" > {tmp_path}/make-args\n')
+    fake.chmod(0o755)
+    env = clean_env(bin_dir, TMUX_TMPDIR=str(tmp_path), HOME=str(tmp_path))
+    env.pop("TMUX", None)
+    try:
+        yield env
+    finally:
+        run(["tmux", "kill-server"], env)
+
+
+def tmux_session(env: dict[str, str], name: str, busy: bool) -> None:
+    """A session whose shell waits at its prompt (its job ended), or still runs a job (`busy`)."""
+    run(["tmux", "new-session", "-d", "-s", name, "bash --noprofile --norc"], env).check_returncode()
+    if busy:
+        run(["tmux", "send-keys", "-t", f"={name}:", "sleep 300", "Enter"], env).check_returncode()
+        shell = run(["tmux", "display-message", "-p", "-t", f"={name}:", "#{pane_pid}"], env).stdout.strip()
+        deadline = time.monotonic() + 20
+        while run(["pgrep", "-P", shell], env).returncode != 0:
+            assert time.monotonic() < deadline, "the job did not start in the session"
+            time.sleep(0.05)
+
+
+def test_tmux_generate_resumes_in_a_session_whose_job_has_ended(tmux_env: dict[str, str], tmp_path: Path) -> None:
+    """The session is still there but its job has ended (the common resume): the command is typed into
+    its shell, in the repository root, instead of refusing because the session exists."""
+    tmux_session(tmux_env, "gp", busy=False)
+    args = ["--detach", "--session", "gp", "INPUT=prompts/x.jsonl", "OUT=runs/x"]
+    proc = run(["bash", str(TMUX_GENERATE), *args], tmux_env)
+    assert proc.returncode == 0, proc.stderr
+    recorded = tmp_path / "make-args"
+    deadline = time.monotonic() + 20
+    while not recorded.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert recorded.read_text().strip() == f"{REPO} generate INPUT=prompts/x.jsonl OUT=runs/x"
+
+
+def test_tmux_generate_starts_nothing_beside_a_job_still_running(tmux_env: dict[str, str], tmp_path: Path) -> None:
+    """A job still runs in the session: nothing is typed into it, exit 3 saying so."""
+    tmux_session(tmux_env, "gp", busy=True)
+    proc = run(["bash", str(TMUX_GENERATE), "--detach", "--session", "gp", "INPUT=x", "OUT=y"], tmux_env)
+    assert proc.returncode == 3 and "still running" in proc.stderr, proc.stderr
+    assert not (tmp_path / "make-args").exists()
+
+
+@pytest.mark.parametrize(
+    ("sbatch_args", "warned"), [([], True), (["--gres=gpu:8"], False), (["--gpus-per-node=8"], False)]
+)
+def test_slurm_submit_warns_when_no_gpu_is_asked_for(tmp_path: Path, sbatch_args: list[str], warned: bool) -> None:
+    """An SGLang fleet needs the GPUs the job asks for: submit.sh says so when no --gres/--gpus option is
+    given (and passes the options on to sbatch either way)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$*" > {tmp_path}/sbatch-args\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    (tmp_path / "in.jsonl").write_text("")
+    argv = ["bash", str(RUN / "slurm" / "submit.sh"), str(tmp_path / "in.jsonl"), str(tmp_path / "out"), *sbatch_args]
+    proc = run(argv, clean_env(bin_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert ("no --gres or --gpus" in proc.stderr) is warned, proc.stderr
+    assert all(a in (tmp_path / "sbatch-args").read_text() for a in sbatch_args)
+
+
 # --- Makefile ----------------------------------------------------------------------------------
 
 
@@ -784,6 +855,26 @@ def _make_generate(tmp_path: Path, *variables: str) -> tuple[subprocess.Complete
     import json
 
     return proc, json.loads(argv_file.read_text()) if argv_file.exists() else []
+
+
+def test_make_test_fast_leaves_out_exactly_the_registered_end_to_end_markers(tmp_path: Path) -> None:
+    """`make test-fast` runs pytest with a marker expression that names only registered markers (a typo
+    would select nothing or everything), and excludes each of slow, realserver and slurm."""
+    import tomllib
+
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / ".venv").mkdir()
+    os.utime(tmp_path / "pyproject.toml", (1, 1))
+    (tmp_path / ".venv" / ".installed").touch()
+    proc = run(["make", "-n", "-C", str(tmp_path), "test-fast"], clean_env(None))
+    assert proc.returncode == 0, proc.stderr
+    expression = re.search(r'-m "([^"]+)"', proc.stdout)
+    assert expression, proc.stdout
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    registered = {m.split(":")[0] for m in markers}
+    named = set(re.findall(r"\bnot (\w+)", expression.group(1)))
+    assert named <= registered and {"slow", "realserver", "slurm"} <= named, (named, registered)
 
 
 def test_make_generate_passes_paths_with_spaces_as_one_argument(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from gen_pipeline.cli import build_parser, config_from_args
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.donekeys import line_key
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.pipeline import run_async
+from gen_pipeline.modes import run_async
+from gen_pipeline.progress import format_summary
 from gen_pipeline.records import id_key
 from gen_pipeline.rows import RowError, parse_row
 from gen_pipeline.samples import line_sample, sample_key, sample_seed, truncated_in
@@ -93,6 +94,13 @@ def test_n_in_sampling_becomes_samples_or_is_refused():
         RunConfig(input=Path("x"), out=Path("o"), sampling={"n": 2})
 
 
+def test_an_n_beyond_64_bits_in_the_flag_is_quoted_as_written():
+    """`--sampling '{"n": 1000...0}'` is refused naming the number the flag wrote, not "1e+30"."""
+    big = "1" + "0" * 30
+    with pytest.raises(ConfigError, match=f"4096, not {big}$"):
+        config_from_args(_args("--sampling", f'{{"n": {big}}}'))
+
+
 def test_a_rows_n_becomes_its_samples_or_is_a_bad_row():
     """A row's sampling `n` becomes its samples; `n` against the row's own samples is bad input."""
     p = parse_row(b'{"id": 1, "prompt": "hi", "sampling": {"n": 4, "top_p": 0.9}}', 1)
@@ -151,6 +159,18 @@ def test_samples_via_requests_stay_on_one_server(write_jsonl, tmp_path):
         ports.setdefault(r["prompt"], set()).add(r["port"])
     assert len(ports) == 20 and all(len(p) == 1 for p in ports.values())
     assert sum(s.prefills for s in fleet.stats.values()) == 20
+
+
+def test_prefix_cache_hits_are_read_and_shown_per_server(write_jsonl, tmp_path):
+    """usage.prompt_tokens_details.cached_tokens (SGLang --enable-cache-report) adds up per server in the summary:
+    the second and third sample of each prompt come from the cache, all but their last token."""
+    sim = {"n_ports": 2, "prefix_cache": 1000, "cache_report": True}
+    outcome, _ = run_sim(write_jsonl(prompts(10)), tmp_path / "out", sim=sim, samples=3, samples_via="requests")
+    servers = outcome.summary["servers"].values()
+    prompt_tokens, cached = sum(s["prompt_tokens"] for s in servers), sum(s["cached_tokens"] for s in servers)
+    assert prompt_tokens % 3 == 0 and cached == 2 * (prompt_tokens // 3) - 2 * 10
+    assert all(s["capacity_source"] == "loads endpoint" for s in servers)
+    assert "prefix cache" in format_summary(outcome.summary)
 
 
 def test_seeded_samples_are_reproducible_and_resent_alike(write_jsonl, tmp_path):
@@ -218,7 +238,8 @@ def test_reasoning_truncations_are_marked_and_counted(write_jsonl, tmp_path):
     split = outcome.summary["reasoning_tokens"]
     assert split["reasoning"] + split["answer"] == outcome.summary["output_tokens"] and split["reasoning"] > 0
     assert all(r["reasoning_tokens"] <= r["completion_tokens"] for r in lines)
-    from gen_pipeline.report import read_completions, read_json, render_table
+    from gen_pipeline.report import render_table
+    from gen_pipeline.rundata import read_completions, read_json
 
     run = tmp_path / "out"
     table = render_table(run, read_completions(run), read_json(run / "summary.json"), None)

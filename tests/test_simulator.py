@@ -141,18 +141,25 @@ def test_models_card_and_unknown_model() -> None:
 
 @pytest.mark.parametrize("explicit", [False, True])
 def test_server_and_model_info(explicit: bool) -> None:
-    """server_info reports null context_length unless explicit, and max_req_input_len = ctx - 6."""
+    """server_info reports null context_length and max_running_requests unless given on the command line
+    (0.5.23), max_req_input_len = ctx - 6, and the scheduler's running slots in internal_states and /v1/loads."""
 
-    async def scenario() -> tuple[Any, Any]:
-        async with serving(sim(context_length=1000, explicit_context_length=explicit)) as (f, s):
+    async def scenario() -> tuple[Any, Any, Any]:
+        cfg = sim(context_length=1000, explicit_context_length=explicit, report_max_running=explicit)
+        async with serving(cfg) as (f, s):
             async with s.get(f.urls[0] + "/get_server_info") as resp:
                 server = await resp.json()
+            async with s.get(f.urls[0] + "/v1/loads") as resp:
+                loads = await resp.json()
             async with s.get(f.urls[0] + "/model_info") as resp:
-                return server, await resp.json()
+                return server, loads, await resp.json()
 
-    server, model = run(scenario())
-    assert server["context_length"] == (1000 if explicit else None)
-    assert server["max_req_input_len"] == 994 and server["max_running_requests"] == 64
+    server, loads, model = run(scenario())
+    assert server["context_length"] == server["internal_states"][0]["context_length"] == (1000 if explicit else None)
+    assert server["max_running_requests"] == (64 if explicit else None)
+    assert server["internal_states"][0]["effective_max_running_requests_per_dp"] == 64
+    assert loads["loads"][0]["max_running_requests"] == 64 and loads["loads"][0]["num_waiting_reqs"] == 0
+    assert server["max_req_input_len"] == 994 and server["max_total_num_tokens"] == 8000
     assert server["tokenizer_path"] == model["tokenizer_path"] and server["version"] == "0.5.23"
     assert model["served_model_name"] == "sim-model" and model["is_generation"] is True
     assert "context_length" not in model

@@ -47,12 +47,16 @@ def test_limit_reads_exactly_the_first_lines_then_a_rerun_does_the_rest(write_js
 
 @pytest.mark.parametrize("limit", [1, 7, 10, 11])
 def test_limit_counts_lines_whoever_reads_them(write_jsonl, tmp_path, limit):
-    """Worker shards split the first `limit` lines between them: together they read exactly those."""
+    """Readers of disjoint shards split the first `limit` lines between them: together they read exactly those."""
     path = write_jsonl(prompts(30))
     seen: list[int] = []
-    for shard in [(0, 3), (1, 3), (2, 3)]:
-        config = RunConfig(input=path, out=tmp_path, limit=limit, shard=shard)
-        reader = BatchReader(config, FakeCounter(), ResumeState(), stats := RunStats())
+    config = RunConfig(input=path, out=tmp_path, limit=limit)
+    for shard in range(3):
+
+        def mine(key: int, shard: int = shard) -> bool:
+            return key % 3 == shard
+
+        reader = BatchReader(config, FakeCounter(), ResumeState(), stats := RunStats(), mine=mine)
         while batch := reader.next_batch()[0]:
             seen += [p.line for p in batch if isinstance(p, Prompt)]
         assert stats.input_fraction == 1.0

@@ -29,7 +29,9 @@ GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
         (b'{"id": "x", "prompt": "a", "sampling": {"max_tokens": 3}}', "sampling may not set"),
         (b'{"id": "x", "prompt": "caf\xe9"}', "invalid UTF-8"),
         (b'{"id": "x", "prompt": "a", "id": "y"}', 'the key "id" more than once'),
-        (b'{"id": 123456789012345678901234567890, "prompt": "a"}', "64-bit integer, not 1.2345678901234568e+29"),
+        (b'{"id": 123456789012345678901234567890, "prompt": "a"}', "integer, not 123456789012345678901234567890"),
+        (b'{"id": "x", "prompt": "a", "max_tokens": 1000000000000000000000000000000}', "not 1" + "0" * 30),
+        (b'{"id": "x", "prompt": "a", "samples": -99999999999999999999}', "not -99999999999999999999"),
     ],
 )
 def test_each_bad_row_kind(write_jsonl, line, detail):
@@ -75,6 +77,16 @@ def test_integer_and_string_ids_are_one_id(write_jsonl):
     rows = [{"id": 1, "prompt": "a"}, {"id": "1", "prompt": "b"}]
     items = list(PromptSource(write_jsonl(rows)))
     assert isinstance(items[1], BadRow)
+
+
+def test_an_id_written_as_integer_then_as_string_with_the_same_content_is_a_repeat(write_jsonl):
+    """`42` then `"42"` (one id) with otherwise the same row is a repeat, processed once; with other
+    content it is bad, and the message shows the id as that row wrote it."""
+    rows = [{"id": 42, "prompt": "a", "x": 1}, {"x": 1, "prompt": "a", "id": "42"}, {"id": "42", "prompt": "b"}]
+    source = PromptSource(write_jsonl(rows))
+    items = list(source)
+    assert [type(i).__name__ for i in items] == ["Prompt", "BadRow"]
+    assert source.repeats == 1 and items[1].detail == "id '42' was seen before with different content"
 
 
 def test_repeats_without_id_collapse_even_when_whitespace_differs(write_jsonl):

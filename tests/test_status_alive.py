@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 from e2e import prompts
-from procs import PY, env, generate, sim_fleet, wait_for_lines
+from procs import PY, env, generate, old_worker_lock, sim_fleet, wait_for_lines
 from test_report import snapshot
 
-from gen_pipeline.locks import DirLock, ShardLock
-from gen_pipeline.status import EXIT_NOT_RUNNING, EXIT_RUNNING_OR_OK, STATUS, inspect_run, write_status
+from gen_pipeline.locks import DirLock
+from gen_pipeline.status import EXIT_NOT_RUNNING, EXIT_RUNNING_OR_OK, STATUS, inspect_run
 from gen_pipeline.store import SUMMARY, write_json_atomic
+from gen_pipeline.summary import write_status
 
 CRASHED = "not running (last update 0 s ago): crashed or killed; run the same command again to resume"
 
@@ -39,22 +40,27 @@ def test_a_fresh_status_whose_writer_is_gone_is_not_running_at_once(fresh):
     assert text.splitlines()[1] == CRASHED and code == EXIT_NOT_RUNNING
 
 
-def test_a_status_whose_writer_holds_the_lock_is_running(fresh):
-    """The lock is held: running (exit 0)."""
-    lock = DirLock(fresh)
+def inspect_held(run: Path, now: float | None = None) -> tuple[str, int]:
+    """inspect_run while the run's lock is held, as by a live generate."""
+    lock = DirLock(run)
     lock.acquire()
     try:
-        text, code = inspect_run(fresh)
+        return inspect_run(run, now)
     finally:
         lock.release()
+
+
+def test_a_status_whose_writer_holds_the_lock_is_running(fresh):
+    """The lock is held: running (exit 0)."""
+    text, code = inspect_held(fresh)
     assert text.splitlines()[1].startswith("running (pid 4242), updated ") and code == EXIT_RUNNING_OR_OK
 
 
 def test_a_worker_that_let_go_of_its_shard_is_not_running(fresh):
     """Two fresh worker status files: the one whose shard lock is free is NOT RUNNING, the run goes on."""
-    held = ShardLock(fresh, 0, 2)
+    held = old_worker_lock(fresh, 0, 2)
     held.acquire()
-    gone = ShardLock(fresh, 1, 2)
+    gone = old_worker_lock(fresh, 1, 2)
     gone.acquire()
     gone.release()
     try:
@@ -120,3 +126,28 @@ def test_status_watch_into_a_closed_pipe_exits_quietly(fresh):
             proc.wait()
         proc.stderr.close()
     assert err == b"", err.decode()
+
+
+@pytest.mark.parametrize(("idle", "stalled"), [(5.0, False), (130.0, True)])
+def test_a_run_that_settled_nothing_for_a_while_shows_stalled_not_its_old_rate(tmp_path, idle, stalled):
+    """During an outage the process lives on and keeps writing status.json, but settles no row: status
+    says since when, instead of the run's average rate and an ETA from before."""
+    now = time.time()
+    write_status(tmp_path / STATUS, snapshot(now, last_settled=now - idle))
+    text, _ = inspect_held(tmp_path, now)
+    since = time.strftime("%H:%M:%S", time.localtime(now - idle))
+    assert ("STALLED: no row settled for 2m 10s (since " + since + ")" in text) is stalled, text
+    assert ("12.5 req/s" in text and "ETA 1h 02m" in text) is not stalled, text
+
+
+def test_the_head_names_no_server_count_the_list_below_contradicts(tmp_path):
+    """The manifest names 3 servers, the live status lists 2 (a resume with other --servers, or claimers
+    on other nodes with fleets of their own): only the list, and its count, are shown."""
+    from gen_pipeline.store import MANIFEST
+
+    servers = [f"http://h:3000{i}" for i in range(3)]
+    write_json_atomic(tmp_path / MANIFEST, {"model": "m", "input": "in.jsonl", "servers": servers})
+    write_status(tmp_path / STATUS, snapshot(time.time()))
+    text, _ = inspect_held(tmp_path)
+    assert text.splitlines()[0] == f"run {tmp_path}: model m, input in.jsonl", text
+    assert "servers: 1 of 2 healthy" in text, text

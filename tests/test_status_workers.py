@@ -14,13 +14,13 @@ from e2e import prompts
 from procs import PY, env, generate, sim_fleet
 
 from gen_pipeline.progress import format_summary
-from gen_pipeline.status import STALE_AFTER, STATUS, describe_run, write_status
+from gen_pipeline.status import STALE_AFTER, STATUS, describe_run
 from gen_pipeline.store import LOCK, MANIFEST, SUMMARY, write_json_atomic
-from gen_pipeline.summary import merge_summaries
+from gen_pipeline.summary import merge_summaries, write_status
 
 NOW = 1_700_000_000.0
 A, B = "http://h:30000", "http://h:30001"
-HEAD = "run {run}: model m, input prompts.jsonl, 2 servers"
+HEAD = "run {run}: model m, input prompts.jsonl"
 
 
 def server(in_flight: int, healthy: bool, requests: int, failures: dict[str, int]) -> dict:

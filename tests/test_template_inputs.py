@@ -17,8 +17,8 @@ from gen_pipeline.check import run_check
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.errors import ConfigError, ManifestMismatchError
 from gen_pipeline.findings import TEMPLATE_BLAME, drift_cause
+from gen_pipeline.modes import run_async
 from gen_pipeline.options import build_config
-from gen_pipeline.pipeline import run_async
 from gen_pipeline.recorder import cut_by_server
 from gen_pipeline.records import Completion
 from gen_pipeline.rows import RowError, parse_row

@@ -41,7 +41,9 @@ class ChatResult:
     # content, finish_reason and logprobs; usage is the request's, on this result only
     choices: tuple[ChatResult, ...] = ()
     model: str | None = None  # the model the body says answered (SGLang and vLLM echo the request's)
+    weight_version: str | None = None  # SGLang's metadata.weight_version: the weights that answered
     usage_problem: str | None = None  # why its usage is impossible (set by the request path: usage.py)
+    tool_calls: list[Any] | None = None  # the answer's own tool calls (the message's tool_calls), when it made any
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (SGLang --enable-cache-report)
 
 
@@ -99,10 +101,12 @@ def parse_chat(body: Any, server: str) -> ChatResult:
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
             reasoning_content=first.reasoning_content,
+            tool_calls=first.tool_calls,
             reasoning_tokens=details.get("reasoning_tokens"),
             logprobs=first.logprobs,
             choices=tuple(results) if len(results) > 1 else (),
             model=body.get("model") if isinstance(body.get("model"), str) else None,
+            weight_version=_weight_version(body),
             cached_tokens=cached,
         )
         for count in (result.prompt_tokens, result.completion_tokens, result.reasoning_tokens):
@@ -112,6 +116,13 @@ def parse_chat(body: Any, server: str) -> ChatResult:
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         detail = error_message(body) if isinstance(body, dict) and "error" in body else repr(exc)
         raise ServerError(f"malformed completion: {detail}", server=server, status=200) from exc
+
+
+def _weight_version(body: dict[str, Any]) -> str | None:
+    """SGLang's `metadata.weight_version` (None where a server sends no such field)."""
+    metadata = body.get("metadata")
+    version = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    return version if isinstance(version, str) else None
 
 
 def _choice(choice: dict[str, Any]) -> ChatResult:
@@ -124,7 +135,10 @@ def _choice(choice: dict[str, Any]) -> ChatResult:
         completion_tokens=None,
         reasoning_content=message.get("reasoning_content"),
         logprobs=choice.get("logprobs"),
+        tool_calls=message.get("tool_calls") or None,  # SGLang sends [] or null when there are none
     )
+    if result.tool_calls is not None and not all(isinstance(c, dict) for c in result.tool_calls):
+        raise TypeError(f"tool_calls {result.tool_calls!r:.80}")
     if not isinstance(result.content, str):
         raise TypeError(f"content {result.content!r:.80}")
     for text in (result.finish_reason, result.reasoning_content):

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 
 import aiohttp
 
-from .. import __version__
+from .._version import __version__
 from ..config import MAX_RESPONSE_BYTES
 from ..errors import (
     ConnectError,

@@ -95,11 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="SGLang <= 0.5.9: reject input + max_tokens >= ctx",
     )
+    add("--explicit-context-length", action="store_true", help="as if --context-length was passed to SGLang")
     add(
-        "--explicit-context-length",
+        "--report-max-running",
         action="store_true",
-        help="as if --context-length was passed to SGLang",
+        help="as if --max-running-requests was passed: /server_info reports it (else null, as SGLang 0.5.23)",
     )
+    add("--cache-report", action="store_true", help="as if --enable-cache-report: usage carries cached_tokens")
     add(
         "--completion-words",
         type=int,
@@ -119,6 +121,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--request-log", help="append one JSON line per answered chat request to this file")
     _add_fault_arguments(parser)
+    _add_provenance_arguments(parser)
+
+
+def _redeploy(text: str) -> tuple[int | None, tuple[int, str]]:
+    """An argparse type for "[PORT:]N:VERSION"."""
+    parts = text.split(":")
+    try:
+        if len(parts) == 2:
+            return None, (int(parts[0]), parts[1])
+        if len(parts) == 3 and parts[2]:
+            return int(parts[0]), (int(parts[1]), parts[2])
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected [PORT:]N:VERSION, got {text!r}")
+
+
+def _add_provenance_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that set what checkpoint the servers report."""
+    group = parser.add_argument_group("provenance")
+    add = group.add_argument
+    add("--model-path", help="the model_path reported (default: the tokenizer folder)")
+    add("--weight-version", default="default", help="the weight_version reported (default: default)")
+    add("--server-version", help="the SGLang version reported (default 0.5.23, 0.5.9 with --legacy-offbyone)")
+    add("--deterministic", action="store_true", help="report enable_deterministic_inference true")
+    add(
+        "--redeploy-after",
+        type=_redeploy,
+        action="append",
+        default=[],
+        metavar="[PORT:]N:VERSION",
+        help="after N generation requests the port (default: the first live one) serves weight_version VERSION",
+    )
 
 
 def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +188,9 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     add("--p503", type=float, default=0.0, help="fraction answered 503 queue full (every port)")
     add("--p-drop", type=float, default=0.0, help="fraction whose connection is reset with no reply")
     add("--p-hang", type=float, default=0.0, help="fraction never answered")
+    add("--template-error", metavar="MESSAGE", help="answer every chat request 400 with MESSAGE (a broken template)")
+    add("--poison", metavar="TEXT", help="answer every request whose prompt contains TEXT with --poison-status")
+    add("--poison-status", type=int, default=500, help="the status --poison answers (default 500)")
     add(
         "--crash-after",
         type=_pair(int),
@@ -173,7 +210,7 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _by_port(pairs: list[tuple[int | None, Any]], default_port: int, flag: str) -> dict[int, Any]:
     """{port: value} from parsed PORT:VALUE pairs; a bare value goes to `default_port`."""
-    if any(port is None for port, _ in pairs) and flag != "--crash-after":
+    if any(port is None for port, _ in pairs) and flag not in ("--crash-after", "--redeploy-after"):
         raise ConfigError(f"simulator: {flag} needs PORT:VALUE, got a bare value")
     return {default_port if port is None else port: value for port, value in pairs}
 
@@ -188,6 +225,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         model=args.model,
         light_template=args.light_template,
         max_running=args.max_running,
+        report_max_running=args.report_max_running,
         max_queued=args.max_queued,
         max_total_tokens=args.max_total_tokens,
         token_latency=args.token_latency,
@@ -198,6 +236,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         reserved_tokens=args.reserved_tokens,
         legacy_offbyone=args.legacy_offbyone,
         explicit_context_length=args.explicit_context_length,
+        cache_report=args.cache_report,
         completion_words=args.completion_words,
         reasoning_words=args.reasoning_words,
         seed=args.seed,
@@ -214,6 +253,14 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         crash_after=_by_port(args.crash_after, live[0], "--crash-after"),
         restart_after=args.restart_after,
         warmup=args.warmup,
+        model_path=args.model_path,
+        weight_version=args.weight_version,
+        server_version=args.server_version,
+        deterministic=args.deterministic,
+        redeploy=_by_port(args.redeploy_after, live[0], "--redeploy-after"),
+        template_error=args.template_error,
+        poison=args.poison,
+        poison_status=args.poison_status,
     )
 
 
@@ -226,6 +273,9 @@ def _port_line(config: SimConfig, port: int) -> str:
         f"bad gateway {config.bad_gateway[port]}" if port in config.bad_gateway else "",
         f"slow x{config.slow[port]}" if port in config.slow else "",
         f"crashes after {config.crash_after[port]} requests" if port in config.crash_after else "",
+        f"weight_version {config.redeploy[port][1]} after {config.redeploy[port][0]} requests"
+        if port in config.redeploy
+        else "",
     ]
     extra = ", ".join(n for n in notes if n)
     return f"port {port}: listening on http://127.0.0.1:{port}" + (f" ({extra})" if extra else "")

@@ -39,7 +39,9 @@ class SimConfig:
     `authorization`: the Authorization header every request must carry (401 {"error": "Unauthorized"}
     otherwise, as SGLang's --api-key or a proxy with Basic auth answers).
     Scheduler: `max_running` requests run at once per port; the rest queue, unbounded unless
-    `max_queued` is set (then 503 "The request queue is full."). `max_total_tokens` is the KV
+    `max_queued` is set (then 503 "The request queue is full."). As in SGLang 0.5.23, /server_info says
+    max_running_requests null unless `report_max_running` (--max-running-requests given); /v1/loads and
+    internal_states give the figure. `max_total_tokens` is the KV
     pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter.
     Timing: a completion sleeps `prefill_latency + prompt_tokens * prompt_token_latency + n * token_latency`
     holding a running slot;
@@ -48,16 +50,19 @@ class SimConfig:
     template the client does not know); `reserved_tokens` (EAGLE) are added to the input of
     checks (A) and (B) and their messages only; `legacy_offbyone` makes (B) reject
     `input + max_new >= ctx` (<= 0.5.9); `explicit_context_length` models `--context-length`
-    (check (D), and a non-null context_length in /server_info).
+    (check (D), and a non-null context_length in /server_info); `cache_report` models
+    --enable-cache-report (usage.prompt_tokens_details.cached_tokens: the prompt less one token on a
+    prefix-cache hit, else 0).
     Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`; with
     `reasoning_words` > 0 a chat reply also carries up to that many words of `reasoning_content`, as SGLang does
     with `--reasoning-parser` (the thinking split out of `content`); the thinking spends max_tokens first
     (capped by a request's `thinking_budget`), so a small budget ends "length" with empty content.
     Samples: a request's `n` and `seed` are honoured (each choice derived from the prompt, seed and its
-    index); a port's prefix cache holds `prefix_cache` conversation prefixes (a repeated prompt, or a
-    conversation up to the answer the port gave it: choices.PrefixCache), whose tokens skip the prefill and
-    are reported as usage.prompt_tokens_details.cached_tokens; `request_log` is a file that gets one JSON
-    line per answered chat request (port, prompt digest, n, seed, cached, texts, messages).
+    index; `ignore_sampling`: not, every choice is the prompt's one answer, as a server ignoring seed and
+    sampling gives); a port's prefix cache holds `prefix_cache` conversation prefixes (a repeated prompt,
+    or a conversation up to the answer the port gave it: choices.PrefixCache), whose tokens skip the
+    prefill and are reported as usage.prompt_tokens_details.cached_tokens; `request_log` is a file that
+    gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts, messages).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
     `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `bad_gateway`
     {port: p} answers a fraction p with an instant 502 (before any work, as a proxy in front would); `slow`
@@ -66,6 +71,14 @@ class SimConfig:
     `crash_after` {port: n}: the port serves n generation requests and the next one crashes it
     (listener closed, in-flight connections reset); with `restart_after` seconds it comes back,
     `/health` answering 503 for `warmup` seconds while /v1/* is already served.
+    Provenance: `model_path` (default: the tokenizer folder) and `weight_version` are what /model_info,
+    /server_info and every chat answer's metadata.weight_version report; `server_version` replaces the
+    version reported; `deterministic` is `enable_deterministic_inference`; `redeploy` {port: (n, version)}:
+    after n generation requests, that port's weights become `version` (as SGLang's weight update would).
+    `template_error`: every chat request is answered 400 with this message, as a server whose chat template
+    fails (jinja2 missing, a template error) answers; `poison`: a request whose prompt contains this text is
+    answered `poison_status` (500: a row that breaks the server's request handling; 400: a row the server
+    refuses) by every port, with a message naming the text; other rows are served.
     """
 
     # fleet
@@ -77,6 +90,7 @@ class SimConfig:
     authorization: str | None = None
     # scheduler
     max_running: int = 64
+    report_max_running: bool = False
     max_queued: int | None = None
     max_total_tokens: int | None = None
     # timing
@@ -89,6 +103,7 @@ class SimConfig:
     reserved_tokens: int = 0
     legacy_offbyone: bool = False
     explicit_context_length: bool = False
+    cache_report: bool = False
     # content
     completion_words: int = 48
     reasoning_words: int = 0
@@ -96,6 +111,7 @@ class SimConfig:
     # samples
     prefix_cache: int = 0
     request_log: str | None = None
+    ignore_sampling: bool = False
     # faults
     dead: tuple[int, ...] = ()
     flaky: Mapping[int, float] = field(default_factory=dict)
@@ -108,11 +124,20 @@ class SimConfig:
     crash_after: Mapping[int, int] = field(default_factory=dict)
     restart_after: float | None = None
     warmup: float = 2.0
+    # provenance
+    model_path: str | None = None
+    weight_version: str = "default"
+    server_version: str | None = None
+    deterministic: bool = False
+    redeploy: Mapping[int, tuple[int, str]] = field(default_factory=dict)
+    template_error: str | None = None
+    poison: str | None = None
+    poison_status: int = 500
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
         object.__setattr__(self, "dead", tuple(self.dead))
-        for name in ("flaky", "bad_gateway", "slow", "crash_after"):
+        for name in ("flaky", "bad_gateway", "slow", "crash_after", "redeploy"):
             object.__setattr__(self, name, _frozen_map(getattr(self, name)))
         self._validate_shape()
         self._validate_faults()
@@ -141,10 +166,15 @@ class SimConfig:
         if any(f <= 0 for f in self.slow.values()) or any(n < 0 for n in self.crash_after.values()):
             raise ConfigError("simulator: slow factors must be > 0 and crash_after counts >= 0")
         named = set(self.dead) | set(self.flaky) | set(self.bad_gateway) | set(self.slow) | set(self.crash_after)
+        named |= set(self.redeploy)
+        if any(n < 0 for n, _ in self.redeploy.values()):
+            raise ConfigError("simulator: redeploy counts must be >= 0")
         if not named <= set(self.ports):
             raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
         if self.restart_after is not None and self.restart_after < 0:
             raise ConfigError("simulator: restart_after must be >= 0")
+        if not 400 <= self.poison_status <= 599:
+            raise ConfigError(f"simulator: poison_status must be a 4xx or 5xx status, got {self.poison_status}")
 
     @property
     def live_ports(self) -> tuple[int, ...]:
@@ -168,5 +198,15 @@ class SimConfig:
 
     @property
     def version(self) -> str:
-        """The SGLang version this configuration imitates."""
-        return LEGACY_SGLANG_VERSION if self.legacy_offbyone else SGLANG_VERSION
+        """The SGLang version this configuration imitates (or reports, with server_version)."""
+        return self.server_version or (LEGACY_SGLANG_VERSION if self.legacy_offbyone else SGLANG_VERSION)
+
+    @property
+    def checkpoint_path(self) -> str:
+        """The model_path reported."""
+        return self.model_path or self.tokenizer
+
+    def weights_of(self, port: int, generated: int) -> str:
+        """The weight_version `port` serves after `generated` generation requests."""
+        redeploy = self.redeploy.get(port)
+        return redeploy[1] if redeploy is not None and generated > redeploy[0] else self.weight_version

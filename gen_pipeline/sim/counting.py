@@ -6,6 +6,7 @@ import asyncio
 
 from ..tokens import FastTokenCounter, HFTokenCounter
 from ..tokens.conversation import Conversation
+from ..tokens.counter import failure_text
 from . import sglang
 from .sglang import GenRequest
 
@@ -14,7 +15,7 @@ LONG_TEXT_CHARS = 20_000  # count longer prompts in a thread so one does not sta
 
 def conversation(req: GenRequest) -> Conversation:
     """A chat request as its template renders it: messages, tools and chat_template_kwargs."""
-    return Conversation(req.messages or [], req.tools, req.template_kwargs or {})
+    return Conversation(req.messages or [], req.tools, req.template_kwargs or {}, req.tool_choice)
 
 
 class ServerCounter:
@@ -53,7 +54,7 @@ class ServerCounter:
         try:
             text = self.counter.render(conversation(req))
         except Exception as exc:  # jinja raise_exception() and type errors in the template
-            raise sglang.bad_request(f"chat template failed: {exc}", "BadRequest") from exc
+            raise sglang.bad_request(failure_text(exc), "BadRequest") from exc
         encoded = await asyncio.to_thread(self.tokenizer, text, add_special_tokens=False)
         ids: list[int] = encoded["input_ids"]
         return ids + [0] * self.extra

@@ -1,7 +1,10 @@
-"""SGLang's read-only endpoints as pure functions: /v1/models, /model_info, /server_info."""
+"""SGLang's read-only endpoints as pure functions: /v1/models, /model_info, /server_info, /v1/loads
+(the keys and values SGLang 0.5.23 answers with; tests/test_realserver_sglang.py compares them with a real one)."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 from .config import SimConfig
@@ -32,43 +35,85 @@ def model_not_found(name: str) -> dict[str, Any]:
     }
 
 
-def model_info(cfg: SimConfig) -> dict[str, Any]:
-    """The /model_info body: no context length here, as in SGLang."""
+def model_info(cfg: SimConfig, weight_version: str | None = None) -> dict[str, Any]:
+    """The /model_info body: no context length here, as in SGLang (its 15 keys in 0.5.23's order; `embedding`,
+    a long description of the embedding path, cut to the switch that says it is off; `weight_version`: the
+    port's now)."""
     return {
-        "model_path": cfg.tokenizer,
+        "model_path": cfg.checkpoint_path,
+        "served_model_name": cfg.model,
         "tokenizer_path": cfg.tokenizer,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",
+        "weight_version": weight_version or cfg.weight_version,
+        "load_format": "auto",
+        "reasoning_parser": "qwen3" if cfg.reasoning_words else None,
+        "tool_call_parser": None,
+        "disaggregation_mode": "null",
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": "qwen3",
         "architectures": ["Qwen3ForCausalLM"],
-        "served_model_name": cfg.model,
+        "embedding": {"enabled": False},
     }
 
 
-def server_info(cfg: SimConfig, port: int, started: float) -> dict[str, Any]:
-    """The /server_info body: resolved server args plus scheduler info."""
+def server_info(cfg: SimConfig, port: int, started: float, weight_version: str | None = None) -> dict[str, Any]:
+    """The /server_info body: resolved server args plus scheduler info. max_running_requests is null unless
+    the server was started with --max-running-requests (`report_max_running`); the scheduler's own figure is
+    in internal_states and /v1/loads."""
     speculative = cfg.reserved_tokens > 0
+    running = cfg.max_running if cfg.report_max_running else None
+    state = {
+        "context_length": cfg.context_length if cfg.explicit_context_length else None,
+        "max_running_requests": running,
+        "effective_max_running_requests_per_dp": cfg.max_running,
+    }
     return {
-        "model_path": cfg.tokenizer,
+        "model_path": cfg.checkpoint_path,
         "tokenizer_path": cfg.tokenizer,
         "tokenizer_mode": "auto",
         "served_model_name": cfg.model,
         "host": "127.0.0.1",
         "port": port,
         "context_length": cfg.context_length if cfg.explicit_context_length else None,
-        "max_running_requests": cfg.max_running,
+        "max_running_requests": running,
         "max_queued_requests": cfg.max_queued,
         "allow_auto_truncate": False,
-        "enable_cache_report": False,
+        "enable_cache_report": cfg.cache_report,
         "speculative_algorithm": "EAGLE" if speculative else None,
         "speculative_num_draft_tokens": cfg.reserved_tokens if speculative else None,
         "random_seed": cfg.seed,
+        "dtype": "auto",
+        "quantization": None,
+        "kv_cache_dtype": "auto",
+        "enable_deterministic_inference": cfg.deterministic,
+        "weight_version": weight_version or cfg.weight_version,
         "max_total_num_tokens": cfg.max_total_num_tokens,
         "max_req_input_len": cfg.max_req_input_len,
-        "internal_states": [{"max_total_num_tokens": cfg.max_total_num_tokens}],
+        "internal_states": [state],
         "version": cfg.version,
         "startup_time": started,
+    }
+
+
+def loads(cfg: SimConfig, running: int, waiting: int) -> dict[str, Any]:
+    """The /v1/loads body of one DP rank: the scheduler's running slots, its pool and its queue (the simulator
+    keeps no KV pool, so the usage figures SGLang also gives are left out)."""
+    now = time.time()
+    return {
+        "timestamp": datetime.fromtimestamp(now, UTC).isoformat(),
+        "version": cfg.version,
+        "accelerator": None,
+        "num_accelerators": 1,
+        "loads": [
+            {
+                "timestamp": now,
+                "dp_rank": 0,
+                "num_running_reqs": running,
+                "num_waiting_reqs": waiting,
+                "max_total_num_tokens": cfg.max_total_num_tokens,
+                "max_running_requests": cfg.max_running,
+            }
+        ],
     }

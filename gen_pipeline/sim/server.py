@@ -51,6 +51,7 @@ class PortServer:
                 "/get_model_info": self._model_info,
                 "/server_info": self._server_info,
                 "/get_server_info": self._server_info,
+                "/v1/loads": self._loads,
             },
             "POST": {
                 "/v1/chat/completions": self._chat,
@@ -157,13 +158,22 @@ class PortServer:
             return json_response(info.model_not_found(name), 404)
         return json_response(info.model_card(self.cfg, int(self.started)))
 
+    @property
+    def weight_version(self) -> str:
+        """The weights this port serves now (SimConfig.redeploy changes them mid-run)."""
+        return self.cfg.weights_of(self.port, self.stats.requests)
+
     async def _model_info(self, request: Request) -> web.Response:
         """The model info (no context length, as in SGLang)."""
-        return json_response(info.model_info(self.cfg))
+        return json_response(info.model_info(self.cfg, self.weight_version))
 
     async def _server_info(self, request: Request) -> web.Response:
         """The server args plus scheduler info."""
-        return json_response(info.server_info(self.cfg, self.port, self.started))
+        return json_response(info.server_info(self.cfg, self.port, self.started, self.weight_version))
+
+    async def _loads(self, request: Request) -> web.Response:
+        """The scheduler's load: running and waiting requests, and its running slots."""
+        return json_response(info.loads(self.cfg, self.stats.running, self.stats.queued))
 
     async def _tokenize(self, request: Request) -> web.Response:
         """/v1/tokenize of a prompt or of chat messages; max_model_len is the tokenizer's."""
@@ -207,6 +217,7 @@ class PortServer:
                 self.stats.errors += 1
                 return json_response(rej.body, rej.status)
             self.stats.completions += 1
+            body["metadata"] = {"weight_version": self.weight_version}  # the weights at the end, as SGLang's
             return json_response(body)
 
     async def _complete(self, request: Request, chat: bool, fault: Fault) -> dict[str, Any]:
@@ -214,6 +225,7 @@ class PortServer:
         _raise_fault(fault)
         payload = await _read_json(request)
         req = (sglang.parse_chat if chat else sglang.parse_completion)(payload, self.cfg.model)
+        self._misconfigured(payload, chat)
         if payload.get("stream"):
             raise sglang.bad_request("the simulator does not stream: send stream=false")
         prompt_tokens = await self.counter.count(req)
@@ -232,7 +244,7 @@ class PortServer:
             return sglang.text_body(req, gen, prompt_tokens)
         budget = payload.get("thinking_budget")
         made = [
-            choices.generate_choice(choices.choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
+            choices.generate_choice(self._choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
             for i in range(n)
         ]
         held = self.cache.lookup(req.messages or [], prompt_tokens)
@@ -247,9 +259,27 @@ class PortServer:
             self.cache.answered(req.messages or [], choices.answer_message(c), prompt_tokens + c.tokens)
         self.log.write(self.port, key, payload, cached, made)
         body = choices.chat_choices(req, made, prompt_tokens)
-        if self.cfg.prefix_cache:  # a cache to report on: as SGLang with --enable-cache-report
-            body["usage"]["prompt_tokens_details"] = {"cached_tokens": held}
+        if self.cfg.cache_report or self.cfg.prefix_cache:  # as SGLang with --enable-cache-report: all but
+            # the last token of a cached prompt come from the cache
+            body["usage"]["prompt_tokens_details"] = {"cached_tokens": min(held, prompt_tokens - 1)}
         return body
+
+    def _misconfigured(self, payload: dict[str, Any], chat: bool) -> None:
+        """The configured failures that depend on the request: a broken chat template, a poison row."""
+        if chat and self.cfg.template_error is not None:
+            raise sglang.bad_request(self.cfg.template_error)
+        poison = self.cfg.poison
+        if poison is not None and poison in str(payload.get("messages" if chat else "prompt")):
+            if self.cfg.poison_status == 400:
+                raise sglang.bad_request(f"this request cannot be served: it contains {poison!r}")
+            status = self.cfg.poison_status
+            raise Rejection(
+                status, sglang.error_body(f"Internal server error on {poison!r}", "InternalServerError", status)
+            )
+
+    def _choice_key(self, key: bytes, seed: Any, index: int) -> bytes:
+        """What one choice is derived from; the prompt alone when this server ignores seed and sampling."""
+        return key if self.cfg.ignore_sampling else choices.choice_key(key, seed, index)
 
     def _should_crash(self) -> bool:
         """True for the first request past crash_after (a port crashes at most once)."""

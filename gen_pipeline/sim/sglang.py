@@ -45,6 +45,7 @@ class GenRequest:
     prompt: str | list[int] | None = None
     tools: list[Any] | None = None  # what the chat template renders beside the messages (server-api.md §1.6)
     template_kwargs: dict[str, Any] | None = None
+    tool_choice: Any = None  # which tools the template renders (tokens/conversation.chosen_tools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +122,9 @@ def parse_chat(payload: Any, served: str) -> GenRequest:
         max_new=_int_field(payload, "max_completion_tokens") or _int_field(payload, "max_tokens"),
         stop=_stops(payload),
         messages=[_normalize_message(m) for m in messages],
-        tools=tools if tools and payload.get("tool_choice") != "none" else None,  # SGLang renders none then
+        tools=tools or None,
         template_kwargs=kwargs or None,
+        tool_choice=payload.get("tool_choice"),
     )
 
 

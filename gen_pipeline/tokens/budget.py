@@ -78,19 +78,25 @@ def rebudget(
     context_length: int,
     margin: int,
     min_tokens: int,
+    counted: int | None = None,
 ) -> int | None:
     """A smaller max_tokens that the server's own numbers say will fit, or None when none will.
 
     None means the prompt itself is too long for the server (or the error gave no usable counts),
-    so resending cannot help.
+    so resending cannot help. An error that names the context but not the input (max_tokens alone over it:
+    SGLang's "max_completion_tokens is too large", vLLM's "cannot be greater than max_model_len") is fitted
+    with our own exact count, `counted`.
     """
-    if counts.input_tokens is None or counts.lower_bound or counts.max_input is not None:
+    given = counts.input_tokens
+    if given is None and counts.context_length is not None:
+        given = counted
+    if given is None or counts.lower_bound or counts.max_input is not None:
         return None
     ctx = min(context_length, counts.context_length or context_length)
-    if counts.input_tokens > ctx - SGLANG_INPUT_HEADROOM:
+    if given > ctx - SGLANG_INPUT_HEADROOM:
         return None
     # -1: SGLang <= 0.5.9 refuses input + max_tokens == context; the margin covers the rest.
-    room = ctx - counts.input_tokens - max(margin, 1)
+    room = ctx - given - max(margin, 1)
     budget = min(room, sent_max_tokens - 1)
     return budget if budget >= min_tokens else None
 

@@ -13,6 +13,8 @@ and the renderer take either. `server_view` applies what the server does to the 
 - SGLang and vLLM join a tool turn's text parts into one string for every template;
 - vLLM and llama.cpp keep only the fields they know of a message (`_vllm_fields`, `_llamacpp_fields`)
   and of each tool (`server_tools`); content None becomes "" (vLLM: [] for an "openai"-format template);
+- SGLang 0.5.23 hands the template its pydantic dump of each tool (`"defer_loading": null` added), renders
+  no tool for `tool_choice` "none" and only the named one for a named tool_choice (`chosen_tools`);
 - an assistant turn's `tool_calls[].function.arguments` given as a JSON string is parsed into the object
   the templates expect (SGLang and vLLM); arguments that are not a JSON object are an RequestShapeError;
 - SGLang turns a final assistant turn with text content into a user turn (no continue_final_message here);
@@ -44,6 +46,7 @@ class Conversation:
     messages: Sequence[Any]
     tools: Sequence[Any] | None = None
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    tool_choice: Any = None  # the request's tool_choice: which tools SGLang renders (None: "auto")
 
 
 ChatInput = Sequence[Any] | Conversation
@@ -78,14 +81,35 @@ def server_view(
     server: str = "sglang",
 ) -> ServerView:
     """The request `server` would render for `chat` (a Conversation's own tools and kwargs win)."""
+    tool_choice = None
     if isinstance(chat, Conversation):
         tools = chat.tools if chat.tools is not None else tools
         template_kwargs = {**(template_kwargs or {}), **chat.template_kwargs}
+        tool_choice = chat.tool_choice
         chat = chat.messages
     messages = [_message(m, content_format, server) for m in chat]
     if server == "sglang" and messages and _is_text_assistant(messages[-1]):
         messages[-1] = {"role": "user", "content": messages[-1]["content"]}
+    if server == "sglang" and tools is not None:
+        tools = chosen_tools(tools, tool_choice)
     return ServerView(messages, None if tools is None else server_tools(tools, server), dict(template_kwargs or {}))
+
+
+def chosen_tools(tools: list[Any], tool_choice: Any) -> list[Any] | None:
+    """The tools SGLang renders for a tool_choice (serving_chat: none for "none", the named one alone for
+    {"type": "function", "function": {"name": ...}}, all of them otherwise)."""
+    if tool_choice == "none":
+        return None
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    if not isinstance(function, dict):
+        return tools
+    named = [t for t in tools if isinstance(t, dict) and _function(t).get("name") == function.get("name")]
+    return named or None
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    function = tool.get("function")
+    return function if isinstance(function, dict) else {}
 
 
 def flat_tools(view: ServerView, server: str) -> ServerView | None:
@@ -109,7 +133,7 @@ def _message(m: Any, content_format: str, server: str) -> Any:
         if content_format == "openai" and not (server in ("sglang", "vllm") and m.get("role") == "tool"):
             m["content"] = [{"type": "text", "text": t} for t in texts]
         else:
-            m["content"] = _join(texts, server)
+            m["content"] = join_texts(texts, server)
     if isinstance(m.get("tool_calls"), list) and server in ("sglang", "vllm"):
         m["tool_calls"] = [_tool_call(c) for c in m["tool_calls"]]
     return {k: v for k, v in m.items() if v is not None}
@@ -150,9 +174,9 @@ def server_tools(tools: list[Any], server: str) -> list[Any]:
     """The tools as the server hands them to the template: vLLM dumps its pydantic model of each, so the
     template sees {"type", "function": {"name", "description", "parameters"[, "strict"]}} in that order,
     absent fields as null and other fields dropped; llama.cpp rebuilds the same shape with an absent
-    description as "" and no other field; SGLang passes them as given."""
+    description as "" and no other field; SGLang dumps its own model (`_sglang_tool`)."""
     if server == "sglang":
-        return list(tools)
+        return [_sglang_tool(t) for t in tools]
     out = []
     for tool in tools:
         function = tool.get("function") if isinstance(tool, dict) else None
@@ -166,6 +190,29 @@ def server_tools(tools: list[Any], server: str) -> list[Any]:
             dumped["strict"] = function["strict"]
         out.append({"type": tool.get("type", "function"), "function": dumped})
     return out
+
+
+SGLANG_FUNCTION_FIELDS = ("description", "name", "parameters", "strict", "defer_loading")
+
+
+def _sglang_tool(tool: Any) -> Any:
+    """One tool as SGLang 0.5.23's `Tool.model_dump()` gives it to the template (entrypoints/openai/protocol.py):
+    {"type", "function", "defer_loading"} with defer_loading null unless given (5 Qwen3 tokens a tool). The
+    function keeps the client's key order, its known fields only; an absent description or parameters follows
+    as null, an absent strict or defer_loading is left out, and the tool's defer_loading is copied into it."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(function, dict):
+        return tool
+    dumped = {k: function.get(k) for k in SGLANG_FUNCTION_FIELDS}
+    if dumped["defer_loading"] is None:
+        dumped["defer_loading"] = tool.get("defer_loading")
+    kept = [k for k in dumped if k in ("description", "name", "parameters") or dumped[k] is not None]
+    order = [k for k in function if k in kept] + [k for k in kept if k not in function]
+    return {
+        "type": tool.get("type", "function"),
+        "function": {k: dumped[k] for k in order},
+        "defer_loading": tool.get("defer_loading"),
+    }
 
 
 def content_texts(parts: list[Any]) -> list[str]:
@@ -187,7 +234,7 @@ def _texts(parts: list[Any]) -> list[str]:
     return texts
 
 
-def _join(texts: list[str], server: str) -> str:
+def join_texts(texts: list[str], server: str) -> str:
     """Text parts as one string, the way `server` joins them."""
     if server != "llamacpp":
         return PART_JOINER[server].join(texts)

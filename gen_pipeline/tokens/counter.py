@@ -48,6 +48,9 @@ def failure_text(exc: Exception) -> str:
     """What a row that cannot be counted is ledgered with."""
     if isinstance(exc, RequestShapeError):
         return str(exc)
+    if isinstance(exc, KeyError):  # str() of a KeyError is the bare key: "chat template failed: 'messages'"
+        key = exc.args[0] if exc.args else None
+        return f"chat template failed: the template needs the key {key!r}, which its input does not have (KeyError)"
     return f"chat template failed: {exc}"  # jinja raise_exception(), type errors in the template
 
 

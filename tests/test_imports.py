@@ -1,0 +1,100 @@
+"""The package's import graph, read statically (every import statement, those inside functions and under
+TYPE_CHECKING included): no module imports itself through others, and none takes a private name from
+another."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gen_pipeline"
+
+
+def module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> its file, for every module of the package (a package by its __init__)."""
+    found = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imported_names(name: str, path: Path) -> Iterator[tuple[str, str | None]]:
+    """(module, name taken from it or None) for each import statement of a module, relative ones resolved."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, None) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                here = here[: len(here) - node.level + 1]
+                base = ".".join([*here, base] if base else here)
+            yield from ((base, alias.name) for alias in node.names)
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the package's modules it imports. `from P import x` is an edge to P.x when that is a
+    module (P's __init__ is run, but what it imports is not needed), else to P, whose names it reads."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for base, taken in imported_names(name, path):
+            target = f"{base}.{taken}" if taken is not None and f"{base}.{taken}" in modules else base
+            if target in modules and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a path that ends where it started) through each module that is on one."""
+    found, done = [], set()
+    for start in sorted(graph):
+        stack, path, on_path = [iter(sorted(graph[start]))], [start], {start}
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                left = path.pop()
+                on_path.discard(left)
+                done.add(left)
+                continue
+            if nxt in on_path:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in done:
+                stack.append(iter(sorted(graph[nxt])))
+                path.append(nxt)
+                on_path.add(nxt)
+    return found
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    """Every module of gen_pipeline can be read knowing only the modules below it."""
+    assert cycles(import_graph(module_files())) == []
+
+
+def test_a_cycle_is_found(tmp_path: Path) -> None:
+    """The walk sees a cycle made of a function-level import and a relative one."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import c\n")
+    (pkg / "c.py").write_text("from . import a\n")
+    assert cycles(import_graph(module_files(pkg))) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    """A name with a leading underscore stays in its module: what others need is public."""
+    modules = module_files()
+    private = [
+        f"{name} takes {taken} from {base}"
+        for name, path in modules.items()
+        for base, taken in imported_names(name, path)
+        if base.startswith("gen_pipeline") and taken and taken.startswith("_") and not taken.startswith("__")
+    ]
+    assert private == []

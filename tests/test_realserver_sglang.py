@@ -1,0 +1,322 @@
+"""generate and check against two real SGLang 0.5.23 servers on CPU (a tiny random Qwen3 with the real Qwen3
+tokenizer and template), started once for the module: ~1.5-2 minutes on two busy cores, 2.8 GB each.
+
+One server runs with `--reasoning-parser qwen3`, the other with `--tool-call-parser qwen25`; both with a 2048-token
+context, a KV pool of 8192 tokens and `--enable-cache-report` (run/sglang/serve.py).
+
+Needs what run/sglang/setup.sh puts in the cache (the venv and the model). Skipped with the reason when they are
+absent, unless GEN_PIPELINE_REALSERVER=1 asks for them (as .ci/run does after setting them up): then their absence
+is a failure. GEN_PIPELINE_SGLANG_URLS (two comma-separated URLs) names servers already running instead, started
+with serve.py's settings and the two parsers in that order; they are left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from e2e import WEATHER_TOOL, prompts, read_jsonl
+from provenance_checks import OUTPUT_SETTINGS, assert_manifest_matches_servers
+
+from gen_pipeline.check import render_check, run_check
+from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.modes import run_async
+from gen_pipeline.sim import free_ports
+from gen_pipeline.tokens import load_counter
+
+pytestmark = [pytest.mark.realserver, pytest.mark.slow]
+
+RUN = Path(__file__).resolve().parents[1] / "run" / "sglang"
+CACHE = Path(os.environ.get("GEN_PIPELINE_CACHE") or Path.home() / ".cache" / "gen-pipeline") / "sglang"
+PYTHON = CACHE / "venv" / "bin" / "python"
+MODEL = CACHE / "tiny-qwen3"
+CTX = 2048
+MAX_INPUT = CTX - 6  # SGLang's max_req_input_len: a prompt of this many tokens or more is refused
+PARSERS = (["--reasoning-parser", "qwen3"], ["--tool-call-parser", "qwen25"])
+
+
+def _serve() -> Any:
+    """run/sglang/serve.py as a module of its own name (the vLLM tests import another `serve`)."""
+    spec = importlib.util.spec_from_file_location("sglang_serve", RUN / "serve.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Two SGLang servers (the reasoning parser on the first, the tool-call parser on the second), started side
+    by side and stopped after the module."""
+    if os.environ.get("GEN_PIPELINE_SGLANG_URLS"):
+        yield tuple(os.environ["GEN_PIPELINE_SGLANG_URLS"].split(","))
+        return
+    missing = [str(p) for p in (PYTHON, MODEL / "config.json") if not p.exists()]
+    if missing:
+        reason = f"SGLang venv or tiny model missing ({', '.join(missing)}); run run/sglang/setup.sh TOKENIZER_DIR"
+        if os.environ.get("GEN_PIPELINE_REALSERVER") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    serve, run_dir = _serve(), tmp_path_factory.mktemp("sglang")
+    ports = free_ports(2)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            starts = [pool.submit(serve.start, str(PYTHON), MODEL, p, run_dir, CTX, extra, 900)
+                      for p, extra in zip(ports, PARSERS, strict=True)]  # fmt: skip
+            urls = tuple(f.result() for f in starts)
+        yield urls
+    finally:
+        serve.stop(run_dir)
+
+
+@pytest.fixture(scope="module")
+def counter():
+    """The served model's own tokenizer and template, counting as SGLang does."""
+    return load_counter(str(MODEL), "auto", "sglang")
+
+
+def _config(inp: Path, out: Path, urls: tuple[str, ...], **kw: Any) -> RunConfig:
+    settings = {"max_tokens": 8, "min_tokens": 1, "progress": "off", "retry": RetryPolicy.testing(), **kw}
+    return RunConfig(input=inp, out=out, servers=urls, tokenizer=str(MODEL), **settings)
+
+
+def _run(config: RunConfig, timeout: float = 600):
+    return asyncio.run(asyncio.wait_for(run_async(config), timeout))
+
+
+def _sized(counter, tokens: int) -> list[dict[str, Any]]:
+    """A one-turn chat of exactly `tokens` prompt tokens."""
+    words = tokens
+    for _ in range(20):
+        messages = [{"role": "user", "content": "word " * words}]
+        [count] = counter.count([messages])
+        if count == tokens:
+            return messages
+        words += tokens - count
+    raise AssertionError(f"no chat of exactly {tokens} tokens")
+
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a time zone.",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+    },
+}
+BARE_TOOL = {"type": "function", "function": {"name": "noop"}}  # no description, no parameters: null in the dump
+
+
+def shape_rows() -> list[dict[str, Any]]:
+    """One row of every request shape gen-pipeline sends."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    ask = [{"role": "user", "content": "weather in Paris?"}]
+    history = [*ask, {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "look it up"},
+               {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sunny"}]}]  # fmt: skip
+    rows = [
+        {"prompt": "Hello, who are you?"},
+        {"messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "Tell me more."},
+            ]
+        },
+        {"messages": ask, "tools": [WEATHER_TOOL]},
+        {"messages": ask, "tools": [WEATHER_TOOL, TIME_TOOL]},
+        {"messages": ask, "tools": [WEATHER_TOOL, TIME_TOOL, BARE_TOOL]},
+        {"messages": ask, "tools": [WEATHER_TOOL, TIME_TOOL], "sampling": {"tool_choice": "none"}},
+        {
+            "messages": ask,
+            "tools": [WEATHER_TOOL, TIME_TOOL],
+            "sampling": {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+        },
+        {"prompt": "Hello, who are you?", "chat_template_kwargs": {"enable_thinking": False}},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Hello,"}, {"type": "text", "text": "who are you?"}],
+                }
+            ]
+        },
+        {"messages": history, "tools": [WEATHER_TOOL]},
+        {
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello", "reasoning_content": "greet them"},
+                {"role": "user", "content": "And then?"},
+            ]
+        },
+    ]
+    return [{"id": f"shape-{i}", **row} for i, row in enumerate(rows)]
+
+
+def test_every_request_shape_counts_exactly(servers, write_jsonl, tmp_path):
+    """Plain, system and multi-turn chats, 1-3 tools, tool_choice none and named, thinking off, text parts,
+    tool-call history and earlier reasoning: every row done on both servers with zero drift; each server's
+    capacity comes from the server and its prefix-cache hits are read."""
+    rows = shape_rows() * 2 + prompts(8)
+    rows = [{**r, "id": f"{r['id']}-{i}"} for i, r in enumerate(rows)]
+    out = tmp_path / "out"
+    outcome = _run(_config(write_jsonl(rows), out, servers))
+    summary = outcome.summary
+    assert outcome.exit_code == 0, summary
+    assert summary["completed"] == len(rows) and summary["failed"] == {}
+    assert summary["token_drift"] == {"compared": len(rows), "differed": 0, "by_offset": {}}
+    assert orjson.loads((out / "manifest.json").read_bytes())["server_kind"] == "sglang"
+    assert_manifest_matches_servers(out, list(servers))  # model_path, weight_version, version, settings; each line's
+    for url in servers:
+        view = summary["servers"][url]
+        assert view["completions"] > 0 and view["capacity_source"] == "token pool"  # 8192 // 8 = 1024 < 2048
+        assert view["capacity"] == 1024 and view["cached_tokens"] is not None
+    assert sum(v["cached_tokens"] for v in summary["servers"].values()) > 0  # the rows share their template
+
+
+def test_samples_go_through_n(servers, write_jsonl, tmp_path):
+    """--samples 3: one request with n=3 per row, three completions each, counted once and exactly."""
+    rows = [*shape_rows()[:4], *prompts(2)]
+    out = tmp_path / "out"
+    outcome = _run(_config(write_jsonl(rows), out, servers, samples=3))
+    assert outcome.summary["completed"] == 3 * len(rows) and outcome.summary["failed"] == {}
+    assert outcome.summary["requests"] == len(rows)
+    assert outcome.summary["token_drift"]["differed"] == 0
+    done = read_jsonl(out / "completions.jsonl")
+    assert sorted({r["sample"] for r in done}) == [0, 1, 2]
+
+
+def test_check_reports_the_real_limits(servers, write_jsonl):
+    """check: context 2048, inputs under 2042, a KV pool of 8192 tokens, the scheduler's 2048 running slots from
+    /v1/loads (/server_info says null) capped by the pool, and exact counts."""
+    inp = write_jsonl(shape_rows())
+    config = _config(inp, inp.parent / "unused", servers, max_tokens=16)
+    report = asyncio.run(asyncio.wait_for(run_check(config), 300))
+    assert report["ok"], report["problems"]
+    for server in report["fleet"]:
+        assert server["version"] == "0.5.23" and server["context_length"] == CTX
+        assert server["max_req_input_len"] == MAX_INPUT and server["max_total_num_tokens"] == 8192
+        assert server["max_running_requests"] == 2048
+        assert (server["capacity"], server["capacity_source"]) == (8192 // 16, "token pool")
+    assert report["tokenizer"]["agree"] and report["tokenizer"]["compared"] == 2 * 3
+    assert "capacity 512 (token pool)" in render_check(report)
+
+
+def _ledger(out: Path) -> dict[str, dict[str, Any]]:
+    return {str(r["id"]): r for r in read_jsonl(out / "failures.jsonl")}
+
+
+def test_every_context_error_is_rebudgeted_or_ledgered(servers, counter, write_jsonl, tmp_path):
+    """Told a larger context than the servers have, every row gets one of SGLang 0.5.23's four context 400s:
+    the two that leave room are re-budgeted from the numbers they give and complete; the two whose prompt
+    cannot fit are ledgered after one attempt, with the server's text."""
+    long = _sized(counter, 2000)
+    rows = [
+        {"id": "input-over-context", "prompt": "word " * 3000},  # The input (N tokens) is longer than ...
+        {"id": "input-over-max-input", "messages": _sized(counter, MAX_INPUT + 2), "max_tokens": 3},
+        {"id": "total-over-context", "messages": long, "max_tokens": 100},  # Requested token count exceeds ...
+        {"id": "max-tokens-over-context", "messages": long, "max_tokens": 5000},  # max_completion_tokens is too large
+    ]
+    out = tmp_path / "out"
+    outcome = _run(_config(write_jsonl(rows), out, servers, context_length=100_000, safety_margin=0))
+    assert outcome.summary["failed"] == {"context_overflow": 2}, outcome.summary
+    ledger = _ledger(out)
+    assert set(ledger) == {"input-over-context", "input-over-max-input"}
+    assert all(r["status"] == 400 and r["attempts"] == 1 for r in ledger.values())
+    assert re.search(r"The input \(\d+ tokens\) is longer than the model's context length \(2048 tokens\)",
+                     ledger["input-over-context"]["detail"])  # fmt: skip
+    assert (
+        f"Input length ({MAX_INPUT + 2} tokens) exceeds the maximum allowed length ({MAX_INPUT} tokens)"
+        in (ledger["input-over-max-input"]["detail"])
+    )
+    done = {r["id"]: r for r in read_jsonl(out / "completions.jsonl")}
+    for rid in ("total-over-context", "max-tokens-over-context"):
+        assert done[rid]["prompt_tokens"] == 2000 and done[rid]["attempts"] == 2
+        assert done[rid]["prompt_tokens"] + done[rid]["max_tokens"] <= CTX - 1  # fitted to the server's numbers
+
+
+# The simulator follows the real server: the same requests to both, compared.
+
+
+def _probe_requests(counter) -> list[dict[str, Any]]:
+    """Chat bodies of every shape and of every limit, each answered alike by SGLang 0.5.23 and the simulator."""
+    rows = shape_rows()
+    bodies: list[dict[str, Any]] = []
+    for row in rows:
+        messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+        extra = {k: row[k] for k in ("tools", "chat_template_kwargs") if k in row}
+        bodies.append({"messages": messages, "max_tokens": 1, **extra, **row.get("sampling", {})})
+    limits = [
+        (_sized(counter, 3000), 1),  # input over the context
+        (_sized(counter, 2000), 100),  # input + max_tokens over the context
+        (_sized(counter, 10), 5000),  # max_tokens over the context
+        (_sized(counter, MAX_INPUT), 1),  # input at max_req_input_len
+        (_sized(counter, MAX_INPUT - 1), 1),  # just under it
+        (_sized(counter, 2030), 18),  # input + max_tokens == context: accepted
+        (_sized(counter, 10), -1),  # a negative budget
+    ]
+    bodies += [{"messages": m, "max_tokens": n} for m, n in limits]
+    bodies.append({**bodies[0], "n": 3, "max_tokens": 2})
+    return [{"model": "tiny-qwen3", **b} for b in bodies]
+
+
+async def _answers(url: str, bodies: list[dict[str, Any]]) -> tuple[list[tuple[int, Any, Any]], dict[str, Any]]:
+    """(status, error text, prompt_tokens) per body, and the info endpoints' bodies."""
+    import aiohttp
+
+    answers, info = [], {}
+    async with aiohttp.ClientSession() as session:
+        for body in bodies:
+            async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                got = await resp.json()
+                usage = got.get("usage") or {}
+                answers.append((resp.status, got.get("message"), usage.get("prompt_tokens")))
+        for path in ("/get_server_info", "/get_model_info", "/v1/loads", "/v1/models"):
+            async with session.get(url + path) as resp:
+                info[path] = await resp.json()
+    return answers, info
+
+
+SERVER_INFO_KEYS = ("context_length", "max_total_num_tokens", "max_req_input_len", "version", "max_running_requests")
+SERVER_INFO_KEYS += ("model_path", "weight_version", *OUTPUT_SETTINGS)  # what provenance records
+
+
+def test_the_simulator_answers_as_the_real_server(servers, counter):
+    """Every shape and every limit: the same status, error text and prompt_tokens from the simulator as from
+    SGLang 0.5.23, and the same figures from its info endpoints."""
+    from gen_pipeline.sim import SimConfig, start_fleet
+
+    bodies = _probe_requests(counter)
+    sim = SimConfig(ports=tuple(free_ports(1)), context_length=CTX, explicit_context_length=True, tokenizer=str(MODEL),
+                    model="tiny-qwen3", max_total_tokens=8192, max_running=2048, cache_report=True,
+                    health_delay=0.0)  # fmt: skip
+
+    async def both() -> tuple[Any, Any]:
+        async with await start_fleet(sim) as fleet:
+            simulated = await _answers(fleet.urls[0], bodies)
+        return await _answers(servers[1], bodies), simulated
+
+    (real, real_info), (simulated, sim_info) = asyncio.run(asyncio.wait_for(both(), 600))
+    for body, r, s in zip(bodies, real, simulated, strict=True):
+        assert s == r, f"{str(body)[:200]}: real {r}, simulated {s}"
+    for key in SERVER_INFO_KEYS:
+        assert sim_info["/get_server_info"][key] == real_info["/get_server_info"][key], key
+    state = ("context_length", "max_running_requests", "effective_max_running_requests_per_dp")
+    real_state, sim_state = (i["/get_server_info"]["internal_states"][0] for i in (real_info, sim_info))
+    assert {k: sim_state[k] for k in state} == {k: real_state[k] for k in state}
+    assert list(sim_info["/get_model_info"]) == list(real_info["/get_model_info"])
+    for key in ("model_path", "weight_version", "served_model_name"):
+        assert sim_info["/get_model_info"][key] == real_info["/get_model_info"][key], key
+    [real_load], [sim_load] = real_info["/v1/loads"]["loads"], sim_info["/v1/loads"]["loads"]
+    assert set(sim_load) <= set(real_load)
+    for key in ("max_running_requests", "max_total_num_tokens", "num_running_reqs", "num_waiting_reqs"):
+        assert sim_load[key] == real_load[key], key
+    [real_card], [sim_card] = real_info["/v1/models"]["data"], sim_info["/v1/models"]["data"]
+    assert {**sim_card, "created": 0} == {**real_card, "created": 0}
