@@ -50,7 +50,7 @@ from simfleet import sim_run  # noqa: E402
 
 from gen_pipeline import converse  # noqa: E402
 from gen_pipeline.config import RetryPolicy, RunConfig  # noqa: E402
-from gen_pipeline.pipeline import run_async  # noqa: E402
+from gen_pipeline.modes import run_async  # noqa: E402
 from gen_pipeline.sim import free_ports  # noqa: E402
 
 WORDS = ("alpha", "bravo", "delta", "echo", "gamma", "kilo", "lima", "oscar", "sierra", "tango", "river", "stone")
