@@ -236,11 +236,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
         samples=runner.config.samples,
         learned_offset=runner.path.learner.offset,
     )
-    config = runner.config
-    sharing = config.share  # --workers K share each server
-    hours = cost.gpu_hours(runner.stats.elapsed(), len(runner.pool.servers), config.gpus_per_server, sharing)
-    summary.update(gpus_per_server=config.gpus_per_server, gpu_hours=round(hours, 4))
-    summary.update(cost.derive(summary))
+    summary.update(cost.run_cost(summary, runner.stats.elapsed(), len(runner.pool.servers), runner.config))
     return summary
 
 
