@@ -148,15 +148,20 @@ class Runner:
                     if isinstance(item, Prompt):
                         self.stats.read += 1
                         self.undispatched += 1
+                        if self.turns is not None:
+                            self.turns.owe(item)
                         await queue.put(item)
                     else:
                         self.recorder.unsent(item)
                 self.tracker.sealed(record)
                 if not batch:
                     break
-        self.pool.backlog = lambda: self.undispatched  # the input is exhausted: the tail begins
+        if self.turns is None:
+            self.pool.backlog = lambda: self.undispatched  # the input is exhausted: the tail begins
         for _ in range(workers):
             await queue.put(None)
+        if self.turns is not None:  # conversations read are far from done: the tail begins with their last turns
+            await self.turns.until_tail(self.pool)
 
     def _budget(self, p: Prompt) -> int | None:
         path = self.path
@@ -236,11 +241,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
         samples=runner.config.samples,
         learned_offset=runner.path.learner.offset,
     )
-    config = runner.config
-    sharing = config.share  # --workers K share each server
-    hours = cost.gpu_hours(runner.stats.elapsed(), len(runner.pool.servers), config.gpus_per_server, sharing)
-    summary.update(gpus_per_server=config.gpus_per_server, gpu_hours=round(hours, 4))
-    summary.update(cost.derive(summary))
+    summary.update(cost.run_cost(summary, runner.stats.elapsed(), len(runner.pool.servers), runner.config))
     return summary
 
 
