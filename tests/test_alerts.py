@@ -63,6 +63,7 @@ def test_a_share_far_below_capacity_is_flagged() -> None:
         full.last_sent = empty.last_sent = float(t)
         alerts = watch.check(stats, [full, empty], float(t))
     assert alerts == ["http://empty:2 is 12% busy while the fleet is 56%: its share is far below its capacity"]
+    assert watch.check(stats, [full, empty], 70.0, tail=True) == []  # the balancer's tail leaves it idle
     empty.in_flight = 6
     for t in range(70, 500, 5):
         full.last_sent = empty.last_sent = float(t)
