@@ -91,9 +91,6 @@ async def _run_and_scrape(tmp_path: Path, n: int) -> tuple[list[dict[Any, float]
     return mid, final, outcome, ports
 
 
-# aiohttp 3.14 deprecates the BasicAuth the transport sends URL credentials with (a warning, not an error)
-@pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")
-@pytest.mark.filterwarnings("ignore:The 'auth' parameter is deprecated:DeprecationWarning")
 @pytest.mark.slow
 def test_metrics_port_serves_each_series_with_a_dead_and_a_flaky_server(tmp_path: Path) -> None:
     """Mid-run and at the end every series is there, the dead server is down, the figures are the summary's,
