@@ -3,7 +3,8 @@
 A Watch looks at the run's own counters (RunStats, the servers' states) each time the monitor asks, on the
 clock it is given, and keeps the little history its judgements need:
 - a server that got no request for IDLE_S while others were busy;
-- a server whose share of the work stays far below its share of the fleet's slots (SHARE_FLOOR);
+- a server whose share of the work stays far below its share of the fleet's slots (SHARE_FLOOR), before the
+  run's tail (where the balancer keeps slow servers idle on purpose);
 - token-count drift that appears after the run's first rows agreed with the servers' counts;
 - a prefix-cache hit share that collapsed (the recent share under CACHE_FLOOR of the run's earlier one);
 - a stall: no completion for --stall-minutes. `--on-stall CMD` runs CMD once per stall (through the
@@ -18,6 +19,8 @@ import subprocess
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from .statustext import duration
 
 log = logging.getLogger("gen_pipeline")
 
@@ -58,12 +61,14 @@ class Watch:
         self.samples: deque[tuple[float, dict[str, tuple[int, int]], int, int]] = deque()
         self.children: list[Any] = []
 
-    def check(self, stats: Any, servers: list[Any], now: float) -> list[str]:
-        """The alerts that hold now (one line each)."""
+    def check(self, stats: Any, servers: list[Any], now: float, tail: bool = False) -> list[str]:
+        """The alerts that hold now (one line each). In the `tail` (the input read to its end) the balancer
+        keeps slow servers idle on purpose: shares are not judged."""
         if self.started is None:
             self.started = self.last_completion = now
         self._sample(stats, servers, now)
-        alerts = [*self._idle(servers, now), *self._shares(), *self._drift(stats), *self._cache()]
+        shares = [] if tail else self._shares()
+        alerts = [*self._idle(servers, now), *shares, *self._drift(stats), *self._cache()]
         stall = self._stall(stats, now)
         self.children = [c for c in self.children if c.poll() is None]  # reap finished commands
         return [*([stall] if stall else []), *alerts]
@@ -83,7 +88,7 @@ class Watch:
         for s in servers:
             idle = now - max(s.last_sent, self.started)
             if idle >= IDLE_S and any(o is not s for o in busy):
-                alerts.append(f"{s.url} got no request for {idle / 60:.0f} min while others were busy")
+                alerts.append(f"{s.url} got no request for {duration(idle)} while others were busy")
         return alerts
 
     def _window(self) -> bool:
@@ -139,7 +144,7 @@ class Watch:
         quiet = now - self.last_completion
         if quiet < self.stall_s:
             return None
-        alert = f"stalled: no completion for {quiet / 60:.0f} min"
+        alert = f"stalled: no completion for {duration(quiet)}"
         if not self.stalled:
             self.stalled = True
             log.warning("ALERT %s", alert)

@@ -277,10 +277,19 @@ class ServerPool:
         """Take a server out of rotation until a probe answers (found dead at discovery)."""
         self._take_out(server, "connection", Cost.DEAD)
 
+    def retire(self, server: ServerState) -> None:
+        """Take a server out for the rest of the run (its checkpoint changed): no probe or success readmits it."""
+        self._take_out(server, "checkpoint_changed", Cost.DEAD)
+        server.retired = True
+
+    def all_retired(self) -> bool:
+        """Whether every server of the pool has been retired."""
+        return all(s.retired for s in self.servers)
+
     def out_of_service(self) -> list[ServerState]:
-        """Servers taken out and not yet back: the ones the health prober watches."""
+        """Servers taken out and not yet back: the ones the health prober watches (never a retired one)."""
         now = self.clock()
-        return [s for s in self.servers if now < s.down_until]
+        return [s for s in self.servers if now < s.down_until and not s.retired]
 
     def record_probe(self, server: ServerState, ok: bool, interval: float) -> None:
         """An active health probe's answer for a server that is out of service.
@@ -312,6 +321,8 @@ class ServerPool:
 
     def _end_lockout(self, server: ServerState, now: float) -> None:
         """Close the out-of-service period (at its end, if it ended by itself) and lift the lock-out."""
+        if server.retired:
+            return
         if server.out_since is not None:
             server.out_of_service_s += max(0.0, min(now, server.down_until) - server.out_since)
             server.out_since = None

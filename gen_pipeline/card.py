@@ -10,6 +10,7 @@ import orjson
 
 from .exportconfig import ExportConfig, ExportStats
 from .ledger import ledger_reasons
+from .provenance import recorded
 from .rundata import read_json, read_manifest
 from .rundir import SUMMARY
 
@@ -63,9 +64,23 @@ def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
         "|---|---|",
         *(f"| {name} | {value} |" for name, value in rows),
     ]
+    lines += _checkpoints(config.runs, stats)
     for run in config.runs:
         lines += _settings(run)
     return "\n".join(lines) + "\n"
+
+
+def _checkpoints(runs: tuple[Path, ...], stats: ExportStats) -> list[str]:
+    """Which checkpoint wrote how many rows (the `checkpoint` column's values), as the manifests name them."""
+    known = {i.fingerprint: i for run in runs for i in recorded(read_manifest(run))}
+    lines = ["", "## Checkpoints", "", "| checkpoint | server | model_path | weight_version | rows |"]
+    lines.append("|---|---|---|---|---|")
+    for fingerprint, rows in stats.checkpoints.most_common():
+        i = known.get(fingerprint)
+        server = " ".join(x for x in (i.kind, i.version) if x) if i else "-"
+        path, weights = (i.model_path or "-", i.weight_version or "-") if i else ("-", "-")
+        lines.append(f"| {fingerprint or '(not named)'} | {server or '-'} | {path} | {weights} | {rows} |")
+    return lines
 
 
 def _cost_rows(config: ExportConfig) -> list[tuple[str, Any]]:

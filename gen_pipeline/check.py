@@ -4,7 +4,9 @@
 
 fleet      every server answers its model card and /health; one model and one max_model_len everywhere;
            each server's limits (SGLang: max_req_input_len, its KV pool), version, and the capacity
-           generate uses unless --concurrency, with where it came from (capacity.py).
+           generate uses unless --concurrency, with where it came from (capacity.py);
+           what checkpoint each serves (kind and version, model_path, weight_version, the settings that
+           change outputs, deterministic inference), with a warning when the servers disagree.
 tokenizer  a few chat requests with max_tokens 1, built from the first rows of the input, to every server
            that is up: the server's usage.prompt_tokens must equal our count, or every budget is off.
 plan       every row read, validated and counted exactly as generate does, nothing sent: the input-length
@@ -16,8 +18,8 @@ It does not wait for servers to come up: it reports who answers now. The flags t
 (--max-attempts, --startup-timeout, --outage-timeout, --grace-period, --fsync-interval, --progress) are
 accepted, so one command line serves both, but ignored and left out of --help. --limit and
 --system-prompt shape the rows as in generate. Problems: a server down or unhealthy, different models or
-context lengths, tokenizer drift, a refused resume, no valid row, every prompt over_length, or more than
-half of the prompts over_length or clamped below a quarter of their budget.
+context lengths, tokenizer drift, a refused resume (settings or checkpoint changed), no valid row, every
+prompt over_length, or more than half of the prompts over_length or clamped below a quarter of their budget.
 
 Exit codes: 0 the run looks fine (warnings may be printed); 1 the run would fail or waste most of its
 budget, with one line per problem saying why (bad flags exit 1 too, as for generate).
@@ -46,6 +48,7 @@ from .inputfile import check_input
 from .oversize import SizeFloor
 from .plan import budget_plan, plan_findings, plan_lines
 from .progress import RunStats
+from .provenance import checkpoint_change, fleet_warnings, identity_records, seed_warning, server_lines
 from .reader import conversation, first_lines, shaped
 from .records import Prompt
 from .requests import request_body
@@ -88,6 +91,7 @@ class ServerCheck:
             "max_running_requests": i.max_running_requests if i else None,
             "capacity": config.capacity_for(capacity.requests) if i else None,
             "capacity_source": capacity.source if i else None,
+            "checkpoint": i.identity.fingerprint if i and i.identity else None,
             "error": self.error,
         }
 
@@ -127,6 +131,9 @@ def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings
     if sick:
         found.problems.append(f"{len(sick)} server(s) answer but are not healthy: {'; '.join(sick)}")
     found.problems.extend(fleet_info(checks).problems())
+    found.warnings.extend(fleet_warnings(fleet_info(checks).identities()))
+    if (seeded := seed_warning(fleet_info(checks).identities(), config.sampling)) is not None:
+        found.warnings.append(seeded)
     running = fleet_info(checks).spread("max_running_requests")
     if len(running) > 1:
         found.warnings.append(f"servers report different max_running_requests: {running}")
@@ -155,8 +162,11 @@ def fleet_info(checks: list[ServerCheck]) -> FleetInfo:
 # tokenizer agreement
 
 
-def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = PROBE_ROWS) -> list[Prompt]:
-    """The first `n` valid rows that fit the context, counted (within --limit, with --system-prompt)."""
+def first_prompts(
+    config: RunConfig, counter: TokenCounter, ctx: int, n: int = PROBE_ROWS, max_input: int | None = None
+) -> list[Prompt]:
+    """The first `n` valid rows that fit the context (and the servers' input cap), counted (within --limit,
+    with --system-prompt)."""
     floor, fit = SizeFloor(counter), ctx - config.safety_margin - config.min_tokens
     items = first_lines(PromptSource(config.input), config.limit)
     rows = (
@@ -167,7 +177,7 @@ def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = P
     picked: list[Prompt] = []
     for batch in iter(lambda: list(itertools.islice(rows, 4 * n)), []):
         for p, count in zip(batch, counter.count([conversation(p) for p in batch]), strict=True):
-            if isinstance(count, int) and prompt_budget(config, ctx, count, p.max_tokens) is not None:
+            if isinstance(count, int) and prompt_budget(config, ctx, count, p.max_tokens, max_input) is not None:
                 p.input_tokens = count
                 picked.append(p)
         if len(picked) >= n:
@@ -230,12 +240,19 @@ def resume_state(out: Path | None) -> ResumeState:
     return scan(out, repair=False, save_index=False) if out is not None else ResumeState()
 
 
-def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any], found: Findings) -> None:
-    """A resume that generate would refuse (settings changed) is a problem."""
+def manifest_findings(
+    config: RunConfig, out: Path | None, ours: dict[str, Any], found: Findings, checks: list[ServerCheck]
+) -> None:
+    """A resume that generate would refuse (settings or checkpoint changed) is a problem."""
     path = out / MANIFEST if out else None
-    if path is None or not path.exists() or config.force:
+    if path is None or not path.exists():
         return
     old = orjson.loads(path.read_bytes())
+    changed = checkpoint_change(old, fleet_info(checks).identities())
+    if changed is not None and not config.accept_checkpoint:
+        found.problems.append(f"{out}: {changed}; generate would refuse")
+    if config.force:
+        return
     diffs = [f"{k}: {old.get(k)!r} -> {ours.get(k)!r}" for k in MANIFEST_KEYS if old.get(k) != ours.get(k)]
     if diffs:
         found.problems.append(f"{out} holds a run with other settings ({'; '.join(diffs)}); generate would refuse")
@@ -246,11 +263,12 @@ def manifest_findings(config: RunConfig, out: Path | None, ours: dict[str, Any],
 
 async def _fleet_and_probes(
     config: RunConfig, counter: TokenCounter | None, report: dict[str, Any], found: Findings
-) -> tuple[TokenCounter, str, int] | None:
+) -> tuple[TokenCounter, str, int, list[ServerCheck]] | None:
     async with open_transport(config.api_key, auth=config.server_auth) as transport:
         client = Client(transport)
         checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
         report["fleet"] = [c.view(config) for c in checks]
+        report["provenance"] = identity_records(fleet_info(checks).identities())
         fleet_findings(checks, config, found)
         fleet = fleet_info(checks)
         try:
@@ -265,13 +283,15 @@ async def _fleet_and_probes(
             found.problems.append(f"no budget plan: {exc}")
             return None
         found.warnings.extend(fleet.warnings)
-        report["settings"] = {"model": model, "context_length": ctx, "tokenizer": loaded.name, "server_kind": kind}
+        cap = fleet.input_limit()
+        report["settings"] = {"model": model, "context_length": ctx, "max_input_tokens": cap, "tokenizer": loaded.name,
+                              "server_kind": kind}  # fmt: skip
         up = [c.url for c in checks if c.info is not None]
-        prompts = await asyncio.to_thread(first_prompts, config, loaded, ctx)
+        prompts = await asyncio.to_thread(first_prompts, config, loaded, ctx, PROBE_ROWS, cap)
         if up and prompts:
             report["tokenizer"] = await tokenizer_agreement(client, up, model, prompts, config)
             tokenizer_findings(report["tokenizer"], loaded.name, found)
-        return loaded, model, ctx
+        return loaded, model, ctx, checks
 
 
 async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, resume: bool = False) -> dict[str, Any]:
@@ -283,11 +303,12 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
     report: dict[str, Any] = {"input": str(config.input), "servers": list(config.servers)}
     resolved = await _fleet_and_probes(config, counter, report, found)
     if resolved is not None:
-        loaded, model, ctx = resolved
+        loaded, model, ctx, checks = resolved
         out = config.out if resume and config.out.is_dir() else None
         manifest = manifest_for(config, model, ctx, loaded, report["settings"]["server_kind"])
-        manifest_findings(config, out, manifest, found)
-        plan = await asyncio.to_thread(budget_plan, config, loaded, ctx, resume_state(out))
+        manifest_findings(config, out, manifest, found, checks)
+        cap = report["settings"]["max_input_tokens"]
+        plan = await asyncio.to_thread(budget_plan, config, loaded, ctx, resume_state(out), cap)
         report["plan"] = plan.view()
         plan_findings(plan, found)
     report["budget"] = {k: getattr(config, k) for k in ("max_tokens", "min_tokens", "safety_margin")}
@@ -328,6 +349,7 @@ def render_check(report: dict[str, Any]) -> str:
     up = sum(s["up"] for s in report.get("fleet", []))
     lines = [f"fleet: {up} of {len(report.get('fleet', []))} servers up"]
     lines += [_server_line(s) for s in report.get("fleet", [])]
+    lines += server_lines(report.get("provenance", []))
     lines += _tokenizer_lines(report) + plan_lines(report)
     lines += [f"WARNING: {w}" for w in report["warnings"]]
     lines += [f"PROBLEM: {p}" for p in report["problems"]]

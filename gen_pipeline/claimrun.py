@@ -114,7 +114,7 @@ def _runner(
 ) -> tuple[Runner, ClaimTracker]:
     """The one Runner of a claimer (its pool and learned offset serve every claim), and its tracker."""
     pool = build_pool(config, fleet)
-    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), feed.stats)
+    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), feed.stats, fleet.input_limit())
 
     def may_settle() -> bool:
         # A write error (recorder.fatal) stops the run too, so `stopping` covers it.

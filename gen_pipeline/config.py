@@ -18,6 +18,9 @@ from .tokens.conversation import TEMPLATE_FIELDS, template_input_error
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
 DEFAULT_SERVERS = "127.0.0.1:30000-30007"
 API_KEY_ENV = "GEN_PIPELINE_API_KEY"  # read by the entry points (the command line, the Python API), nothing below
+# --workers hands its claimers the credentials of --servers URLs here (JSON {server: [user, password]}), not on
+# their command lines; read by the command line only
+SERVER_AUTH_ENV = "GEN_PIPELINE_SERVER_AUTH"
 DEFAULT_CONCURRENCY = 64
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_MIN_TOKENS = 16
@@ -201,6 +204,8 @@ class RunConfig:
             HTTP Basic auth, never shown or written (the servers are named without it).
         retry: the retry policy. request_timeout: seconds for one request; None scales with max_tokens.
         retry_failed: ledger reasons whose rows are sent again. force: resume despite a changed manifest.
+        accept_checkpoint: resume although the servers serve another checkpoint than the one that wrote
+            the run's rows (the manifest keeps both; each line names its own). --force does not do this.
         progress: "auto" (a bar on a terminal, log lines otherwise), "bar", "log" or "off".
         samples: completions per prompt (a row's own `samples` overrides it), each keyed (id, sample).
         samples_via: "n" (one request with n = the samples missing, where the server honours it) or
@@ -251,6 +256,7 @@ class RunConfig:
     # resume and shutdown
     retry_failed: frozenset[str] = frozenset()
     force: bool = False
+    accept_checkpoint: bool = False
     grace_period: float = DEFAULT_GRACE_PERIOD
     fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     progress: str = "auto"

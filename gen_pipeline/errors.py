@@ -3,6 +3,7 @@
     PipelineError                    base of everything we raise
     ├── ConfigError                  bad flags, unreadable files, refused resume: shown as "error: ..."
     │   ├── ManifestMismatchError    resuming into a run made with other settings (use --force)
+    │   │   └── CheckpointChangedError  its servers serve another checkpoint (use --accept-checkpoint)
     │   ├── InputError               the input is not (compressed) JSONL: binary, or its first rows all bad
     │   └── ExportCheckError         export refused: shards still open (--partial), or a key written twice
     ├── FleetError                   no usable server, or the servers disagree in a way we cannot fix
@@ -20,6 +21,7 @@
         │   │   └── ResponseTooLargeError  a body over the cap (MAX_RESPONSE_BYTES, 64 MiB)  -> "server_error"
         │   ├── EmptyCompletionError a 200 with no content and no reasoning             -> "empty_completion"
         │   └── WrongModelError      a 200 whose `model` names another model            -> "wrong_model"
+        │       └── CheckpointMovedError  a 200 from another weight_version than the server's at start
         ├── BudgetError              the request must change before it can succeed
         │   └── ContextOverflowError a 400 that states the context limit and counts     -> "context_overflow"
         └── FatalRequestError        resending cannot help
@@ -57,6 +59,10 @@ class ConfigError(PipelineError):
 
 class ManifestMismatchError(ConfigError):
     """The output directory belongs to a run with different settings."""
+
+
+class CheckpointChangedError(ManifestMismatchError):
+    """The servers serve another checkpoint than the one that wrote the run's rows (--accept-checkpoint)."""
 
 
 class ExportCheckError(ConfigError):
@@ -158,6 +164,11 @@ class WrongModelError(RetryableError):
     """A 200 whose `model` field names a model other than the one asked for."""
 
     reason = "wrong_model"
+
+
+class CheckpointMovedError(WrongModelError):
+    """A 200 whose metadata.weight_version is not the one its server reported at start: the server was
+    redeployed mid-run; it is taken out, and the row goes to another server."""
 
 
 class BudgetError(RequestError):

@@ -8,7 +8,10 @@ plus the new assistant turn) and the chosen columns; `--group-samples` makes one
 list of its completions (see grouped.py). Written as Parquet shards under OUT/data/ (the hub's layout)
 or, with --save-to-disk, as a `datasets` folder; OUT/README.md is a dataset card with the counts and the
 generation settings. Nothing in the run directory is changed; a torn last line is skipped, and an
-(id, sample) seen twice is exported once. A claimed-shard run (claims.py) is checked as a whole: it is
+(id, sample) seen twice from the same checkpoint is exported once: the answers of different checkpoints to
+the same ids (two runs over the same prompts, an A/B of two teachers) are all kept, side by side, with the
+`checkpoint` column naming each row's (export refuses runs of several checkpoints without that column;
+`--group-samples` groups within a checkpoint). A claimed-shard run (claims.py) is checked as a whole: it is
 refused while shards are open (unless --partial), and a key found twice in its shard files is an error
 that names the keys (the claim protocol writes each key once; two copies mean the protocol was broken).
 """
@@ -36,6 +39,7 @@ from .exportconfig import (
     is_completion,
 )
 from .formats import jsonl_rows
+from .provenance import checkpoint_key, unnamed_checkpoints
 from .records import id_key
 from .rundata import completion_files, read_manifest
 from .samples import place_key, record_place
@@ -79,12 +83,13 @@ def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Pat
                 turn = f" turn {place[1]}" if "turn" in obj else ""
                 stats.twice.append(f"id {obj['id']!r} sample {place[0]}{turn} ({seen[key]} and {f})")
             seen.setdefault(key, f)
-        if key in stats.done:
+        mixed = checkpoint_key(key, obj)
+        if mixed in stats.kept:
             stats.duplicates += 1
         elif _dropped(config, obj):
             stats.truncated += 1
         else:
-            stats.done.add(key)
+            stats.kept.add(mixed)
             stats.add(obj)
             yield obj
 
@@ -161,6 +166,8 @@ def write_dataset(ds: Any, out: Path, config: ExportConfig) -> None:
 def export(config: ExportConfig) -> ExportStats:
     """Build the dataset and its card in a temporary folder, then move it to `config.out`."""
     check_settled(config)
+    if (refused := unnamed_checkpoints([read_manifest(run) for run in config.runs], config.columns)) is not None:
+        raise ExportCheckError(refused)
     config.out.parent.mkdir(parents=True, exist_ok=True)
     stats = ExportStats()
     with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
@@ -271,6 +278,7 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
         f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
+        + (f"; rows of {len(stats.checkpoints)} checkpoints" if len(stats.checkpoints) > 1 else "")
         + (f"; {stats.ledgered} ledger entries -> errors.jsonl" if config.format == "openai-batch" else "")
     )
     return 0

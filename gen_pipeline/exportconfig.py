@@ -13,13 +13,14 @@ import orjson
 from .errors import ConfigError
 from .rundata import completion_files, read_manifest
 
-DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model")
+DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model", "checkpoint")
 DEFAULT_SHARD_ROWS = 100_000
 # The completion fields a dataset may carry, with their Arrow types; "meta.KEY" columns are strings.
 _STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_reason", "server", "model", "meta")
 # What the request carried beside its messages (always exported, as JSON strings: trainrow.py)
 REQUEST_COLUMNS = ("tools", "chat_template_kwargs", "sampling")
 _STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage", "tool_calls", *REQUEST_COLUMNS)
+_STRINGS += ("checkpoint", "weight_version")  # what wrote the row (provenance.py)
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
@@ -98,7 +99,8 @@ class ExportStats:
     finish_reasons: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    done: set[int] = field(default_factory=set)
+    kept: set[int] = field(default_factory=set)  # (id, sample) keys kept, each mixed with its checkpoint's
+    checkpoints: Counter[str] = field(default_factory=Counter)  # rows kept per checkpoint ("" not named)
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
     ledgered: int = 0  # --format openai-batch: lines of errors.jsonl
@@ -106,6 +108,7 @@ class ExportStats:
 
     def add(self, obj: dict[str, Any]) -> None:
         self.rows += 1
+        self.checkpoints[str(obj.get("checkpoint") or "")] += 1
         self.truncated_in_reasoning += obj.get("truncated_in") == "reasoning"
         self.finish_reasons[str(obj.get("finish_reason"))] += 1
         self.prompt_tokens += obj.get("prompt_tokens") or 0

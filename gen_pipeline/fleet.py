@@ -4,7 +4,8 @@ SGLang puts the effective context length in `/v1/models` `max_model_len` and the
 `/model_info` `tokenizer_path`; llama.cpp puts the per-slot context in `/v1/models` `data[0].meta.n_ctx`.
 The server kind (sglang, vllm, llamacpp: it decides how content parts are joined before the template
 renders them) is the model card's `owned_by`; a server whose card does not say is SGLang when it has
-`/model_info` or `/server_info`, llama.cpp when it has `/props`.
+`/model_info` or `/server_info`, llama.cpp when it has `/props`. What checkpoint each serves (its
+identity: provenance.py) comes from the same answers, plus llama.cpp's `/props` and vLLM's `/version`.
 
 SGLang's running slots: `/server_info` `max_running_requests` when the server was started with
 `--max-running-requests` ("reported"); else (null there, 0.5.23) the scheduler's own figure from `/v1/loads`
@@ -23,6 +24,7 @@ from typing import Any
 
 from .errors import AuthError, EndpointError, FleetError, RequestError, RetryableError
 from .http import Client
+from .provenance import ServerIdentity, fleet_warnings, identity_from
 from .tokens.conversation import SERVER_KINDS
 
 log = logging.getLogger("gen_pipeline")
@@ -41,6 +43,7 @@ class ServerInfo:
     tokenizer_path: str | None = None
     max_running_requests: int | None = None
     kind: str | None = None  # "sglang", "vllm" or "llamacpp" (server_kind), else the card's owned_by, or None
+    identity: ServerIdentity | None = None  # the checkpoint it serves, as far as it says (provenance.py)
     running_source: str | None = None  # where max_running_requests came from (see the module docstring)
     max_total_num_tokens: int | None = None  # SGLang's KV pool: what an admitted request reserves comes from it
     max_req_input_len: int | None = None  # SGLang refuses a prompt of this many tokens or more
@@ -61,10 +64,20 @@ class FleetInfo:
     def context_lengths(self) -> set[int]:
         return {s.context_length for s in self.servers if s.context_length}
 
+    def input_limit(self) -> int | None:
+        """The smallest input cap a server reports (SGLang's max_req_input_len: a prompt of this many tokens
+        or more is refused); None when none reports one."""
+        caps = [s.max_req_input_len for s in self.servers if s.max_req_input_len is not None]
+        return min(caps) if caps else None
+
     def kind(self) -> str | None:
         """The one server kind the fleet reports (None: none, or several)."""
         kinds = self.spread("kind")
         return next(iter(kinds)) if len(kinds) == 1 else None
+
+    def identities(self) -> list[tuple[str, ServerIdentity | None]]:
+        """(url, identity) of every server that answered."""
+        return [(s.url, s.identity) for s in self.servers]
 
     def spread(self, attr: str) -> dict[str, list[str]]:
         """The servers that answered, grouped by one ServerInfo field (servers that report none left out)."""
@@ -112,7 +125,8 @@ async def probe(client: Client, url: str) -> ServerInfo:
     info = await _optional(client, url, "/model_info")
     server = await _optional(client, url, "/server_info")
     kind = server_kind(card, info or server)
-    if kind is None and await _optional(client, url, "/props"):
+    extra = await _optional(client, url, _IDENTITY_PATHS[kind]) if kind in _IDENTITY_PATHS else {}
+    if kind is None and (extra := await _optional(client, url, "/props")):
         kind = "llamacpp"
     running, source = _positive(server.get("max_running_requests")), "reported"
     if running is None and kind == "sglang":
@@ -128,7 +142,12 @@ async def probe(client: Client, url: str) -> ServerInfo:
         max_total_num_tokens=_positive(server.get("max_total_num_tokens")),
         max_req_input_len=_positive(server.get("max_req_input_len")),
         version=_text(server.get("version")),
+        identity=identity_from(kind, card, info, server, extra),
     )
+
+
+# Where a server kind reports what /model_info and /server_info do not: its checkpoint file, its version.
+_IDENTITY_PATHS = {"llamacpp": "/props", "vllm": "/version"}
 
 
 async def _scheduler_slots(client: Client, url: str, server: dict[str, Any]) -> tuple[int | None, str]:
@@ -190,6 +209,7 @@ async def discover(client: Client, urls: tuple[str, ...], startup_timeout: float
         log.info("waiting for servers to come up (%d down)", len(down))
         await asyncio.sleep(POLL_INTERVAL)
     fleet = FleetInfo(servers=up, down=down)
+    fleet.warnings.extend(fleet_warnings(fleet.identities()))
     if down:
         fleet.warnings.append(f"{len(down)} server(s) not answering at start: {', '.join(down)}")
     return fleet

@@ -7,7 +7,8 @@ and best-of-n tools read.
 
 `id`, the prompt turns, `tools` and `chat_template_kwargs` are one value per row (the prompt's); each
 sample's answer (`completions`, its `reasoning_content` and `tool_calls`, a JSON string), its `sampling`
-(a sample's own seed) and every other chosen column are lists in sample order. The rows are gathered in
+(a sample's own seed) and every other chosen column are lists in sample order. The samples of one prompt from different
+checkpoints are different rows (a row's samples share one checkpoint). The rows are gathered in
 memory before they are written (the prompt once per prompt, the rest per sample), in the order each
 prompt's first line was met.
 """
@@ -30,9 +31,9 @@ def grouped_rows(
 ) -> Iterator[dict[str, Any]]:
     """One row per prompt from its kept completion lines, samples in order."""
     listed = _listed(columns)
-    groups: dict[int, tuple[dict[str, Any], list[tuple[int, str, list[Any]]]]] = {}
+    groups: dict[tuple[Any, int], tuple[dict[str, Any], list[tuple[int, str, list[Any]]]]] = {}
     for obj in lines:
-        key = id_key(obj["id"])
+        key = (obj.get("checkpoint"), id_key(obj["id"]))
         group = groups.get(key)
         if group is None:
             head = {"id": column_value(obj, "id"), "messages": [export_turn(m, kind) for m in obj["messages"]]}

@@ -283,7 +283,8 @@ async def watch_run(runner: Any) -> None:
             outage = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
-            runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock())
+            tail = runner.pool.backlog is not None  # the input is read: slow servers are left idle on purpose
+            runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock(), tail)
             if runner.alerts:
                 more = f" (+{len(runner.alerts) - 1} more: gen-pipeline status)" if len(runner.alerts) > 1 else ""
                 extra += f" | ALERT: {runner.alerts[0]}{more}"

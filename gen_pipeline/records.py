@@ -164,6 +164,10 @@ class Completion:
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
     turn: int | None = None  # --turns all: which user turn this answers (its key is samples.place_key)
     extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
+    # what produced it: the fingerprint of the server's identity (the manifest lists it under provenance),
+    # and the weight_version the answer reported; each written only when known
+    checkpoint: str | None = None
+    weight_version: str | None = None
     # when the answer came back (epoch s, as the ledger's `time`): the report's time axis
     time: float = field(default_factory=time.time)
 
@@ -174,6 +178,7 @@ class Completion:
     def to_line(self) -> bytes:
         # reasoning_content only when the server sent one (a reasoning parser), so other lines stay as they were
         thinking = {"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}
+        made_by = {k: v for k, v in (("checkpoint", self.checkpoint), ("weight_version", self.weight_version)) if v}
         calls = {"tool_calls": self.tool_calls} if self.tool_calls else {}
         return (
             orjson.dumps(
@@ -196,6 +201,7 @@ class Completion:
                     "latency_s": round(self.latency_s, 4),
                     "time": round(self.time, 3),
                     "model": self.model,
+                    **made_by,
                     "meta": self.meta,
                     **self.extra,
                 }

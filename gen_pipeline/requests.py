@@ -19,6 +19,7 @@ from .balancer import ServerPool
 from .config import RunConfig
 from .errors import (
     AuthError,
+    CheckpointMovedError,
     ContextOverflowError,
     EmptyCompletionError,
     EndpointError,
@@ -83,6 +84,19 @@ def check_answer(result: ChatResult, model: str, server: str) -> ChatResult:
     return result
 
 
+def check_checkpoint(result: ChatResult, server: ServerState) -> None:
+    """CheckpointMovedError when the answer reports another weight_version than its server did at start."""
+    expected = server.identity.weight_version if server.identity is not None else None
+    if result.weight_version is None or expected is None or result.weight_version == expected:
+        return
+    raise CheckpointMovedError(
+        f"{server.url} answered from weight_version {result.weight_version!r}, not {expected!r} as at start "
+        "(redeployed mid-run): taken out for the rest of the run, the row goes elsewhere",
+        server=server.url,
+        status=200,
+    )
+
+
 @dataclass
 class Track:
     """What happened to one prompt so far."""
@@ -93,6 +107,8 @@ class Track:
     latency: float = 0.0
     prefer: str | None = None  # the server to use when it has a free slot (its prefix cache holds the prompt)
     refused: int = 0  # attempts whose 200 check_answer refused
+    checkpoint: str | None = None  # the fingerprint of the identity of the server that answered
+    weight_version: str | None = None  # the weight_version its answer reported
     body: dict[str, Any] = dataclasses.field(default_factory=dict)  # the request last sent (its shaping fields)
     input_tokens: int = 0  # our count of the prompt, for judging the server's
     broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
@@ -118,12 +134,14 @@ class RequestPath:
         context_length: int,
         learner: OffsetLearner,
         stats: RunStats,
+        max_input: int | None = None,
     ) -> None:
         self.config = config
         self.client = client
         self.pool = pool
         self.model = model
         self.context_length = context_length
+        self.max_input = max_input  # the servers refuse prompts of this many tokens or more (FleetInfo.input_limit)
         self.learner = learner
         self.stats = stats
 
@@ -195,12 +213,14 @@ class RequestPath:
             self.stats.in_flight += 1
             started = time.monotonic()
             try:
-                result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track)
+                result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track, server)
                 result = self._judged(result, payload, track, server)
             except RequestError as exc:
                 track.failed(server.url, exc)
                 self.pool.record_failure(server, exc, lease.started)
                 track.exclude = frozenset({server.url})
+                if isinstance(exc, CheckpointMovedError):
+                    self._retire(server, exc)
                 raise
             finally:
                 self.stats.in_flight -= 1
@@ -224,13 +244,27 @@ class RequestPath:
             log.warning("%s reported impossible usage: %s (left out of the figures)", server.url, problem)
         return dataclasses.replace(result, usage_problem=problem)
 
-    def _checked(self, result: ChatResult, payload: dict[str, Any], track: Track) -> ChatResult:
-        """check_answer, counting the attempts it refuses."""
+    def _checked(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
+        """check_answer and check_checkpoint, counting the attempts they refuse; what made the answer."""
         try:
-            return check_answer(result, payload["model"], track.server)
+            check_answer(result, payload["model"], track.server)
+            check_checkpoint(result, server)
         except RequestError:
             track.refused += 1
             raise
+        track.checkpoint = server.identity.fingerprint if server.identity is not None else None
+        track.weight_version = result.weight_version
+        return result
+
+    def _retire(self, server: ServerState, exc: CheckpointMovedError) -> None:
+        """Take a redeployed server out for good; with none left, stop the run (FleetError) before its
+        rows are written as the old checkpoint's or wait for an outage."""
+        self.pool.retire(server)
+        if self.pool.all_retired():
+            raise FleetError(
+                f"every server was redeployed mid-run (last: {exc}); nothing they answered since was written. "
+                "Run again with --accept-checkpoint to go on with the new checkpoint (each line names its own)"
+            ) from exc
 
     def _completion(self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track) -> Completion:
         return Completion(
@@ -249,6 +283,8 @@ class RequestPath:
             meta=prompt.meta,
             key=prompt.key,
             reasoning_content=result.reasoning_content,
+            checkpoint=track.checkpoint,
+            weight_version=track.weight_version,
             tool_calls=result.tool_calls,
             request=shaping_fields(track.body),
         )

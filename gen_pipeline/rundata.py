@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from .rundir import MANIFEST, RunDir
+from .rundir import RunDir
+from .rundir import read_manifest as read_manifest  # re-exported: the views read it from here
 from .store import iter_json_lines
 
 
@@ -84,9 +85,3 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, orjson.JSONDecodeError):
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def read_manifest(run: Path) -> dict[str, Any]:
-    """A run directory's manifest.json ({} when there is none)."""
-    path = run / MANIFEST
-    return orjson.loads(path.read_bytes()) if path.exists() else {}

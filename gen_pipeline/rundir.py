@@ -148,6 +148,12 @@ class RunDir:
         return found
 
 
+def read_manifest(run: Path) -> dict[str, Any]:
+    """A run directory's manifest.json ({} when it has none)."""
+    path = RunDir(run).manifest
+    return orjson.loads(path.read_bytes()) if path.exists() else {}
+
+
 def make_dir(path: Path) -> Path:
     """Create a directory of the run, parents included; OutputError (one line, exit 5) when the filesystem
     refuses it (read-only, full, no permission), as it would refuse a file in an existing one."""

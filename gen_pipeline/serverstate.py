@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from . import health, pacing
 from .health import Window
+from .provenance import ServerIdentity
 
 
 @dataclass
@@ -41,6 +42,8 @@ class ServerState:
     out_of_service_s: float = 0.0  # closed out-of-service periods
     trial: bool = False  # half-open: one fresh request at a time until one succeeds
     quiet_since: float = 0.0  # the last answer, or when it got work after being idle
+    identity: ServerIdentity | None = None  # the checkpoint it served at start (None: not known)
+    retired: bool = False  # its checkpoint changed mid-run: out for the rest of the run
     last_sent: float = -math.inf  # when it was last given a request (alerts.py: a server left idle)
     bad_usage: int = 0  # answers whose usage was impossible (usage.py), and the first one's reason
     bad_usage_first: str = ""

@@ -21,6 +21,8 @@ from .errors import ConfigError, PreflightError
 from .fleet import FleetInfo, discover
 from .http import Client
 from .pacing import queue_margin
+from .provenance import provenance_section, seed_warning
+from .rundir import read_manifest
 from .runtime import open_file_limit
 from .serverstate import ServerState
 from .store import ResumeState, check_manifest, scan
@@ -127,8 +129,9 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
             f"flight each is a guess (--concurrency sets it): {', '.join(guessed)}"
         )
     margin = {url: _margin(config, found[url].reported, c, warning) for url, c in capacities.items()}
+    identity = {s.url: s.identity for s in fleet.servers}
     pool = ServerPool(
-        ServerState(url, capacity, margin[url], capacity_source=found[url].source)
+        ServerState(url, capacity, margin[url], capacity_source=found[url].source, identity=identity.get(url))
         for url, capacity in capacities.items()
     )
     for server in pool.servers:
@@ -167,6 +170,8 @@ def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
     if problems and not config.force:
         raise PreflightError(problems)
     fleet.warnings.extend(f"PROBLEM ignored (--force): {p}" for p in problems)
+    if (seeded := seed_warning(fleet.identities(), config.sampling)) is not None:
+        fleet.warnings.append(seeded)
     for warning in fleet.warnings:
         log.warning("warning: %s", warning)
 
@@ -189,7 +194,7 @@ async def settle_manifest(
     try:
         if counter is None:
             counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
-        manifest = manifest_for(config, model, ctx, counter, fleet.kind())
+        manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, counter, fleet.kind()))
         check_manifest(config.out, manifest, config.force, write=True)
         extra = await background if background is not None else None
     except BaseException:
@@ -205,8 +210,15 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     model, ctx, tokenizer = resolve(config, fleet)
     start_findings(config, fleet)
     identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
-    manifest = manifest_for(config, model, ctx, identity, fleet.kind())
+    manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, identity, fleet.kind()))
     check_manifest(config.out, manifest, config.force, write=True)
+
+
+def with_provenance(config: RunConfig, fleet: FleetInfo, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with the fleet's provenance merged into the run directory's (CheckpointChangedError:
+    the servers serve a checkpoint the run's rows were not written by, and --accept-checkpoint is not set)."""
+    old = read_manifest(config.out)
+    return {**manifest, "provenance": provenance_section(old, fleet.identities(), config.accept_checkpoint)}
 
 
 def resume_state(config: RunConfig) -> ResumeState:

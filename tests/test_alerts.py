@@ -31,14 +31,14 @@ def test_a_stall_runs_the_command_once_per_stall(tmp_path: Path) -> None:
     stats, servers = _stats(), [ServerState("http://a:1", 8)]
     assert watch.check(stats, servers, 0.0) == []
     assert watch.check(stats, servers, 119.0) == []
-    assert watch.check(stats, servers, 121.0) == ["stalled: no completion for 2 min"]
-    assert watch.check(stats, servers, 300.0) == ["stalled: no completion for 5 min"]
+    assert watch.check(stats, servers, 121.0) == ["stalled: no completion for 2m 01s"]
+    assert watch.check(stats, servers, 300.0) == ["stalled: no completion for 5m 00s"]
     stats.completed += 1
     assert watch.check(stats, servers, 310.0) == []
-    assert watch.check(stats, servers, 431.0) == ["stalled: no completion for 2 min"]
+    assert watch.check(stats, servers, 431.0) == ["stalled: no completion for 2m 01s"]
     for proc in started:
         assert proc.wait(30) == 0
-    assert log.read_text().splitlines() == ["stalled: no completion for 2 min"] * 2
+    assert log.read_text().splitlines() == ["stalled: no completion for 2m 01s"] * 2
 
 
 def test_a_server_without_requests_while_others_are_busy_is_flagged() -> None:
@@ -50,7 +50,7 @@ def test_a_server_without_requests_while_others_are_busy_is_flagged() -> None:
     assert watch.check(stats, [idle, busy], IDLE_S + 5) == []  # nobody busy: a quiet fleet, not a lost server
     busy.in_flight = 3
     assert watch.check(stats, [idle, busy], IDLE_S + 6) == [
-        "http://idle:1 got no request for 10 min while others were busy"
+        "http://idle:1 got no request for 10m 06s while others were busy"
     ]
 
 
@@ -63,6 +63,7 @@ def test_a_share_far_below_capacity_is_flagged() -> None:
         full.last_sent = empty.last_sent = float(t)
         alerts = watch.check(stats, [full, empty], float(t))
     assert alerts == ["http://empty:2 is 12% busy while the fleet is 56%: its share is far below its capacity"]
+    assert watch.check(stats, [full, empty], 70.0, tail=True) == []  # the balancer's tail leaves it idle
     empty.in_flight = 6
     for t in range(70, 500, 5):
         full.last_sent = empty.last_sent = float(t)

@@ -121,7 +121,10 @@ def test_prometheus_scrapes_a_run_and_agrees_with_the_summary(tmp_path: Path, pr
     assert partial is not None, "Prometheus never saw the run mid-way"
     assert mid >= SERIES, SERIES - mid
     summary = orjson.loads((out / "summary.json").read_bytes())
-    assert _last(api, 'gen_pipeline_rows_total{outcome="completed"}') == summary["completed"]
+    deadline = time.monotonic() + 10  # the last scrape's samples are committed a moment after it is answered
+    while _last(api, 'gen_pipeline_rows_total{outcome="completed"}') != summary["completed"]:
+        assert time.monotonic() < deadline, "Prometheus never got the final figures"
+        time.sleep(0.2)
     for reason, count in summary["failed"].items():
         assert _last(api, f'gen_pipeline_rows_total{{outcome="{reason}"}}') == count
     assert _last(api, 'gen_pipeline_tokens_total{kind="completion"}') == summary["output_tokens"]

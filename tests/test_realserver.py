@@ -19,6 +19,7 @@ import pytest
 from conftest import QWEN3
 from e2e import check_invariant, prompts, read_jsonl, shape_rows
 from procs import wait_for_lines
+from provenance_checks import assert_manifest_matches_servers
 
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.modes import run_async
@@ -100,6 +101,7 @@ def test_every_request_shape_counts_exactly(servers, tokenizer, write_jsonl, tmp
     assert outcome.summary["token_drift"] == {"compared": 20, "differed": 0, "by_offset": {}}
     assert outcome.summary["cut_by_server"] == 0
     assert orjson.loads((out / "manifest.json").read_bytes())["server_kind"] == "llamacpp"
+    assert_manifest_matches_servers(out, [s.url for s in servers])  # /props model_path, build_info, model_ftype
 
 
 def test_forced_overflow_gets_the_real_400_and_is_ledgered(servers, tokenizer, write_jsonl, tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 from e2e import prompts, read_jsonl, shape_rows
+from provenance_checks import assert_manifest_matches_servers
 
 from gen_pipeline.config import DEFAULT_SAFETY_MARGIN, RetryPolicy, RunConfig
 from gen_pipeline.modes import run_async
@@ -77,6 +78,7 @@ def test_every_request_shape_counts_exactly(server, write_jsonl, tmp_path):
     done = read_jsonl(out / "completions.jsonl")
     assert all(r["input_tokens"] + r["max_tokens"] <= CTX - DEFAULT_SAFETY_MARGIN for r in done)
     assert orjson.loads((out / "manifest.json").read_bytes())["server_kind"] == "vllm"
+    assert_manifest_matches_servers(out, [server])  # its model path (the card's root) and /version, each line's
 
 
 def test_an_input_over_the_context_gets_vllms_400_with_its_numbers(server, write_jsonl, tmp_path):

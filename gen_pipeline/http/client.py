@@ -41,6 +41,7 @@ class ChatResult:
     # content, finish_reason and logprobs; usage is the request's, on this result only
     choices: tuple[ChatResult, ...] = ()
     model: str | None = None  # the model the body says answered (SGLang and vLLM echo the request's)
+    weight_version: str | None = None  # SGLang's metadata.weight_version: the weights that answered
     usage_problem: str | None = None  # why its usage is impossible (set by the request path: usage.py)
     tool_calls: list[Any] | None = None  # the answer's own tool calls (the message's tool_calls), when it made any
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (SGLang --enable-cache-report)
@@ -105,6 +106,7 @@ def parse_chat(body: Any, server: str) -> ChatResult:
             logprobs=first.logprobs,
             choices=tuple(results) if len(results) > 1 else (),
             model=body.get("model") if isinstance(body.get("model"), str) else None,
+            weight_version=_weight_version(body),
             cached_tokens=cached,
         )
         for count in (result.prompt_tokens, result.completion_tokens, result.reasoning_tokens):
@@ -114,6 +116,13 @@ def parse_chat(body: Any, server: str) -> ChatResult:
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         detail = error_message(body) if isinstance(body, dict) and "error" in body else repr(exc)
         raise ServerError(f"malformed completion: {detail}", server=server, status=200) from exc
+
+
+def _weight_version(body: dict[str, Any]) -> str | None:
+    """SGLang's `metadata.weight_version` (None where a server sends no such field)."""
+    metadata = body.get("metadata")
+    version = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    return version if isinstance(version, str) else None
 
 
 def _choice(choice: dict[str, Any]) -> ChatResult:

@@ -119,6 +119,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--prefix-cache", type=int, default=0, help="prompts per port whose prefill is cached (default 0: none)")
     add("--request-log", help="append one JSON line per answered chat request to this file")
     _add_fault_arguments(parser)
+    _add_provenance_arguments(parser)
+
+
+def _redeploy(text: str) -> tuple[int | None, tuple[int, str]]:
+    """An argparse type for "[PORT:]N:VERSION"."""
+    parts = text.split(":")
+    try:
+        if len(parts) == 2:
+            return None, (int(parts[0]), parts[1])
+        if len(parts) == 3 and parts[2]:
+            return int(parts[0]), (int(parts[1]), parts[2])
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected [PORT:]N:VERSION, got {text!r}")
+
+
+def _add_provenance_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that set what checkpoint the servers report."""
+    group = parser.add_argument_group("provenance")
+    add = group.add_argument
+    add("--model-path", help="the model_path reported (default: the tokenizer folder)")
+    add("--weight-version", default="default", help="the weight_version reported (default: default)")
+    add("--server-version", help="the SGLang version reported (default 0.5.23, 0.5.9 with --legacy-offbyone)")
+    add("--deterministic", action="store_true", help="report enable_deterministic_inference true")
+    add(
+        "--redeploy-after",
+        type=_redeploy,
+        action="append",
+        default=[],
+        metavar="[PORT:]N:VERSION",
+        help="after N generation requests the port (default: the first live one) serves weight_version VERSION",
+    )
 
 
 def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,7 +208,7 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _by_port(pairs: list[tuple[int | None, Any]], default_port: int, flag: str) -> dict[int, Any]:
     """{port: value} from parsed PORT:VALUE pairs; a bare value goes to `default_port`."""
-    if any(port is None for port, _ in pairs) and flag != "--crash-after":
+    if any(port is None for port, _ in pairs) and flag not in ("--crash-after", "--redeploy-after"):
         raise ConfigError(f"simulator: {flag} needs PORT:VALUE, got a bare value")
     return {default_port if port is None else port: value for port, value in pairs}
 
@@ -219,6 +251,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         crash_after=_by_port(args.crash_after, live[0], "--crash-after"),
         restart_after=args.restart_after,
         warmup=args.warmup,
+        model_path=args.model_path,
+        weight_version=args.weight_version,
+        server_version=args.server_version,
+        deterministic=args.deterministic,
+        redeploy=_by_port(args.redeploy_after, live[0], "--redeploy-after"),
         template_error=args.template_error,
         poison=args.poison,
         poison_status=args.poison_status,
@@ -234,6 +271,9 @@ def _port_line(config: SimConfig, port: int) -> str:
         f"bad gateway {config.bad_gateway[port]}" if port in config.bad_gateway else "",
         f"slow x{config.slow[port]}" if port in config.slow else "",
         f"crashes after {config.crash_after[port]} requests" if port in config.crash_after else "",
+        f"weight_version {config.redeploy[port][1]} after {config.redeploy[port][0]} requests"
+        if port in config.redeploy
+        else "",
     ]
     extra = ", ".join(n for n in notes if n)
     return f"port {port}: listening on http://127.0.0.1:{port}" + (f" ({extra})" if extra else "")

@@ -69,6 +69,10 @@ class SimConfig:
     `crash_after` {port: n}: the port serves n generation requests and the next one crashes it
     (listener closed, in-flight connections reset); with `restart_after` seconds it comes back,
     `/health` answering 503 for `warmup` seconds while /v1/* is already served.
+    Provenance: `model_path` (default: the tokenizer folder) and `weight_version` are what /model_info,
+    /server_info and every chat answer's metadata.weight_version report; `server_version` replaces the
+    version reported; `deterministic` is `enable_deterministic_inference`; `redeploy` {port: (n, version)}:
+    after n generation requests, that port's weights become `version` (as SGLang's weight update would).
     `template_error`: every chat request is answered 400 with this message, as a server whose chat template
     fails (jinja2 missing, a template error) answers; `poison`: a request whose prompt contains this text is
     answered `poison_status` (500: a row that breaks the server's request handling; 400: a row the server
@@ -118,6 +122,12 @@ class SimConfig:
     crash_after: Mapping[int, int] = field(default_factory=dict)
     restart_after: float | None = None
     warmup: float = 2.0
+    # provenance
+    model_path: str | None = None
+    weight_version: str = "default"
+    server_version: str | None = None
+    deterministic: bool = False
+    redeploy: Mapping[int, tuple[int, str]] = field(default_factory=dict)
     template_error: str | None = None
     poison: str | None = None
     poison_status: int = 500
@@ -125,7 +135,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
         object.__setattr__(self, "dead", tuple(self.dead))
-        for name in ("flaky", "bad_gateway", "slow", "crash_after"):
+        for name in ("flaky", "bad_gateway", "slow", "crash_after", "redeploy"):
             object.__setattr__(self, name, _frozen_map(getattr(self, name)))
         self._validate_shape()
         self._validate_faults()
@@ -154,6 +164,9 @@ class SimConfig:
         if any(f <= 0 for f in self.slow.values()) or any(n < 0 for n in self.crash_after.values()):
             raise ConfigError("simulator: slow factors must be > 0 and crash_after counts >= 0")
         named = set(self.dead) | set(self.flaky) | set(self.bad_gateway) | set(self.slow) | set(self.crash_after)
+        named |= set(self.redeploy)
+        if any(n < 0 for n, _ in self.redeploy.values()):
+            raise ConfigError("simulator: redeploy counts must be >= 0")
         if not named <= set(self.ports):
             raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
         if self.restart_after is not None and self.restart_after < 0:
@@ -183,5 +196,15 @@ class SimConfig:
 
     @property
     def version(self) -> str:
-        """The SGLang version this configuration imitates."""
-        return LEGACY_SGLANG_VERSION if self.legacy_offbyone else SGLANG_VERSION
+        """The SGLang version this configuration imitates (or reports, with server_version)."""
+        return self.server_version or (LEGACY_SGLANG_VERSION if self.legacy_offbyone else SGLANG_VERSION)
+
+    @property
+    def checkpoint_path(self) -> str:
+        """The model_path reported."""
+        return self.model_path or self.tokenizer
+
+    def weights_of(self, port: int, generated: int) -> str:
+        """The weight_version `port` serves after `generated` generation requests."""
+        redeploy = self.redeploy.get(port)
+        return redeploy[1] if redeploy is not None and generated > redeploy[0] else self.weight_version

@@ -35,16 +35,17 @@ def model_not_found(name: str) -> dict[str, Any]:
     }
 
 
-def model_info(cfg: SimConfig) -> dict[str, Any]:
+def model_info(cfg: SimConfig, weight_version: str | None = None) -> dict[str, Any]:
     """The /model_info body: no context length here, as in SGLang (its 15 keys in 0.5.23's order; `embedding`,
-    a long description of the embedding path, cut to the switch that says it is off)."""
+    a long description of the embedding path, cut to the switch that says it is off; `weight_version`: the
+    port's now)."""
     return {
-        "model_path": cfg.tokenizer,
+        "model_path": cfg.checkpoint_path,
         "served_model_name": cfg.model,
         "tokenizer_path": cfg.tokenizer,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",
+        "weight_version": weight_version or cfg.weight_version,
         "load_format": "auto",
         "reasoning_parser": "qwen3" if cfg.reasoning_words else None,
         "tool_call_parser": None,
@@ -57,7 +58,7 @@ def model_info(cfg: SimConfig) -> dict[str, Any]:
     }
 
 
-def server_info(cfg: SimConfig, port: int, started: float) -> dict[str, Any]:
+def server_info(cfg: SimConfig, port: int, started: float, weight_version: str | None = None) -> dict[str, Any]:
     """The /server_info body: resolved server args plus scheduler info. max_running_requests is null unless
     the server was started with --max-running-requests (`report_max_running`); the scheduler's own figure is
     in internal_states and /v1/loads."""
@@ -69,7 +70,7 @@ def server_info(cfg: SimConfig, port: int, started: float) -> dict[str, Any]:
         "effective_max_running_requests_per_dp": cfg.max_running,
     }
     return {
-        "model_path": cfg.tokenizer,
+        "model_path": cfg.checkpoint_path,
         "tokenizer_path": cfg.tokenizer,
         "tokenizer_mode": "auto",
         "served_model_name": cfg.model,
@@ -83,6 +84,11 @@ def server_info(cfg: SimConfig, port: int, started: float) -> dict[str, Any]:
         "speculative_algorithm": "EAGLE" if speculative else None,
         "speculative_num_draft_tokens": cfg.reserved_tokens if speculative else None,
         "random_seed": cfg.seed,
+        "dtype": "auto",
+        "quantization": None,
+        "kv_cache_dtype": "auto",
+        "enable_deterministic_inference": cfg.deterministic,
+        "weight_version": weight_version or cfg.weight_version,
         "max_total_num_tokens": cfg.max_total_num_tokens,
         "max_req_input_len": cfg.max_req_input_len,
         "internal_states": [state],

@@ -158,13 +158,18 @@ class PortServer:
             return json_response(info.model_not_found(name), 404)
         return json_response(info.model_card(self.cfg, int(self.started)))
 
+    @property
+    def weight_version(self) -> str:
+        """The weights this port serves now (SimConfig.redeploy changes them mid-run)."""
+        return self.cfg.weights_of(self.port, self.stats.requests)
+
     async def _model_info(self, request: Request) -> web.Response:
         """The model info (no context length, as in SGLang)."""
-        return json_response(info.model_info(self.cfg))
+        return json_response(info.model_info(self.cfg, self.weight_version))
 
     async def _server_info(self, request: Request) -> web.Response:
         """The server args plus scheduler info."""
-        return json_response(info.server_info(self.cfg, self.port, self.started))
+        return json_response(info.server_info(self.cfg, self.port, self.started, self.weight_version))
 
     async def _loads(self, request: Request) -> web.Response:
         """The scheduler's load: running and waiting requests, and its running slots."""
@@ -212,6 +217,7 @@ class PortServer:
                 self.stats.errors += 1
                 return json_response(rej.body, rej.status)
             self.stats.completions += 1
+            body["metadata"] = {"weight_version": self.weight_version}  # the weights at the end, as SGLang's
             return json_response(body)
 
     async def _complete(self, request: Request, chat: bool, fault: Fault) -> dict[str, Any]:
