@@ -162,8 +162,11 @@ def fleet_info(checks: list[ServerCheck]) -> FleetInfo:
 # tokenizer agreement
 
 
-def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = PROBE_ROWS) -> list[Prompt]:
-    """The first `n` valid rows that fit the context, counted (within --limit, with --system-prompt)."""
+def first_prompts(
+    config: RunConfig, counter: TokenCounter, ctx: int, n: int = PROBE_ROWS, max_input: int | None = None
+) -> list[Prompt]:
+    """The first `n` valid rows that fit the context (and the servers' input cap), counted (within --limit,
+    with --system-prompt)."""
     floor, fit = SizeFloor(counter), ctx - config.safety_margin - config.min_tokens
     items = first_lines(PromptSource(config.input), config.limit)
     rows = (
@@ -174,7 +177,7 @@ def first_prompts(config: RunConfig, counter: TokenCounter, ctx: int, n: int = P
     picked: list[Prompt] = []
     for batch in iter(lambda: list(itertools.islice(rows, 4 * n)), []):
         for p, count in zip(batch, counter.count([conversation(p) for p in batch]), strict=True):
-            if isinstance(count, int) and prompt_budget(config, ctx, count, p.max_tokens) is not None:
+            if isinstance(count, int) and prompt_budget(config, ctx, count, p.max_tokens, max_input) is not None:
                 p.input_tokens = count
                 picked.append(p)
         if len(picked) >= n:
@@ -280,9 +283,11 @@ async def _fleet_and_probes(
             found.problems.append(f"no budget plan: {exc}")
             return None
         found.warnings.extend(fleet.warnings)
-        report["settings"] = {"model": model, "context_length": ctx, "tokenizer": loaded.name, "server_kind": kind}
+        cap = fleet.input_limit()
+        report["settings"] = {"model": model, "context_length": ctx, "max_input_tokens": cap, "tokenizer": loaded.name,
+                              "server_kind": kind}  # fmt: skip
         up = [c.url for c in checks if c.info is not None]
-        prompts = await asyncio.to_thread(first_prompts, config, loaded, ctx)
+        prompts = await asyncio.to_thread(first_prompts, config, loaded, ctx, PROBE_ROWS, cap)
         if up and prompts:
             report["tokenizer"] = await tokenizer_agreement(client, up, model, prompts, config)
             tokenizer_findings(report["tokenizer"], loaded.name, found)
@@ -302,7 +307,8 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
         out = config.out if resume and config.out.is_dir() else None
         manifest = manifest_for(config, model, ctx, loaded, report["settings"]["server_kind"])
         manifest_findings(config, out, manifest, found, checks)
-        plan = await asyncio.to_thread(budget_plan, config, loaded, ctx, resume_state(out))
+        cap = report["settings"]["max_input_tokens"]
+        plan = await asyncio.to_thread(budget_plan, config, loaded, ctx, resume_state(out), cap)
         report["plan"] = plan.view()
         plan_findings(plan, found)
     report["budget"] = {k: getattr(config, k) for k in ("max_tokens", "min_tokens", "safety_margin")}

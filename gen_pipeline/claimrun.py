@@ -128,7 +128,7 @@ def _runner(
 ) -> ClaimRunner:
     """The one Runner of a claimer: its pool and learned offset serve every claim."""
     pool = build_pool(config, fleet)
-    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), feed.stats)
+    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), feed.stats, fleet.input_limit())
     resume = ResumeState()  # each claim's read has its own (claimfeed)
     runner = ClaimRunner(config, counter, path, pool, feed.writer, resume, feed.stats, feed, None, client=client)  # type: ignore[arg-type]
     runner.claimer, runner.feed = claimer, feed

@@ -32,6 +32,7 @@ from .config import (
     DEFAULT_SERVERS,
     DEFAULT_STARTUP_TIMEOUT,
     LOADER_ENV,
+    SERVER_AUTH_ENV,
     RunConfig,
 )
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OUTPUT, OutputError, PipelineError
@@ -219,9 +220,14 @@ def _add_shaping_flags(p: argparse.ArgumentParser, run_only: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Build the frozen RunConfig from parsed flags (and the API key and tokenizer loader variables)."""
+    """Build the frozen RunConfig from parsed flags (and the API key, server credentials and tokenizer loader
+    variables)."""
     options = {k: v for k, v in vars(args).items() if k in OPTIONS}
     options["api_key"] = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if auth := os.environ.get(SERVER_AUTH_ENV):  # a --workers claimer: its parent's --servers credentials
+        import orjson
+
+        options["server_auth"] = {url: tuple(cred) for url, cred in orjson.loads(auth).items()}
     options["tokenizer_loader"] = os.environ.get(LOADER_ENV) or "auto"
     return build_config(**options)
 

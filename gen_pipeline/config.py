@@ -18,6 +18,9 @@ from .tokens.conversation import TEMPLATE_FIELDS, template_input_error
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
 DEFAULT_SERVERS = "127.0.0.1:30000-30007"
 API_KEY_ENV = "GEN_PIPELINE_API_KEY"  # read by the entry points (the command line, the Python API), nothing below
+# --workers hands its claimers the credentials of --servers URLs here (JSON {server: [user, password]}), not on
+# their command lines; read by the command line only
+SERVER_AUTH_ENV = "GEN_PIPELINE_SERVER_AUTH"
 DEFAULT_CONCURRENCY = 64
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_MIN_TOKENS = 16

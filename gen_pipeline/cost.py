@@ -37,6 +37,13 @@ def gpu_hours(elapsed_s: float, servers: int, gpus_per_server: int, sharing: int
     return elapsed_s * servers * gpus_per_server / max(sharing, 1) / 3600
 
 
+def run_cost(summary: dict[str, Any], elapsed_s: float, servers: int, config: Any) -> dict[str, Any]:
+    """One process's cost fields for its summary (the --workers K claimers of a node share its servers)."""
+    hours = round(gpu_hours(elapsed_s, servers, config.gpus_per_server, config.share), 4)
+    fields = {"gpus_per_server": config.gpus_per_server, "gpu_hours": hours}
+    return {**fields, **derive({**summary, **fields})}
+
+
 def per_million(hours: float | None, tokens: int | None) -> float | None:
     """GPU-hours per million tokens (None without tokens)."""
     return round(hours * MILLION / tokens, 4) if hours is not None and tokens else None

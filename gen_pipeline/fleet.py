@@ -64,6 +64,12 @@ class FleetInfo:
     def context_lengths(self) -> set[int]:
         return {s.context_length for s in self.servers if s.context_length}
 
+    def input_limit(self) -> int | None:
+        """The smallest input cap a server reports (SGLang's max_req_input_len: a prompt of this many tokens
+        or more is refused); None when none reports one."""
+        caps = [s.max_req_input_len for s in self.servers if s.max_req_input_len is not None]
+        return min(caps) if caps else None
+
     def kind(self) -> str | None:
         """The one server kind the fleet reports (None: none, or several)."""
         kinds = self.spread("kind")

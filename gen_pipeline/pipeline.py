@@ -159,8 +159,15 @@ class Runner:
             await queue.put(None)
 
     def _budget(self, p: Prompt) -> int | None:
+        path = self.path
         budget = dispatch_budget(
-            self.config, self.path.context_length, p.input_tokens, p.max_tokens, self.path.learner.offset, p.at_least
+            self.config,
+            path.context_length,
+            p.input_tokens,
+            p.max_tokens,
+            path.learner.offset,
+            p.at_least,
+            path.max_input,
         )
         if isinstance(budget, str):
             for s in p.pending or (0,):
@@ -229,11 +236,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
         samples=runner.config.samples,
         learned_offset=runner.path.learner.offset,
     )
-    config = runner.config
-    sharing = config.share  # --workers K share each server
-    hours = cost.gpu_hours(runner.stats.elapsed(), len(runner.pool.servers), config.gpus_per_server, sharing)
-    summary.update(gpus_per_server=config.gpus_per_server, gpu_hours=round(hours, 4))
-    summary.update(cost.derive(summary))
+    summary.update(cost.run_cost(summary, runner.stats.elapsed(), len(runner.pool.servers), runner.config))
     return summary
 
 
@@ -299,7 +302,7 @@ async def _run_locked(
         resume.torn_bytes = torn
     pool = build_pool(config, fleet)
     stats = RunStats()
-    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats)
+    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats, fleet.input_limit())
     found = resume.files.get(RunDir(config.out).writer().completions.name)
     writer = RunWriter(config.out, config.fsync_interval, None, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)

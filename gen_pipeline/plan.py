@@ -103,15 +103,18 @@ class Plan:
         }
 
 
-def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: ResumeState) -> Plan:
-    """Read and count every row as generate does (BatchReader), and budget it as generate does."""
+def budget_plan(
+    config: RunConfig, counter: TokenCounter, ctx: int, resume: ResumeState, max_input: int | None = None
+) -> Plan:
+    """Read and count every row as generate does (BatchReader), and budget it as generate does (`max_input`:
+    the fleet's input cap)."""
     plan, stats = Plan(), RunStats()
     resume.samples, resume.turns = config.samples, config.turns == "all"
     reader = BatchReader(config, counter, resume, stats, context_length=ctx)
     last_log = time.monotonic()
     while batch := reader.next_batch()[0]:
         for item in batch:
-            _plan_item(plan, item, config, ctx)
+            _plan_item(plan, item, config, ctx, max_input)
         if time.monotonic() - last_log > PLAN_LOG_INTERVAL:
             last_log = time.monotonic()
             log.info("check: counted %d rows", plan.rows)
@@ -119,7 +122,7 @@ def budget_plan(config: RunConfig, counter: TokenCounter, ctx: int, resume: Resu
     return plan
 
 
-def _plan_item(plan: Plan, item: Prompt | BadRow | Skipped, config: RunConfig, ctx: int) -> None:
+def _plan_item(plan: Plan, item: Prompt | BadRow | Skipped, config: RunConfig, ctx: int, max_input: int | None) -> None:
     if isinstance(item, Skipped):
         plan.rows += item.count
         plan.settled[item.reason] += item.count
@@ -131,7 +134,7 @@ def _plan_item(plan: Plan, item: Prompt | BadRow | Skipped, config: RunConfig, c
             plan.bad_examples.append(f"line {item.line}: {item.detail}")
     else:
         requested = item.max_tokens or config.max_tokens
-        plan.add(item, requested, prompt_budget(config, ctx, item.input_tokens, item.max_tokens))
+        plan.add(item, requested, prompt_budget(config, ctx, item.input_tokens, item.max_tokens, max_input))
 
 
 def plan_findings(plan: Plan, found: Any) -> None:

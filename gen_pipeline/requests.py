@@ -134,12 +134,14 @@ class RequestPath:
         context_length: int,
         learner: OffsetLearner,
         stats: RunStats,
+        max_input: int | None = None,
     ) -> None:
         self.config = config
         self.client = client
         self.pool = pool
         self.model = model
         self.context_length = context_length
+        self.max_input = max_input  # the servers refuse prompts of this many tokens or more (FleetInfo.input_limit)
         self.learner = learner
         self.stats = stats
 

@@ -98,4 +98,5 @@ class ServerState:
             "capacity_source": self.capacity_source,
             "queue_margin": self.margin,
             **({"impossible_usage": self.bad_usage} if self.bad_usage else {}),
+            **({"retired": "its checkpoint is not the run's"} if self.retired else {}),
         }

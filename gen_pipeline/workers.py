@@ -28,10 +28,12 @@ import threading
 import time
 from typing import Any
 
+import orjson
+
 from . import metrics
 from .claimrun import claimer_summaries, with_shards
 from .claims import SharedRunLock
-from .config import API_KEY_ENV, RunConfig
+from .config import API_KEY_ENV, SERVER_AUTH_ENV, RunConfig
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .http import Client, open_transport
 from .locks import refuse_shard_writers
@@ -45,11 +47,31 @@ SEVERITY = [EXIT_ERROR, EXIT_OUTPUT, EXIT_OUTAGE, EXIT_INTERRUPTED, EXIT_INCOMPL
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def worker_argv(argv: list[str], index: int, count: int, parent_fd: int) -> list[str]:
-    """The command line of worker `index`: the user's without the API key, as a claimer beside the others
-    taking 1/count of each server, the pipe that tells it its parent is alive, and no progress display."""
+def worker_argv(
+    argv: list[str], index: int, count: int, parent_fd: int, servers: tuple[str, ...] | None = None
+) -> list[str]:
+    """The command line of worker `index`: the user's without the API key and with `servers` (their names,
+    without user:password@) as --servers, as a claimer beside the others taking 1/count of each server, the
+    pipe that tells it its parent is alive, and no progress display."""
     shard = ["--join", "--share", str(count), "--parent-fd", str(parent_fd)]
-    return [sys.executable, "-m", "gen_pipeline", *without_api_key(argv), *shard, "--progress", "off"]
+    argv = without_api_key(argv) if servers is None else named_servers(without_api_key(argv), servers)
+    return [sys.executable, "-m", "gen_pipeline", *argv, *shard, "--progress", "off"]
+
+
+def named_servers(argv: list[str], servers: tuple[str, ...]) -> list[str]:
+    """argv with every --servers / -s value (however spelled) replaced by `servers`."""
+    value = ",".join(servers)
+    out, take = [], False
+    for arg in argv:
+        name, eq, _ = arg.partition("=")
+        if take:
+            arg, take = value, False
+        elif name == "-s" or (len(name) > 3 and "--servers".startswith(name)):
+            arg, take = (f"{name}={value}", False) if eq else (arg, True)
+        elif arg.startswith("-s") and not arg.startswith("--"):  # -sVALUE
+            arg = f"-s{value}"
+        out.append(arg)
+    return out
 
 
 def without_api_key(argv: list[str]) -> list[str]:
@@ -67,11 +89,13 @@ def without_api_key(argv: list[str]) -> list[str]:
 
 
 def worker_env(config: RunConfig) -> dict[str, str]:
-    """The workers' environment: ours, the API key (`ps` shows command lines to every user) and quiet
-    transformers."""
+    """The workers' environment: ours, the API key and the --servers URLs' credentials (`ps` shows command
+    lines to every user) and quiet transformers."""
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
     if config.api_key:
         env[API_KEY_ENV] = config.api_key
+    if config.server_auth:
+        env[SERVER_AUTH_ENV] = orjson.dumps(config.server_auth).decode()
     return env
 
 
@@ -135,7 +159,7 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
 
 
 def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) -> subprocess.Popen[bytes]:
-    argv = [*worker_argv(argv, index, config.workers, alive_r), *metrics.worker_args(config, index)]
+    argv = [*worker_argv(argv, index, config.workers, alive_r, config.servers), *metrics.worker_args(config, index)]
     env = worker_env(config)
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
 

@@ -42,6 +42,22 @@ def test_clamp_table(requested, input_tokens, margin, min_tokens, expected):
 
 
 @pytest.mark.parametrize(
+    ("input_tokens", "max_input", "expected"),
+    [
+        (8185, 8186, 7),  # under SGLang's max_req_input_len (context - 6): the context's room
+        (8186, 8186, None),  # at it: the scheduler refuses the prompt, though the context has room
+        (8186, None, 6),  # no cap reported (vLLM, llama.cpp)
+    ],
+)
+def test_the_servers_input_cap_is_kept(input_tokens, max_input, expected):
+    """A prompt of max_req_input_len tokens or more gets no budget, whatever room the context leaves."""
+    got = clamp_max_tokens(
+        256, context_length=CTX, input_tokens=input_tokens, margin=0, min_tokens=1, max_input=max_input
+    )
+    assert got == expected
+
+
+@pytest.mark.parametrize(
     ("counts", "sent", "expected"),
     [
         # the server counted 8000 where we counted less: fit under its count

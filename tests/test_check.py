@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from e2e import fleet_in_thread, prompts, read_jsonl
+from e2e import fleet_in_thread, prompts, read_jsonl, run_sim
 
 from gen_pipeline.check import render_check, run_check
 from gen_pipeline.cli import main
@@ -184,3 +184,19 @@ def test_capacity_comes_from_the_servers_and_says_where(write_jsonl, tmp_path, s
     assert server["max_req_input_len"] == CTX - 6 and server["version"] == "0.5.23"
     assert f"capacity {capacity} ({source})" in render_check(report)
     assert not any("is a guess" in w for w in report["warnings"])
+
+
+def test_a_prompt_over_the_servers_input_cap_is_over_length_unsent(write_jsonl, tmp_path):
+    """SGLang refuses a prompt of max_req_input_len tokens or more (context - 6, or less with a small KV pool)
+    even when the context has room: check plans it over_length and generate skips it unsent (no 400)."""
+    small_pool = {"context_length": CTX, "max_total_tokens": 600}  # max_req_input_len 594 on a 1024 context
+    rows = [*prompts(3), {"id": "long", "prompt": "word " * 137}]  # ~700 tokens: room in the context, over the cap
+    path = write_jsonl(rows)
+    report = check([sim(1, **small_pool)], path, tmp_path)
+    assert report["settings"]["max_input_tokens"] == 594 and report["plan"]["over_length"] == 1
+    outcome, fleet = run_sim(path, tmp_path / "out", sim={"n_ports": 1, **small_pool}, max_tokens=MAX_TOKENS)
+    assert outcome.summary["failed"] == {"over_length": 1}
+    assert outcome.summary["completed"] == 3
+    assert sum(s.length_errors for s in fleet.stats.values()) == 0
+    [skipped] = read_jsonl(tmp_path / "out" / "failures.jsonl")
+    assert "the servers refuse inputs of 594 tokens or more" in skipped["detail"]

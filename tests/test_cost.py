@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 from e2e import prompts, read_jsonl, run_sim
 
 from gen_pipeline.cli import main
@@ -19,6 +20,7 @@ def _input(tmp_path: Path, n: int) -> Path:
     return inp
 
 
+@pytest.mark.slow
 def test_summary_has_gpu_hours_and_the_cost_of_useful_tokens(tmp_path: Path, capsys) -> None:
     """GPU-hours = elapsed x servers x --gpus-per-server; valid tokens are the written rows', untruncated
     ones leave out finish_reason length; report and the dataset card show them."""

@@ -94,6 +94,7 @@ async def _run_and_scrape(tmp_path: Path, n: int) -> tuple[list[dict[Any, float]
 # aiohttp 3.14 deprecates the BasicAuth the transport sends URL credentials with (a warning, not an error)
 @pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore:The 'auth' parameter is deprecated:DeprecationWarning")
+@pytest.mark.slow
 def test_metrics_port_serves_each_series_with_a_dead_and_a_flaky_server(tmp_path: Path) -> None:
     """Mid-run and at the end every series is there, the dead server is down, the figures are the summary's,
     and no label carries the URL's password or the API key."""
@@ -157,6 +158,7 @@ def test_metrics_file_holds_the_final_figures(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["gen.prom"]  # no temporary file left
 
 
+@pytest.mark.slow
 def test_workers_each_write_their_own_labelled_file_and_they_add_up(tmp_path: Path) -> None:
     """--workers 2 --metrics-file PATH: gen.0.prom and gen.1.prom, labelled worker 0 and 1, whose sums are
     the merged summary's (what `sum without (worker)` gives Prometheus)."""

@@ -11,9 +11,11 @@ import pytest
 from e2e import fleet_in_thread, prompts
 from procs import PY, env, generate_argv
 
-from gen_pipeline.config import RunConfig, parse_servers, redact, server_name
+from gen_pipeline.cli import build_parser, config_from_args
+from gen_pipeline.config import SERVER_AUTH_ENV, RunConfig, parse_servers, redact, server_name
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.sim import SimConfig, free_ports
+from gen_pipeline.workers import worker_argv, worker_env
 
 USER, SECRET = "alice", "s3cr3t-Pw"
 BASIC = "Basic " + base64.b64encode(f"{USER}:{SECRET}".encode()).decode()
@@ -106,3 +108,35 @@ def test_credentials_and_an_api_key_are_refused_together(tmp_path):
 def test_redact_takes_out_every_userinfo():
     """redact leaves URLs without credentials as they are."""
     assert redact(f"a http://{USER}:{SECRET}@h:1/v1 and https://h:2") == "a http://h:1/v1 and https://h:2"
+
+
+@pytest.mark.parametrize(
+    "flag", [["--servers", "SPEC"], ["--servers=SPEC"], ["-s", "SPEC"], ["-sSPEC"], ["--serv", "SPEC"]]
+)
+def test_a_workers_command_line_names_the_servers_without_credentials(flag, tmp_path, monkeypatch):
+    """--workers: each claimer's argv gives the servers' names; the credentials travel in its environment,
+    and its command line builds the same config from the two (ps shows command lines to every user)."""
+    spec = f"http://{USER}:{SECRET}@h:1-2"
+    config = RunConfig(input=tmp_path / "x", out=tmp_path, servers=spec)
+    user_argv = ["generate", "--input", "x", *(a.replace("SPEC", spec) for a in flag), "--out", "o"]
+    argv = worker_argv(user_argv, 1, 2, 7, config.servers)
+    assert SECRET not in " ".join(argv) and "http://h:1,http://h:2" in " ".join(argv)
+    env = worker_env(config)
+    assert SECRET in env[SERVER_AUTH_ENV]
+    args = build_parser("generate").parse_args(argv[3:])
+    monkeypatch.setenv(SERVER_AUTH_ENV, env[SERVER_AUTH_ENV])
+    child = config_from_args(args)
+    assert child.servers == config.servers and child.server_auth == config.server_auth
+
+
+def test_workers_send_the_credentials_and_write_none(tmp_path):
+    """generate --workers 2 against servers that require Basic auth: every row is done, and no file of
+    the run directory nor any printed line holds the password."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "run"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(30)))
+    with fleet_in_thread(SimConfig(ports=tuple(free_ports(2)), health_delay=0.0, authorization=BASIC)) as servers:
+        argv = generate_argv(inp, out, _with_credentials(servers), "--workers", "2", "--max-tokens", "16")
+        gen = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=180)
+    assert gen.returncode == 0, gen.stderr
+    assert orjson.loads((out / "summary.json").read_bytes())["completed"] == 30
+    assert _leaks(tmp_path) == [] and SECRET not in gen.stdout + gen.stderr

@@ -31,6 +31,7 @@ from test_nightly import write_jsonl as write_rows
 
 from gen_pipeline.sim import free_ports
 
+REPO = Path(__file__).resolve().parents[1]
 WAITING = "waiting for servers to come up"
 
 
@@ -93,11 +94,26 @@ HEAVY = {"aiohttp", "datasets", "jinja2", "numpy", "orjson", "tenacity", "tokeni
 ENTRIES = {"python -m": [PY, "-m", "gen_pipeline"], "console script": [str(Path(PY).with_name("gen-pipeline"))]}
 
 
+def stale_console_script() -> str | None:
+    """Why the installed `gen-pipeline` script is not the one pyproject.toml declares (an install older
+    than the entry point: `make install` redoes it), or None."""
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["gen-pipeline"]
+    module, _, func = declared.partition(":")
+    script = Path(ENTRIES["console script"][0])
+    if not script.exists() or f"from {module} import {func}" not in script.read_text():
+        return f"{script} does not run {declared} (installed before it was declared): reinstall"
+    return None
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_a_stop_signal_in_the_first_imports_exits_130(tmp_path, entry, sig):
     """A stop signal sent the moment `generate` has imported its first dependency (the process reports
     each import as it ends: -X importtime) exits 130 with one line, three times out of three."""
+    if entry == "console script" and (stale := stale_console_script()):
+        pytest.skip(stale)
     argv = [*ENTRIES[entry], "generate", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out")]
     for _ in range(3):
         proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env={**env(), "PYTHONPROFILEIMPORTTIME": "1"})

@@ -24,21 +24,29 @@ def clamp_max_tokens(
     input_tokens: int,
     margin: int,
     min_tokens: int,
+    max_input: int | None = None,
 ) -> int | None:
-    """The max_tokens to send, or None when fewer than `min_tokens` fit."""
+    """The max_tokens to send, or None when fewer than `min_tokens` fit or the servers refuse a prompt of
+    `input_tokens` (SGLang's `max_req_input_len`: inputs of that many tokens or more)."""
+    if max_input is not None and input_tokens >= max_input:
+        return None
     room = context_length - input_tokens - margin
     budget = min(requested, room)
     return budget if budget >= min_tokens else None
 
 
-def prompt_budget(config: RunConfig, context_length: int, input_tokens: int, row_max_tokens: int | None) -> int | None:
-    """The max_tokens generate sends for a prompt of `input_tokens`, or None when it is over length."""
+def prompt_budget(
+    config: RunConfig, context_length: int, input_tokens: int, row_max_tokens: int | None, max_input: int | None = None
+) -> int | None:
+    """The max_tokens generate sends for a prompt of `input_tokens`, or None when it is over length
+    (`max_input`: the fleet's input cap, FleetInfo.input_limit)."""
     return clamp_max_tokens(
         row_max_tokens or config.max_tokens,
         context_length=context_length,
         input_tokens=input_tokens,
         margin=config.safety_margin,
         min_tokens=room_needed(config, row_max_tokens),
+        max_input=max_input,
     )
 
 
@@ -55,17 +63,20 @@ def dispatch_budget(
     row_max_tokens: int | None,
     offset: int,
     at_least: bool = False,
+    max_input: int | None = None,
 ) -> int | str:
     """The budget at dispatch (our count plus the learned offset), or why the prompt is over length
     (`at_least`: the count is a lower bound from the row's size, not a count)."""
     counted = input_tokens + offset
-    budget = prompt_budget(config, context_length, counted, row_max_tokens)
+    budget = prompt_budget(config, context_length, counted, row_max_tokens, max_input)
     if budget is not None:
         return budget
     room = context_length - counted - config.safety_margin
+    size = f"prompt has {f'at least {input_tokens} (from its size, not counted)' if at_least else input_tokens} "
+    if max_input is not None and counted >= max_input:
+        return f"{size}tokens (+{offset} learned offset); the servers refuse inputs of {max_input} tokens or more"
     return (
-        f"prompt has {f'at least {input_tokens} (from its size, not counted)' if at_least else input_tokens} "
-        f"tokens (+{offset} learned offset); "
+        f"{size}tokens (+{offset} learned offset); "
         f"context {context_length} - margin {config.safety_margin} leaves {room}, "
         f"below --min-tokens {room_needed(config, row_max_tokens)}"
     )
