@@ -116,7 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 0: null)",
     )
     add("--seed", type=int, default=0, help="seed of completions and fault draws")
-    add("--prefix-cache", type=int, default=0, help="prompts per port whose prefill is cached (default 0: none)")
+    add(
+        "--prefix-cache", type=int, default=0, help="prompt prefixes per port whose prefill is cached (default 0: none)"
+    )
     add(
         "--prefix-cache-tokens",
         type=int,
