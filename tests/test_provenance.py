@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 from e2e import check_invariant, fleet_in_thread, prompts, read_jsonl
+from procs import wait_for_lines
 
 from gen_pipeline.cli import main as cli_main
 from gen_pipeline.config import RetryPolicy, RunConfig
@@ -366,3 +367,34 @@ def test_only_what_both_servers_report_is_compared():
     assert known.same_checkpoint(ServerIdentity("sglang", "0.5.23", "/ckpt/a", "v1", "other-name"))
     assert not known.same_checkpoint(ServerIdentity("sglang", "0.5.23", "/ckpt/a", "v2", "m"))
     assert not known.same_checkpoint(ServerIdentity("vllm", "0.11.0", "/ckpt/a", None, "m"))
+
+
+@pytest.mark.parametrize("late", [NIGHT1, NIGHT2], ids=["same-checkpoint", "other-checkpoint"])
+def test_a_server_down_at_start_comes_in_only_with_the_runs_checkpoint(write_jsonl, tmp_path, late):
+    """A server that answers only after the run started is asked what it serves: the same identity joins the
+    run (its lines name it); another checkpoint is retired before it gets a single row."""
+    a = _sim(1, max_running=1, prefill_latency=0.01, **NIGHT1)
+    port = free_ports(1)[0]
+    out = tmp_path / "run"
+
+    async def scenario() -> tuple[Any, int]:
+        async with await start_fleet(a) as first:
+            urls = (*first.urls, f"http://127.0.0.1:{port}")
+            config = RunConfig(input=write_jsonl(prompts(400)), out=out, servers=urls, max_tokens=16, progress="off",
+                               retry=RetryPolicy.testing())  # fmt: skip
+            run = asyncio.create_task(run_async(config))
+            await asyncio.to_thread(wait_for_lines, out / "completions.jsonl", 5, 60)
+            async with await start_fleet(SimConfig(ports=(port,), health_delay=0.0, **late)) as second:
+                outcome = await run
+                return outcome, second.stats[port].requests
+
+    outcome, served = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert outcome.exit_code == 0 and outcome.summary["completed"] == 400
+    [fingerprint] = {c["fingerprint"] for c in checkpoints(out).values()}
+    lines = read_jsonl(out / "completions.jsonl")
+    assert {(r["checkpoint"], r["weight_version"]) for r in lines} == {(fingerprint, "v1")}
+    view = outcome.summary["servers"][f"http://127.0.0.1:{port}"]
+    if late is NIGHT1:
+        assert served > 0 and "retired" not in view
+    else:
+        assert served == 0 and view["retired"]

@@ -116,7 +116,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 0: null)",
     )
     add("--seed", type=int, default=0, help="seed of completions and fault draws")
-    add("--prefix-cache", type=int, default=0, help="prompts per port whose prefill is cached (default 0: none)")
+    add(
+        "--prefix-cache", type=int, default=0, help="prompt prefixes per port whose prefill is cached (default 0: none)"
+    )
+    add(
+        "--prefix-cache-tokens",
+        type=int,
+        default=0,
+        help="tokens per port of SGLang's radix cache: prefill paid only past a prompt's longest cached prefix "
+        "(default 0: none)",
+    )
     add("--request-log", help="append one JSON line per answered chat request to this file")
     _add_fault_arguments(parser)
     _add_provenance_arguments(parser)
@@ -239,6 +248,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         reasoning_words=args.reasoning_words,
         seed=args.seed,
         prefix_cache=args.prefix_cache,
+        prefix_cache_tokens=args.prefix_cache_tokens,
         request_log=args.request_log,
         dead=args.dead,
         flaky=_by_port(args.flaky, live[0], "--flaky"),
@@ -290,6 +300,9 @@ def _summary(fleet: SimFleet) -> list[str]:
         "hung",
         "max_in_flight",
         "prefills",
+        "prompt_tokens",
+        "cached_tokens",
+        "prefill_tokens",
         "output_tokens",
         "busy_s",
         "model_s",
