@@ -24,7 +24,7 @@ from .claimfeed import ClaimFeed, ClaimTracker, ClaimWriter
 from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, run_shards
 from .config import RunConfig
 from .dispatch import SampleDispatch, thinking_fields
-from .errors import OutputError
+from .errors import EXIT_INCOMPLETE, EXIT_OK, OutputError
 from .fleet import FleetInfo
 from .http import Client, open_transport
 from .locks import refuse_shard_writers
@@ -38,8 +38,6 @@ from .store import repair_all
 from .summary import Outcome, merge_summaries
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner
-
-EXIT_OK, EXIT_INCOMPLETE = 0, 3
 
 
 def claimed(config: RunConfig) -> bool:
