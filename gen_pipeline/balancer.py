@@ -42,16 +42,27 @@ class ServerPool:
 
     def worker_count(self) -> int:
         """Requests the pipeline should keep going at once: every slot and queue margin, plus spares."""
-        slots = sum(s.limit for s in self.servers)
+        slots = self.slots()
         return slots + math.ceil(slots * SPARE_WORKERS)
 
+    def slots(self) -> int:
+        """Requests the fleet takes at once: each server's running slots and queue margin."""
+        return sum(s.limit for s in self.servers)
+
     def pick(
-        self, exclude: frozenset[str] = frozenset(), waiting: bool = False, prefer: str | None = None, size: float = 0
+        self,
+        exclude: frozenset[str] = frozenset(),
+        waiting: bool = False,
+        prefer: str | None = None,
+        size: float = 0,
+        home: bool = False,
     ) -> ServerState | None:
         """The available server with a free running slot that would finish a request first (then the one with
         the shortest queue; ties: least loaded, fewest requests), avoiding `exclude` while any other server is
         healthy and, near the end, servers far slower than the rest of the fleet. `prefer` (the server whose
-        prefix cache holds this prompt) alone while it is in service: a lease waits for a slot there."""
+        prefix cache holds this prompt) alone while it is in service: a lease waits for a slot there. With
+        `home` (a conversation's next turn: `prefer` answered the last and kept room for this one, its home)
+        `prefer` while it is in service and has room counting that home, else another server (a prefill)."""
         now = self.clock()
         # Wait for a busy healthy server rather than go back to one that just failed.
         avoid = exclude if exclude and any(s.url not in exclude and now >= s.down_until for s in self.servers) else ()
@@ -60,12 +71,16 @@ class ServerPool:
         # Once the input is exhausted nothing more is queued: a request kept here takes the first slot to free.
         tail = self.backlog is not None
         candidates = sorted(
-            (s.in_flight >= s.capacity, s.expected_s(latency[s.url]), s.load, s.requests, i)
+            (s.taken() >= s.capacity, s.expected_s(latency[s.url]), s.load, s.requests, i)
             for i, s in enumerate(self.servers)
-            if s.url not in avoid and s.available(now) and not (tail and s.in_flight >= s.capacity)
+            if s.url not in avoid and s.available(now) and not (tail and s.taken() >= s.capacity)
         )
         if (held := self._preferred(prefer, avoid, now)) is not None:  # its prefix cache holds the prompt
-            return held if any(self.servers[i] is held for *_, i in candidates) else None  # else wait for it
+            if home:
+                if held.available(now, own_home=True) and not (tail and held.taken(own_home=True) >= held.capacity):
+                    return held
+            else:
+                return held if any(self.servers[i] is held for *_, i in candidates) else None  # else wait for it
         for *_, i in candidates:
             server = self.servers[i]
             if not tail or not self._too_late(server, latency, now, waiting, size):
@@ -125,7 +140,9 @@ class ServerPool:
     async def _wait_for_server(self, lease: Lease) -> ServerState:
         # No await between the pick and taking the slot: no other task can take it in between. A lease
         # queues behind waiting ones rather than jump them (in the tail the longest of them goes first).
-        server = None if self._queue else self.pick(lease.exclude, prefer=lease.prefer, size=lease.size)
+        server = (
+            None if self._queue else self.pick(lease.exclude, prefer=lease.prefer, size=lease.size, home=lease.home)
+        )
         if server is None:
             return await self._wait(lease)
         self._take(lease, server)
@@ -140,6 +157,9 @@ class ServerPool:
         server.in_flight += 1
         server.requests += 1
         server.last_sent = now
+        if lease.home:  # its home's room is used, or left for another server
+            lease.home = False
+            self.unhome(lease.prefer, hand_out=False)
         lease.trial = server.trial
         server.trial_in_flight += lease.trial
         lease.server = server
@@ -180,7 +200,8 @@ class ServerPool:
         """Give free slots to queued leases: the oldest first or, once the input is exhausted, the longest (its
         expected size) that may still start, so the run does not end waiting on a long request started last."""
         now = self.clock()
-        free = sum(max(0, s.limit - s.in_flight) for s in self.servers if s.available(now))
+        # room kept for conversations' next turns counts: their leases may be the ones waiting
+        free = sum(max(0, s.limit - s.in_flight) for s in self.servers if s.available(now, own_home=True))
         if not self._queue or not free:
             return
         if self.backlog is None:
@@ -216,7 +237,7 @@ class ServerPool:
         """Give `lease` the best free slot if one may take it now: 1 if given, else 0."""
         if lease.granted is None or lease.granted.done():
             return 0
-        server = self.pick(lease.exclude, waiting=True, prefer=lease.prefer, size=lease.size)
+        server = self.pick(lease.exclude, waiting=True, prefer=lease.prefer, size=lease.size, home=lease.home)
         if server is None:
             return 0
         self._queue.remove(lease)
@@ -224,14 +245,30 @@ class ServerPool:
         lease.granted.set_result(server)
         return 1
 
-    def lease(self, exclude: frozenset[str] = frozenset(), prefer: str | None = None, size: float = 0.0) -> Lease:
+    def lease(
+        self,
+        exclude: frozenset[str] = frozenset(),
+        prefer: str | None = None,
+        size: float = 0.0,
+        home: bool = False,
+        keep: bool = False,
+    ) -> Lease:
         """Hold one slot on the best server for the duration of one request: `async with pool.lease()`.
         `size`: the request's expected work (its max_tokens), which orders waiting leases in the tail."""
-        return Lease(self, exclude, prefer, size)
+        return Lease(self, exclude, prefer, size, home, keep)
 
-    def _free(self, lease: Lease, server: ServerState) -> None:
-        """Return a lease's slot and hand it on."""
+    def unhome(self, url: str | None, hand_out: bool = True) -> None:
+        """A conversation's next turn will not use the room its last turn's server kept for it."""
+        for server in self.servers:
+            if server.url == url and server.homes > 0:
+                server.homes -= 1
+                if hand_out:
+                    self._hand_out()
+
+    def _free(self, lease: Lease, server: ServerState, keep: bool = False) -> None:
+        """Return a lease's slot and hand it on (`keep`: room stays for the conversation's next turn)."""
         server.in_flight -= 1
+        server.homes += keep
         server.trial_in_flight -= lease.trial
         self._hand_out()
 
@@ -332,12 +369,20 @@ class ServerPool:
 class Lease:
     """One slot on one server, from `async with` to its end; cancellation cannot leak it."""
 
-    __slots__ = ("exclude", "granted", "pool", "prefer", "server", "size", "started", "trial")
+    __slots__ = ("exclude", "granted", "home", "keep", "pool", "prefer", "server", "size", "started", "trial")
 
-    def __init__(self, pool: ServerPool, exclude: frozenset[str], prefer: str | None = None, size: float = 0.0) -> None:
+    def __init__(
+        self,
+        pool: ServerPool,
+        exclude: frozenset[str],
+        prefer: str | None = None,
+        size: float = 0.0,
+        home: bool = False,
+        keep: bool = False,
+    ) -> None:
         self.pool = pool
         self.exclude = exclude
-        self.prefer = prefer
+        self.prefer, self.home, self.keep = prefer, home, keep  # ServerPool.pick, ServerPool.unhome
         self.size = size
         self.server: ServerState | None = None
         self.started: float | None = None  # the pool's clock when the slot was taken
@@ -349,4 +394,4 @@ class Lease:
 
     async def __aexit__(self, *exc: object) -> None:
         if self.server is not None:
-            self.pool._free(self, self.server)
+            self.pool._free(self, self.server, keep=self.keep and exc[0] is None)

@@ -15,6 +15,7 @@ import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
+from .balancer import ServerPool
 from .dispatch import SampleDispatch, Sent
 from .reader import conversation
 from .recorder import Recorder
@@ -24,6 +25,8 @@ from .samples import place_key
 from .tokens import TokenCounter
 from .tokens.budget import dispatch_budget
 from .turns import answer_turn, turn_request
+
+AFFINITY = True  # a next turn prefers the server that answered the last (bench/turns.py measures it off)
 
 End = Literal["complete", "ended", "waiting", "stopped"]  # ended: a permanent failure; waiting: a transient one
 
@@ -38,6 +41,27 @@ class TurnDispatch:
         self.counter, self.recorder, self.stopping = counter, recorder, stopping
         self.stats = recorder.stats
         self._count_thread = ThreadPoolExecutor(1, thread_name_prefix="turns-count")
+        self.owed = 0  # turns still to send of the conversations read: the run's backlog
+        self._tail, self._tail_at = asyncio.Event(), -1  # set once the backlog fits the fleet (until_tail)
+
+    def owe(self, prompt: Prompt) -> None:
+        """A prompt was read: its conversations' turns still to send join the backlog."""
+        turns = len(prompt.turns or ())
+        self.owed += sum(turns - prompt.resume.get(s, (0, []))[0] for s in prompt.pending)
+
+    async def until_tail(self, pool: ServerPool) -> None:
+        """Once the input is read, wait until the turns left fit the fleet at once, then begin the tail (the
+        balancer then keeps requests off busy servers: ServerPool.backlog)."""
+        self._tail_at = pool.slots()
+        self._pay(0)
+        await self._tail.wait()
+        pool.backlog = lambda: self.owed
+
+    def _pay(self, turns: int) -> None:
+        """`turns` of the backlog were sent or will not be."""
+        self.owed -= turns
+        if self.owed <= self._tail_at:
+            self._tail.set()
 
     def close(self) -> None:
         self._count_thread.shutdown(wait=False, cancel_futures=True)
@@ -53,17 +77,26 @@ class TurnDispatch:
     async def _conversation(self, prompt: Prompt, sample: int) -> End:
         assert prompt.turns is not None
         start, history = prompt.resume.get(sample, (0, []))
-        server: str | None = None
-        for turn in range(start, len(prompt.turns)):
-            if self.stopping.is_set():
-                return "stopped"  # not sent: the next run goes on here
-            request = await self._counted(prompt, turn_request(history, prompt.turns[turn]), turn)
-            answer = await self._ask(request, prompt, sample, turn, server)
-            if isinstance(answer, str):
-                return self._ended(answer, turn)
-            history, server = answer
-        self.stats.conversations["complete"] += 1
-        return "complete"
+        left = len(prompt.turns) - start
+        home: str | None = None  # the server keeping room for the next turn (it answered the last)
+        try:
+            for turn in range(start, len(prompt.turns)):
+                if self.stopping.is_set():
+                    return "stopped"  # not sent: the next run goes on here
+                request = await self._counted(prompt, turn_request(history, prompt.turns[turn]), turn)
+                keep = AFFINITY and turn + 1 < len(prompt.turns)
+                answer = await self._ask(request, prompt, sample, turn, (home, keep))
+                home = None  # used by this turn, or given back (_ask)
+                self._pay(1)
+                left -= 1
+                if isinstance(answer, str):
+                    return self._ended(answer, turn)
+                history, home = answer
+            self.stats.conversations["complete"] += 1
+            return "complete"
+        finally:
+            self._pay(left)  # the turns it will not send
+            self.path.pool.unhome(home)
 
     def _ended(self, end: End, turn: int) -> End:
         if end == "ended":
@@ -85,11 +118,15 @@ class TurnDispatch:
         return request
 
     async def _ask(
-        self, request: Prompt | str, prompt: Prompt, sample: int, turn: int, server: str | None
-    ) -> tuple[Messages, str] | End:
-        """Send one turn and write its answer: the history with it and the server that gave it; or how the
-        conversation stops here (its ledger entry written)."""
+        self, request: Prompt | str, prompt: Prompt, sample: int, turn: int, place: tuple[str | None, bool]
+    ) -> tuple[Messages, str | None] | End:
+        """Send one turn and write its answer: the history with it and the server that keeps room for the next
+        turn, if any; or how the conversation stops here (its ledger entry written). `place`: the server that
+        keeps room for this turn (its home, given back here when not used), and whether to keep room for the
+        next on the server that answers."""
+        home, keep = place
         if isinstance(request, str):
+            self.path.pool.unhome(home)
             detail = f"turn {turn} cannot be rendered: {request}"
             return self._fail(Failure(prompt.id, prompt.line, "bad_input", detail), sample, turn)
         path = self.path
@@ -102,11 +139,14 @@ class TurnDispatch:
             request.at_least,
         )
         if isinstance(budget, str):
+            self.path.pool.unhome(home)
             detail = f"turn {turn}: {budget}; the conversation ends after turn {turn - 1}"
             over = Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=request.input_tokens)
             return self._fail(over, sample, turn)
-        track = Track(prefer=server)
+        track = Track(prefer=home, home=home is not None, keep=keep)
         answer = await path.send(request, budget, self.dispatch.turn_fields(prompt, sample, turn), track)
+        if track.home:  # never given a slot
+            self.path.pool.unhome(home)
         if isinstance(answer, Failure):
             return self._fail(answer, sample, turn)
         result, sent_budget = answer
@@ -116,7 +156,10 @@ class TurnDispatch:
         outcome = Sent([done])
         outcome.count(result)
         self.recorder.sent(request, outcome)
-        return [*request.messages, answer_turn(result.content, result.reasoning_content)], track.server
+        return [
+            *request.messages,
+            answer_turn(result.content, result.reasoning_content),
+        ], track.server if keep else None
 
     def _fail(self, failure: Failure, sample: int, turn: int) -> End:
         self.recorder.failure(dataclasses.replace(failure, sample=sample, turn=turn))

@@ -148,15 +148,20 @@ class Runner:
                     if isinstance(item, Prompt):
                         self.stats.read += 1
                         self.undispatched += 1
+                        if self.turns is not None:
+                            self.turns.owe(item)
                         await queue.put(item)
                     else:
                         self.recorder.unsent(item)
                 self.tracker.sealed(record)
                 if not batch:
                     break
-        self.pool.backlog = lambda: self.undispatched  # the input is exhausted: the tail begins
+        if self.turns is None:
+            self.pool.backlog = lambda: self.undispatched  # the input is exhausted: the tail begins
         for _ in range(workers):
             await queue.put(None)
+        if self.turns is not None:  # conversations read are far from done: the tail begins with their last turns
+            await self.turns.until_tail(self.pool)
 
     def _budget(self, p: Prompt) -> int | None:
         path = self.path

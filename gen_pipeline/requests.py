@@ -106,6 +106,8 @@ class Track:
     server: str = ""
     latency: float = 0.0
     prefer: str | None = None  # the server to use when it has a free slot (its prefix cache holds the prompt)
+    home: bool = False  # `prefer` kept room for this request (a conversation's next turn: ServerPool.pick)
+    keep: bool = False  # on success, the server keeps room for the conversation's next turn
     refused: int = 0  # attempts whose 200 check_answer refused
     checkpoint: str | None = None  # the fingerprint of the identity of the server that answered
     weight_version: str | None = None  # the weight_version its answer reported
@@ -205,8 +207,9 @@ class RequestPath:
 
     async def _on_server(self, payload: dict[str, Any], track: Track) -> ChatResult:
         timeout = self.config.timeout_for(payload["max_tokens"])
-        lease = self.pool.lease(track.exclude, track.prefer, payload["max_tokens"])
+        lease = self.pool.lease(track.exclude, track.prefer, payload["max_tokens"], track.home, track.keep)
         async with lease as server:
+            track.home = False  # the room kept for it is taken or given back (ServerPool._take)
             track.attempts += 1
             track.server = server.url
             self.stats.requests += 1

@@ -21,6 +21,7 @@ class ServerState:
     margin: int = 0  # requests in flight beyond `capacity`, queued at the server
     capacity_source: str = "default"  # where `capacity` came from (capacity.SOURCES)
     in_flight: int = 0
+    homes: int = 0  # conversations between two turns whose next turn this server keeps room for (--turns all)
     trial_in_flight: int = 0
     requests: int = 0  # requests the server received (refused connections are not counted)
     completions: int = 0
@@ -56,11 +57,16 @@ class ServerState:
     def load(self) -> float:
         return self.in_flight / self.capacity
 
-    def available(self, now: float) -> bool:
-        """Whether this server may take one more request now."""
+    def taken(self, own_home: bool = False) -> int:
+        """Its places in use: requests in flight, and the room kept for conversations' next turns (less the
+        asker's own)."""
+        return self.in_flight + self.homes - (own_home and self.homes > 0)
+
+    def available(self, now: float, own_home: bool = False) -> bool:
+        """Whether this server may take one more request now (`own_home`: one that has room kept here)."""
         if now < self.down_until or health.stalled(self.in_flight, now - self.quiet_since, self.slowest_s):
             return False
-        return self.in_flight < self.limit and not (self.trial and self.trial_in_flight >= 1)
+        return self.taken(own_home) < self.limit and not (self.trial and self.trial_in_flight >= 1)
 
     def expected_s(self, latency: float) -> float:
         """Seconds until one more request sent now would complete, behind the ones queued there."""

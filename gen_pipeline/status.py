@@ -23,7 +23,8 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
           "failures": {"timeout": 1}  # by ledger reason
         }
       },
-      "last_error": {"timeout": "http://10.0.0.1:30003: request timed out"}   # newest text per reason
+      "last_error": {"timeout": "http://10.0.0.1:30003: request timed out"},  # newest text per reason
+      "alerts": ["stalled: no completion for 12m 00s"]   # what alerts.py flags now (none: [])
     }
 
 `gen-pipeline status DIR` prints it. Whether the process still runs is read from its lock: a status.json

@@ -127,3 +127,20 @@ def test_claimers_bench_runs_end_to_end_and_checks_every_key(tmp_path):
     assert sum(line.startswith("  claimer ") for line in lines) == 3
     assert any("median claimer's last row to the run's end" in line for line in lines)
     assert sum("0 lost, 0 twice" in line for line in lines) == 3
+
+
+def test_turns_bench_runs_end_to_end_and_checks_every_turn(tmp_path):
+    """bench/turns.py on a few conversations: every client answers every turn once, and the goal line is
+    judged (the figures are the benchmark's business at this size)."""
+    argv = [sys.executable, str(BENCH / "turns.py"), "--conversations", "24", "--ports", "2", "--max-running", "4",
+            "--token-latency", "0.002", "--prompt-token-latency", "0.00002"]  # fmt: skip
+    done = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    lines = done.stdout.splitlines()
+    turns = int(lines[0].split(" conversations, ")[1].split()[0])
+    rows = [line.split() for line in lines if line.startswith(("gen-pipeline", "pinned"))]
+    assert len(rows) == 3
+    for row in rows:
+        numbers = [x for x in row if x.replace(",", "").replace(".", "").replace("%", "").isdigit()]
+        assert int(numbers[0]) == turns and numbers[1] == "0", row  # every turn answered, none twice
+    assert any(line.startswith("goal: prefill <= 1.1x best") for line in lines)

@@ -240,3 +240,74 @@ def test_prepare_keep_turns_keeps_the_system_and_user_turns_and_dedups_on_them(t
     again = tmp_path / "again.jsonl"
     assert main(["prepare", "--input", str(src), "--out", str(again), "--keep-turns", "--exclude", str(run)]) == 0
     assert read_jsonl(again) == []
+
+
+def test_a_server_keeps_room_for_a_conversations_next_turn():
+    """A turn answered with `keep` leaves its place to the conversation's next turn: other requests see the
+    server full, the next turn gets it (and goes elsewhere only when that server is out); given back, the
+    place is anyone's."""
+    from gen_pipeline.balancer import ServerPool, ServerState
+
+    pool = ServerPool([ServerState("a", 1), ServerState("b", 1)], lambda: 100.0)
+    a, b = pool.servers
+
+    async def scenario() -> None:
+        async with pool.lease(prefer=None, keep=True) as server:
+            assert server is a
+        assert (a.in_flight, a.homes) == (0, 1)
+        assert pool.pick() is b  # a's place is kept
+        b.in_flight = 1
+        assert pool.pick() is None
+        assert pool.pick(prefer="a", home=True) is a  # the next turn takes it
+        async with pool.lease(prefer="a", home=True) as server:
+            assert server is a and a.homes == 0
+        b.in_flight = 0
+        async with pool.lease(prefer=None, keep=True) as server:
+            kept = server
+        a.down_until = 200.0 if kept is a else a.down_until
+        b.down_until = 200.0 if kept is b else b.down_until
+        other = b if kept is a else a
+        assert pool.pick(prefer=kept.url, home=True) is other  # out of service: elsewhere, the prefill paid
+        pool.unhome(kept.url)
+        assert kept.homes == 0
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_the_simulators_cache_holds_a_conversation_up_to_the_answer_it_gave(write_jsonl, tmp_path):
+    """With a prefix cache, each turn after the first is served up to the previous turn's prompt and answer
+    (cached_tokens); with affinity every turn pays only its new tokens."""
+    rows = conversation_rows(8)
+    out = tmp_path / "out"
+    outcome, fleet = run_sim(write_jsonl(rows), out, sim={"n_ports": 3, "prefix_cache": 1000}, turns="all")
+    assert outcome.exit_code == 0
+    lines = {(r["id"], r["turn"]): r for r in read_jsonl(out / "completions.jsonl")}
+    best = sum(
+        r["prompt_tokens"]
+        - (0 if t == 0 else lines[(i, t - 1)]["prompt_tokens"] + lines[(i, t - 1)]["completion_tokens"])
+        for (i, t), r in lines.items()
+    )
+    stats = fleet.stats.values()
+    paid = sum(s.prompt_tokens - s.cached_tokens for s in stats)
+    assert paid == best < sum(s.prompt_tokens for s in stats)
+
+
+def test_a_next_turn_waiting_behind_others_gets_the_room_kept_for_it():
+    """Leases queued before it (new conversations) cannot take a kept place, and do not hold the next turn
+    back: it is handed the place its server kept (a full fleet deadlocked here)."""
+    from gen_pipeline.balancer import ServerPool, ServerState
+
+    pool = ServerPool([ServerState("a", 1)], lambda: 100.0)
+
+    async def scenario() -> None:
+        async with pool.lease(keep=True):
+            pass
+        newcomer = asyncio.create_task(pool.lease().__aenter__())
+        await asyncio.sleep(0)
+        assert not newcomer.done()  # the place is kept
+        lease = pool.lease(prefer="a", home=True)
+        assert await asyncio.wait_for(lease.__aenter__(), 1) is pool.servers[0]
+        await lease.__aexit__(None, None, None)
+        assert await asyncio.wait_for(newcomer, 1) is pool.servers[0]
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))

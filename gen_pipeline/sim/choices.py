@@ -81,24 +81,57 @@ def chat_choices(req: sglang.GenRequest, choices: list[Choice], prompt_tokens: i
 
 
 class PrefixCache:
-    """The prompts whose prefill a port holds (SGLang's radix cache, by whole prompt): LRU of `size`."""
+    """The conversation prefixes whose KV a port holds (SGLang's radix cache, by whole messages): an LRU of
+    `size` entries, each a prefix of a request's messages (or of its messages and the answer it got) with
+    its token count. A request is served the longest prefix held: a repeated prompt in full, the next
+    turn of a conversation up to the answer this port gave to the turn before."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._keys: OrderedDict[bytes, None] = OrderedDict()
+        self._tokens: OrderedDict[bytes, int] = OrderedDict()
 
-    def hit(self, key: bytes) -> bool:
-        """Whether `key`'s prefill is cached; it is afterwards (the least recent one leaves)."""
+    def lookup(self, messages: list[Any], prompt_tokens: int) -> int:
+        """The prompt tokens of `messages` the cache holds; the whole prompt is held afterwards."""
         if self.size <= 0:
-            return False
-        digest = hashlib.blake2b(key, digest_size=16).digest()
-        if digest in self._keys:
-            self._keys.move_to_end(digest)
-            return True
-        self._keys[digest] = None
-        if len(self._keys) > self.size:
-            self._keys.popitem(last=False)
-        return False
+            return 0
+        chain = _chain(messages)
+        found = 0
+        for digest in reversed(chain):
+            if digest in self._tokens:
+                self._tokens.move_to_end(digest)
+                found = self._tokens[digest]
+                break
+        self._put(chain[-1], prompt_tokens)
+        return min(found, prompt_tokens)
+
+    def answered(self, messages: list[Any], answer: dict[str, Any], tokens: int) -> None:
+        """The port generated `answer` to `messages`: that prefix (of `tokens`, prompt and answer) is held."""
+        if self.size > 0:
+            self._put(_chain([*messages, answer])[-1], tokens)
+
+    def _put(self, digest: bytes, tokens: int) -> None:
+        self._tokens[digest] = tokens
+        self._tokens.move_to_end(digest)
+        if len(self._tokens) > self.size:
+            self._tokens.popitem(last=False)
+
+
+def _chain(messages: list[Any]) -> list[bytes]:
+    """A digest of each prefix of `messages` (role, content and reasoning_content: what a turn renders)."""
+    chain, h = [], b""
+    for m in messages:
+        turn = {k: m.get(k) for k in ("role", "content", "reasoning_content") if m.get(k) is not None}
+        h = hashlib.blake2b(h + orjson.dumps(turn, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+        chain.append(h)
+    return chain
+
+
+def answer_message(choice: Choice) -> dict[str, Any]:
+    """The assistant turn a client puts in its next request for this choice."""
+    turn: dict[str, Any] = {"role": "assistant", "content": choice.answer.text}
+    if choice.thought is not None:
+        turn["reasoning_content"] = choice.thought.text
+    return turn
 
 
 class RequestLog:

@@ -116,7 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 0: null)",
     )
     add("--seed", type=int, default=0, help="seed of completions and fault draws")
-    add("--prefix-cache", type=int, default=0, help="prompts per port whose prefill is cached (default 0: none)")
+    add(
+        "--prefix-cache", type=int, default=0, help="prompt prefixes per port whose prefill is cached (default 0: none)"
+    )
     add("--request-log", help="append one JSON line per answered chat request to this file")
     _add_fault_arguments(parser)
     _add_provenance_arguments(parser)
@@ -290,6 +292,8 @@ def _summary(fleet: SimFleet) -> list[str]:
         "hung",
         "max_in_flight",
         "prefills",
+        "prompt_tokens",
+        "cached_tokens",
         "output_tokens",
         "busy_s",
         "model_s",

@@ -59,8 +59,10 @@ class SimConfig:
     (capped by a request's `thinking_budget`), so a small budget ends "length" with empty content.
     Samples: a request's `n` and `seed` are honoured (each choice derived from the prompt, seed and its
     index; `ignore_sampling`: not, every choice is the prompt's one answer, as a server ignoring seed and
-    sampling gives); the last `prefix_cache` prompts of a port skip `prefill_latency`; `request_log` is a file
-    that gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts).
+    sampling gives); a port's prefix cache holds `prefix_cache` conversation prefixes (a repeated prompt,
+    or a conversation up to the answer the port gave it: choices.PrefixCache), whose tokens skip the
+    prefill and are reported as usage.prompt_tokens_details.cached_tokens; `request_log` is a file that
+    gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts, messages).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
     `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `bad_gateway`
     {port: p} answers a fraction p with an instant 502 (before any work, as a proxy in front would); `slow`

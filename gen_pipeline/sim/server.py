@@ -247,16 +247,21 @@ class PortServer:
             choices.generate_choice(self._choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
             for i in range(n)
         ]
-        cached = self.cache.hit(key)
+        held = self.cache.lookup(req.messages or [], prompt_tokens)
+        cached = held >= prompt_tokens
         self.stats.prefills += not cached
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.cached_tokens += held
         async with self.scheduler.slot():  # the n choices decode side by side, after one prefill
             longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
-            await self.scheduler.decode(longest, prompt_tokens, prefill=not cached, produced=produced)
+            await self.scheduler.decode(longest, prompt_tokens - held, prefill=not cached, produced=produced)
+        for c in made:
+            self.cache.answered(req.messages or [], choices.answer_message(c), prompt_tokens + c.tokens)
         self.log.write(self.port, key, payload, cached, made)
         body = choices.chat_choices(req, made, prompt_tokens)
         if self.cfg.cache_report or self.cfg.prefix_cache:  # as SGLang with --enable-cache-report: all but
             # the last token of a cached prompt come from the cache
-            body["usage"]["prompt_tokens_details"] = {"cached_tokens": prompt_tokens - 1 if cached else 0}
+            body["usage"]["prompt_tokens_details"] = {"cached_tokens": min(held, prompt_tokens - 1)}
         return body
 
     def _misconfigured(self, payload: dict[str, Any], chat: bool) -> None:
