@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .alerts import progress_text
 from .cost import cost_lines
 from .display import Progress
 from .errors import EXIT_OUTAGE
@@ -284,9 +285,7 @@ async def watch_run(runner: Any) -> None:
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
             tail = runner.pool.backlog is not None  # the input is read: slow servers are left idle on purpose
             runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock(), tail)
-            if runner.alerts:
-                more = f" (+{len(runner.alerts) - 1} more: gen-pipeline status)" if len(runner.alerts) > 1 else ""
-                extra += f" | ALERT: {runner.alerts[0]}{more}"
+            extra += progress_text(runner.alerts)
             show(progress, runner.stats, extra)
             if outage > runner.config.outage_timeout:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
