@@ -54,6 +54,7 @@ class RunStats:
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
     started: float = -1.0  # clock() at creation unless given
     read: int = 0
+    undispatched: int = 0  # prompts read and queued, not yet taken by a Runner worker
     completed: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
@@ -278,7 +279,7 @@ async def watch_run(runner: Any) -> None:
             if time.monotonic() - last_status >= STATUS_INTERVAL:
                 last_status = time.monotonic()
                 runner.write_status("stopping" if runner.stopping.is_set() else "running")
-            if runner.keeper is not None and runner.keeper.due():
+            if runner.cursor is not None and runner.cursor.due():
                 runner.save_cursor()
             outage = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
