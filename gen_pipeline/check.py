@@ -39,7 +39,7 @@ import orjson
 from .checkfleet import Findings, ServerCheck, check_server, fleet_findings, fleet_info, server_line
 from .cli import add_run_flags, config_from_args
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
-from .errors import ConfigError, RequestError
+from .errors import EXIT_ERROR, EXIT_OK, ConfigError, RequestError
 from .findings import drift_problem
 from .http import Client, open_transport
 from .inputfile import check_input
@@ -59,8 +59,7 @@ from .tokens.conversation import shapes
 
 log = logging.getLogger("gen_pipeline")
 
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
+EXIT_PROBLEMS = EXIT_ERROR  # a PROBLEM found: generate would refuse this fleet too
 PROBE_ROWS = 3  # probe prompts per server
 
 
