@@ -43,6 +43,14 @@ def run_command(command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
+def progress_text(alerts: list[str]) -> str:
+    """What the progress line adds: the first alert and how many more `status` shows ("" for none)."""
+    if not alerts:
+        return ""
+    more = f" (+{len(alerts) - 1} more: gen-pipeline status)" if len(alerts) > 1 else ""
+    return f" | ALERT: {alerts[0]}{more}"
+
+
 class Watch:
     """The run's alerts, judged at each `check`; runs --on-stall's command once per stall."""
 

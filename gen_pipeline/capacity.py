@@ -49,6 +49,16 @@ def server_capacity(config: RunConfig, info: ServerInfo | None) -> Capacity:
     return Capacity(DEFAULT_CONCURRENCY, "default")
 
 
+def guess_warning(guessed: list[str]) -> str | None:
+    """The warning naming the servers whose capacity is the default (None: there are none)."""
+    if not guessed:
+        return None
+    return (
+        f"{len(guessed)} server(s) report no running slots and no KV pool: {DEFAULT_CONCURRENCY} requests in flight "
+        f"each is a guess (--concurrency sets it): {', '.join(guessed)}"
+    )
+
+
 def pool_requests(pool_tokens: int | None, max_tokens: int) -> int | None:
     """How many requests of `max_tokens` a KV pool of `pool_tokens` admits at once (None: unknown pool)."""
     if pool_tokens is None:

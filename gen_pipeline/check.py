@@ -31,29 +31,26 @@ import argparse
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from .capacity import server_capacity
+from .checkfleet import Findings, ServerCheck, check_server, fleet_findings, fleet_info, server_line
 from .cli import add_run_flags, config_from_args
-from .config import DEFAULT_CONCURRENCY, DEFAULT_SAFETY_MARGIN, RunConfig
-from .errors import ConfigError, RequestError
+from .config import DEFAULT_SAFETY_MARGIN, RunConfig
+from .errors import EXIT_ERROR, EXIT_OK, ConfigError, RequestError
 from .findings import drift_problem
-from .fleet import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
 from .http import Client, open_transport
 from .inputfile import check_input
 from .oversize import SizeFloor
 from .plan import budget_plan, plan_findings, plan_lines
 from .progress import RunStats
-from .provenance import checkpoint_change, fleet_warnings, identity_records, seed_warning, server_lines
+from .provenance import checkpoint_change, identity_records, server_lines
 from .reader import conversation, first_lines, shaped
 from .records import Prompt
 from .requests import request_body
-from .runtime import open_file_limit
-from .setup import counting_kind, fit_open_files, manifest_for, resolve
+from .setup import counting_kind, manifest_for, resolve
 from .source import PromptSource
 from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
 from .tokens import TokenCounter, load_counter
@@ -62,101 +59,8 @@ from .tokens.conversation import shapes
 
 log = logging.getLogger("gen_pipeline")
 
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
+EXIT_PROBLEMS = EXIT_ERROR  # a PROBLEM found: generate would refuse this fleet too
 PROBE_ROWS = 3  # probe prompts per server
-
-
-@dataclass
-class ServerCheck:
-    """One server as the preflight found it."""
-
-    url: str
-    info: ServerInfo | None = None
-    healthy: bool = False
-    error: str | None = None
-
-    def view(self, config: RunConfig) -> dict[str, Any]:
-        i = self.info
-        capacity = server_capacity(config, i)
-        return {
-            "url": self.url,
-            "up": i is not None,
-            "healthy": self.healthy,
-            "model": i.model if i else None,
-            "version": i.version if i else None,
-            "context_length": i.context_length if i else None,
-            "max_req_input_len": i.max_req_input_len if i else None,
-            "max_total_num_tokens": i.max_total_num_tokens if i else None,
-            "max_running_requests": i.max_running_requests if i else None,
-            "capacity": config.capacity_for(capacity.requests) if i else None,
-            "capacity_source": capacity.source if i else None,
-            "checkpoint": i.identity.fingerprint if i and i.identity else None,
-            "error": self.error,
-        }
-
-
-@dataclass
-class Findings:
-    """What the preflight concluded: problems fail the check, warnings do not."""
-
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-# fleet
-
-
-async def _check_server(client: Client, url: str) -> ServerCheck:
-    try:
-        info = await probe(client, url)
-    except RequestError as exc:
-        return ServerCheck(url, error=str(exc))
-    try:
-        await client.get_json(url, "/health", DISCOVERY_TIMEOUT)
-    except RequestError as exc:
-        return ServerCheck(url, info, error=f"/health: {exc}")
-    return ServerCheck(url, info, healthy=True)
-
-
-def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings) -> None:
-    """Servers down or unhealthy, and disagreement on model, context or capacity."""
-    down = [f"{c.url} ({c.error})" for c in checks if c.info is None]
-    if len(down) == len(checks):
-        found.problems.append(f"no server is up: {'; '.join(down)}")
-        return
-    if down:
-        found.problems.append(f"{len(down)} of {len(checks)} servers down: {'; '.join(down)}")
-    sick = [f"{c.url} ({c.error})" for c in checks if c.info is not None and not c.healthy]
-    if sick:
-        found.problems.append(f"{len(sick)} server(s) answer but are not healthy: {'; '.join(sick)}")
-    found.problems.extend(fleet_info(checks).problems())
-    found.warnings.extend(fleet_warnings(fleet_info(checks).identities()))
-    if (seeded := seed_warning(fleet_info(checks).identities(), config.sampling)) is not None:
-        found.warnings.append(seeded)
-    running = fleet_info(checks).spread("max_running_requests")
-    if len(running) > 1:
-        found.warnings.append(f"servers report different max_running_requests: {running}")
-    wanted = {c.url: config.capacity_for(server_capacity(config, c.info).requests) for c in checks if c.info}
-    guessed = [c.url for c in checks if c.info is not None and server_capacity(config, c.info).source == "default"]
-    if guessed:
-        found.warnings.append(
-            f"{len(guessed)} server(s) report no running slots and no KV pool: their capacity "
-            f"{DEFAULT_CONCURRENCY} is a guess (--concurrency sets it): {', '.join(guessed)}"
-        )
-    if (warning := fit_open_files(wanted, open_file_limit())[1]) is not None:
-        found.warnings.append(warning)
-    if config.concurrency and running and config.concurrency < min(map(int, running)):
-        found.warnings.append(
-            f"--concurrency {config.concurrency} is below the servers' max_running_requests "
-            f"({min(map(int, running))}): they will have idle slots"
-        )
-
-
-def fleet_info(checks: list[ServerCheck]) -> FleetInfo:
-    """The checks as the FleetInfo generate's `resolve` reads."""
-    up = [c.info for c in checks if c.info is not None]
-    return FleetInfo(servers=up, down=[c.url for c in checks if c.info is None])
 
 
 # tokenizer agreement
@@ -266,7 +170,7 @@ async def _fleet_and_probes(
 ) -> tuple[TokenCounter, str, int, list[ServerCheck]] | None:
     async with open_transport(config.api_key, auth=config.server_auth) as transport:
         client = Client(transport)
-        checks = await asyncio.gather(*(_check_server(client, u) for u in config.servers))
+        checks = await asyncio.gather(*(check_server(client, u) for u in config.servers))
         report["fleet"] = [c.view(config) for c in checks]
         report["provenance"] = identity_records(fleet_info(checks).identities())
         fleet_findings(checks, config, found)
@@ -319,22 +223,6 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
 # rendering and the command
 
 
-def _server_line(s: dict[str, Any]) -> str:
-    if not s["up"]:
-        return f"  {s['url']}  DOWN  {s['error']}"
-    health = "healthy" if s["healthy"] else f"UNHEALTHY ({s['error']})"
-    limits = f"context {s['context_length']}"
-    if s.get("max_req_input_len") is not None:
-        limits += f" (inputs under {s['max_req_input_len']})"
-    if s.get("max_total_num_tokens") is not None:
-        limits += f"  KV pool {s['max_total_num_tokens']} tokens"
-    version = f" {s['version']}" if s.get("version") else ""
-    return (
-        f"  {s['url']}  {health}  model {s['model']}{version}  {limits}  max_running {s['max_running_requests']}  "
-        f"capacity {s['capacity']} ({s.get('capacity_source')})"
-    )
-
-
 def _tokenizer_lines(report: dict[str, Any]) -> list[str]:
     view = report.get("tokenizer")
     if view is None:
@@ -348,7 +236,7 @@ def render_check(report: dict[str, Any]) -> str:
     """The report as readable lines."""
     up = sum(s["up"] for s in report.get("fleet", []))
     lines = [f"fleet: {up} of {len(report.get('fleet', []))} servers up"]
-    lines += [_server_line(s) for s in report.get("fleet", [])]
+    lines += [server_line(s) for s in report.get("fleet", [])]
     lines += server_lines(report.get("provenance", []))
     lines += _tokenizer_lines(report) + plan_lines(report)
     lines += [f"WARNING: {w}" for w in report["warnings"]]

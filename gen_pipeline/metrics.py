@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .config import RunConfig
+from .errors import ConfigError
 from .records import ALL_REASONS
 
 FILE_INTERVAL = 2.0  # seconds between --metrics-file rewrites
@@ -171,7 +172,14 @@ class Exporter:
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.metrics_host, self.config.metrics_port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # the port is taken, or the host is not this machine's
+            await self.runner.cleanup()
+            self.runner = None
+            raise ConfigError(
+                f"--metrics-port {self.config.metrics_port}: cannot listen: {exc.strerror or exc}"
+            ) from exc
 
     def write_file(self) -> None:
         """Replace --metrics-file in one step (write_to_textfile writes a temporary file and renames it)."""

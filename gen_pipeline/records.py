@@ -102,7 +102,9 @@ def parsed_id(raw: bytes) -> RowId | None:
         row = orjson.loads(raw)
     except (orjson.JSONDecodeError, UnicodeDecodeError):
         return None
-    rid = row.get("id", row.get("custom_id")) if isinstance(row, dict) else None  # custom_id: OpenAI Batch
+    if isinstance(row, dict) and "custom_id" in row and "body" in row:  # an OpenAI Batch line (rows.is_batch_line)
+        row = {"id": row["custom_id"]}
+    rid = row.get("id") if isinstance(row, dict) else None
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 

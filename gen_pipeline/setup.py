@@ -14,8 +14,8 @@ import orjson
 from . import cursor
 from ._version import __version__
 from .balancer import ServerPool
-from .capacity import server_capacity
-from .config import DEFAULT_CONCURRENCY, RunConfig
+from .capacity import guess_warning, server_capacity
+from .config import RunConfig
 from .cursor import Resumed
 from .errors import ConfigError, PreflightError
 from .fleet import FleetInfo, discover
@@ -123,11 +123,9 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     if warning is not None:
         fleet.warnings.append(warning)
         log.warning("%s", warning)
-    if guessed := [url for url, c in found.items() if c.source == "default" and url not in fleet.down]:
-        fleet.warnings.append(
-            f"{len(guessed)} server(s) report no running slots and no KV pool: {DEFAULT_CONCURRENCY} requests in "
-            f"flight each is a guess (--concurrency sets it): {', '.join(guessed)}"
-        )
+    guessed = [url for url, c in found.items() if c.source == "default" and url not in fleet.down]
+    if (guess := guess_warning(guessed)) is not None:
+        fleet.warnings.append(guess)
     margin = {url: _margin(config, found[url].reported, c, warning) for url, c in capacities.items()}
     identity = {s.url: s.identity for s in fleet.servers}
     pool = ServerPool(

@@ -91,9 +91,6 @@ async def _run_and_scrape(tmp_path: Path, n: int) -> tuple[list[dict[Any, float]
     return mid, final, outcome, ports
 
 
-# aiohttp 3.14 deprecates the BasicAuth the transport sends URL credentials with (a warning, not an error)
-@pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")
-@pytest.mark.filterwarnings("ignore:The 'auth' parameter is deprecated:DeprecationWarning")
 @pytest.mark.slow
 def test_metrics_port_serves_each_series_with_a_dead_and_a_flaky_server(tmp_path: Path) -> None:
     """Mid-run and at the end every series is there, the dead server is down, the figures are the summary's,
@@ -203,3 +200,27 @@ def test_after_the_run_metrics_wait_only_for_a_scraper_that_is_there(tmp_path: P
     assert exporter.linger_s() == 15.0
     exporter.linger = 0.0  # interrupted
     assert exporter.linger_s() == 0.0
+
+
+def test_a_taken_metrics_port_stops_the_run_in_one_line(tmp_path: Path) -> None:
+    """--metrics-port on a port in use: exit 1 with a line naming the flag, before any request is sent."""
+    import socket
+
+    import procs
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(5)))
+    with socket.socket() as taken, procs.sim_fleet(1) as servers:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = procs.run_generate(
+            inp, tmp_path / "out", servers, "--metrics-port", str(port), "--metrics-host", "127.0.0.1"
+        )
+    assert done.returncode == 1, done.stderr
+    assert f"error: --metrics-port {port}: cannot listen" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert (
+        not (tmp_path / "out" / "completions.jsonl").exists()
+        or not (tmp_path / "out" / "completions.jsonl").read_bytes()
+    )

@@ -43,12 +43,19 @@ def test_a_batch_line_is_the_row_it_asks_for() -> None:
         (batch_line("a", "x", stream=True), "may not ask to stream"),
         (batch_line("a", "x", max_tokens=5, max_completion_tokens=6), "differ"),
         ({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": []}, "body must be an object"),
+        ({**batch_line("a", "x"), "messages": []}, "custom_id, method, url and body only"),
     ],
 )
 def test_a_batch_line_that_is_not_a_chat_request_is_bad_input(line: dict[str, Any], error: str) -> None:
     """Anything but a chat completion request is refused with the reason."""
     with pytest.raises(RowError, match=error):
         parse_row(orjson.dumps(line), 0)
+
+
+def test_a_row_of_ours_with_a_custom_id_field_keeps_it_in_meta() -> None:
+    """Only a line with custom_id and body is a Batch line; a custom_id beside messages is carried as before."""
+    prompt = parse_row(orjson.dumps({"id": 7, "prompt": "hi", "custom_id": "x-1"}), 0)
+    assert prompt.id == 7 and prompt.meta == {"custom_id": "x-1"}
 
 
 def test_a_batch_file_runs_through_generate_and_comes_back_in_the_batch_format(tmp_path: Path) -> None:

@@ -398,3 +398,16 @@ def test_a_server_down_at_start_comes_in_only_with_the_runs_checkpoint(write_jso
         assert served > 0 and "retired" not in view
     else:
         assert served == 0 and view["retired"]
+
+
+def test_export_of_two_checkpoints_conversations_keeps_both(write_jsonl, tmp_path):
+    """--turns all runs of two checkpoints over the same conversations: each conversation once per checkpoint,
+    complete, its turns all from that checkpoint."""
+    from e2e import conversation_rows
+
+    inp = write_jsonl(conversation_rows(3))
+    night(_sim(**NIGHT1), inp, tmp_path / "a", turns="all")
+    night(_sim(**NIGHT2), inp, tmp_path / "b", turns="all")
+    stats, ds = _export([tmp_path / "a", tmp_path / "b"], tmp_path / "ds")
+    assert len(ds) == 6 and stats.conversations == {"complete": 6}
+    assert sorted(Counter(ds["checkpoint"]).values()) == [3, 3]

@@ -125,6 +125,8 @@ def test_check_passes_against_the_real_fleet(servers, tokenizer, write_jsonl, tm
     config = _config(write_jsonl(prompts(20)), tmp_path / "out", servers, tokenizer)
     report = asyncio.run(asyncio.wait_for(run_check(config), 120))
     assert report["ok"], report["problems"]
+    # each server's 8 slots, from /props total_slots: the capacity is the server's, not a default
+    assert all((s["capacity"], s["capacity_source"]) == (8, "reported") for s in report["fleet"]), report["fleet"]
 
 
 # Last: it kills one of the module's servers.

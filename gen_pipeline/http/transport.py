@@ -8,6 +8,7 @@ the body is read up to a cap and no further, and the whole exchange, connecting 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 from collections.abc import Iterator, Mapping
@@ -94,8 +95,9 @@ class AiohttpTransport:
         max_body: int = MAX_RESPONSE_BYTES,
         auth: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
-        # Basic auth by server (from user:password@ in --servers, kept out of the server's name)
-        self.auth = {url: aiohttp.BasicAuth(*cred) for url, cred in (auth or {}).items()}
+        # Basic auth by server (from user:password@ in --servers, kept out of the server's name), as a header:
+        # aiohttp 3.14 deprecates its BasicAuth helper and `auth=` parameter
+        self.auth = {url: basic_auth(*cred) for url, cred in (auth or {}).items()}
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_TIMEOUT)
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if api_key:
@@ -131,8 +133,9 @@ class AiohttpTransport:
         """Send once (no redirect followed) and read the whole answer."""
         headers = JSON_HEADERS if body is not None else None
         auth = self.auth.get(server)
-        request = self.session.request(method, url, data=body, headers=headers, auth=auth, allow_redirects=False)
-        async with request as resp:
+        if auth is not None:
+            headers = {**(headers or {}), "Authorization": auth}
+        async with self.session.request(method, url, data=body, headers=headers, allow_redirects=False) as resp:
             return resp.status, await self._body(resp, server, url), resp.headers
 
     async def _body(self, resp: aiohttp.ClientResponse, server: str, url: str) -> bytes:
@@ -147,6 +150,11 @@ class AiohttpTransport:
                 status=resp.status,
             )
         return raw
+
+
+def basic_auth(login: str, password: str) -> str:
+    """The Authorization header value of HTTP Basic auth (RFC 7617, UTF-8)."""
+    return "Basic " + base64.b64encode(f"{login}:{password}".encode()).decode("ascii")
 
 
 def open_transport(

@@ -119,6 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--prefix-cache", type=int, default=0, help="prompt prefixes per port whose prefill is cached (default 0: none)"
     )
+    add(
+        "--prefix-cache-tokens",
+        type=int,
+        default=0,
+        help="tokens per port of SGLang's radix cache: prefill paid only past a prompt's longest cached prefix "
+        "(default 0: none)",
+    )
     add("--request-log", help="append one JSON line per answered chat request to this file")
     _add_fault_arguments(parser)
     _add_provenance_arguments(parser)
@@ -241,6 +248,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         reasoning_words=args.reasoning_words,
         seed=args.seed,
         prefix_cache=args.prefix_cache,
+        prefix_cache_tokens=args.prefix_cache_tokens,
         request_log=args.request_log,
         dead=args.dead,
         flaky=_by_port(args.flaky, live[0], "--flaky"),
@@ -294,6 +302,7 @@ def _summary(fleet: SimFleet) -> list[str]:
         "prefills",
         "prompt_tokens",
         "cached_tokens",
+        "prefill_tokens",
         "output_tokens",
         "busy_s",
         "model_s",

@@ -61,7 +61,10 @@ class SimConfig:
     index; `ignore_sampling`: not, every choice is the prompt's one answer, as a server ignoring seed and
     sampling gives); a port's prefix cache holds `prefix_cache` conversation prefixes (a repeated prompt,
     or a conversation up to the answer the port gave it: choices.PrefixCache), whose tokens skip the
-    prefill and are reported as usage.prompt_tokens_details.cached_tokens; `request_log` is a file that
+    prefill and are reported as usage.prompt_tokens_details.cached_tokens; `prefix_cache_tokens` instead
+    keeps SGLang's radix cache of that many tokens per port (radix.RadixCache, by token id: a prompt pays
+    prefill only for the ids past its longest cached prefix, and its answers are cached after it, so a
+    conversation's next turn finds those this port gave); `request_log` is a file that
     gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts, messages).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
     `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `bad_gateway`
@@ -110,6 +113,7 @@ class SimConfig:
     seed: int = 0
     # samples
     prefix_cache: int = 0
+    prefix_cache_tokens: int = 0
     request_log: str | None = None
     ignore_sampling: bool = False
     # faults

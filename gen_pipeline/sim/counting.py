@@ -59,6 +59,32 @@ class ServerCounter:
         ids: list[int] = encoded["input_ids"]
         return ids + [0] * self.extra
 
+    async def chat_prompt_ids(self, req: GenRequest) -> list[int]:
+        """The ids `count` counts for a chat request (rendered by the same renderer; the extra template tokens
+        appear as id 0 at the end), for the prefix cache; a template failure is the same 400."""
+        chat, counter = conversation(req), self.chat_counter
+        render = counter.template.render if isinstance(counter, FastTokenCounter) else counter.render
+        try:
+            text = render(chat)
+        except Exception as exc:
+            raise sglang.bad_request(failure_text(exc), "BadRequest") from exc
+        if len(text) > LONG_TEXT_CHARS:
+            return await asyncio.to_thread(self._ids, text)
+        return self._ids(text)
+
+    def text_ids(self, text: str) -> list[int]:
+        """The ids of generated text (what a port caches of an answer)."""
+        return self._ids(text, extra=0)
+
+    def _ids(self, text: str, extra: int | None = None) -> list[int]:
+        """`text` encoded without special tokens added, plus the extra template tokens."""
+        tokenizer = self.chat_counter.tokenizer
+        if isinstance(self.chat_counter, FastTokenCounter):
+            ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+        else:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids + [0] * (self.extra if extra is None else extra)
+
     def prompt_ids(self, req: GenRequest) -> list[int]:
         """A completions prompt's ids: encoded with add_special_tokens=True, or given as ids."""
         if isinstance(req.prompt, list):

@@ -29,8 +29,9 @@ class PortStats:
     queued: int = 0  # requests waiting for a slot
     max_prompt_tokens: int = 0  # the largest prompt count (the server's) among accepted requests
     prefills: int = 0  # chat prompts computed, not served from the prefix cache
-    prompt_tokens: int = 0  # chat prompt tokens received (usage.prompt_tokens of the accepted requests)
-    cached_tokens: int = 0  # of them, served from the prefix cache (the rest were prefilled)
+    prompt_tokens: int = 0  # chat prompt tokens of the requests run (usage.prompt_tokens, counted once for n)
+    cached_tokens: int = 0  # of them, found in the prefix cache
+    prefill_tokens: int = 0  # of them, prefilled: the GPU work paid (prompt_tokens - cached_tokens)
     crashes: int = 0
     restarts: int = 0
     output_tokens: int = 0  # completion tokens decoded (the 200 replies' usage.completion_tokens)

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import choices, httpd, info, sglang
+from . import choices, httpd, info, radix, sglang
 from .config import SimConfig
 from .counting import ServerCounter
 from .faults import Fault, FaultPlan
@@ -35,6 +35,7 @@ class PortServer:
         self.faults = FaultPlan.for_port(cfg, port)
         self.scheduler = Scheduler(cfg, self.stats, cfg.slow.get(port, 1.0))
         self.cache = choices.PrefixCache(cfg.prefix_cache)
+        self.radix = radix.RadixCache(cfg.prefix_cache_tokens)
         self.log = choices.RequestLog(cfg.request_log)
         self.state = "down"  # down: refuses connections; warming: /health 503; up
         self.started = time.time()
@@ -228,7 +229,8 @@ class PortServer:
         self._misconfigured(payload, chat)
         if payload.get("stream"):
             raise sglang.bad_request("the simulator does not stream: send stream=false")
-        prompt_tokens = await self.counter.count(req)
+        ids = await self.counter.chat_prompt_ids(req) if chat and self.radix.capacity else None
+        prompt_tokens = len(ids) if ids is not None else await self.counter.count(req)
         message = sglang.length_error(self.cfg, prompt_tokens, req.max_new, chat)
         if message is not None:
             self.stats.length_errors += 1
@@ -247,11 +249,12 @@ class PortServer:
             choices.generate_choice(self._choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
             for i in range(n)
         ]
+        if ids is not None:
+            return await self._cached_chat(req, ids, made, payload, key)
         held = self.cache.lookup(req.messages or [], prompt_tokens)
         cached = held >= prompt_tokens
         self.stats.prefills += not cached
-        self.stats.prompt_tokens += prompt_tokens
-        self.stats.cached_tokens += held
+        self._count_prompt(prompt_tokens, held)
         async with self.scheduler.slot():  # the n choices decode side by side, after one prefill
             longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
             await self.scheduler.decode(longest, prompt_tokens - held, prefill=not cached, produced=produced)
@@ -263,6 +266,35 @@ class PortServer:
             # the last token of a cached prompt come from the cache
             body["usage"]["prompt_tokens_details"] = {"cached_tokens": min(held, prompt_tokens - 1)}
         return body
+
+    async def _cached_chat(
+        self, req: GenRequest, ids: list[int], made: list[choices.Choice], payload: dict[str, Any], key: bytes
+    ) -> dict[str, Any]:
+        """Run a chat request against the radix cache: once it holds a slot, its longest cached prefix is found
+        (never the last token: SGLang computes it), the rest prefilled and then inserted (requests arriving
+        together share nothing, as in SGLang), the answers decoded and inserted after the prompt."""
+        async with self.scheduler.slot():
+            held = min(self.radix.match(ids), len(ids) - 1)
+            self._count_prompt(len(ids), held)
+            await self.scheduler.decode(0, len(ids) - held, prefill=True, produced=0)
+            self.radix.insert(ids)
+            longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
+            await self.scheduler.decode(longest, prefill=False, produced=produced)
+        for c in made:
+            self.radix.insert(ids + self.counter.text_ids(c.answer.text) + [self.eos])
+        self.log.write(self.port, key, payload, held > 0, made)
+        body = choices.chat_choices(req, made, len(ids))
+        # SGLang prefills a prompt once for n > 1 and forks: the choices report all but its last token cached
+        reported = len(ids) - 1 if len(made) > 1 else held
+        body["usage"]["prompt_tokens_details"] = {"cached_tokens": reported}
+        return body
+
+    def _count_prompt(self, prompt_tokens: int, cached: int) -> None:
+        """Count a chat prompt run, `cached` of its tokens found in the prefix cache."""
+        stats = self.stats
+        stats.prompt_tokens += prompt_tokens
+        stats.cached_tokens += cached
+        stats.prefill_tokens += prompt_tokens - cached
 
     def _misconfigured(self, payload: dict[str, Any], chat: bool) -> None:
         """The configured failures that depend on the request: a broken chat template, a poison row."""
