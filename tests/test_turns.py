@@ -336,3 +336,13 @@ def test_retry_failed_goes_on_with_an_ended_conversation_and_status_and_report_c
     assert more.exit_code == 0 and more.summary["requests"] == 4 - ended
     assert sorted(t for (i, _, t) in places(out) if i == "long") == [0, 1, 2, 3]
     assert set(places(out).values()) == {1}
+
+
+def test_the_workers_summaries_add_up_their_conversations():
+    from gen_pipeline.summary import merge_summaries
+
+    a = {"completed": 5, "conversations": {"complete": 2, "ended_early": 1, "ended_at_turn": {"3": 1}}}
+    b = {"completed": 4, "conversations": {"complete": 1, "ended_early": 2, "ended_at_turn": {"3": 1, "10": 1}}}
+    merged = merge_summaries([a, b, {"completed": 0}], 1.0, 0)
+    assert merged["conversations"] == {"complete": 3, "ended_early": 3, "ended_at_turn": {"3": 2, "10": 1}}
+    assert "conversations" not in merge_summaries([{"completed": 1}], 1.0, 0)
