@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .display import duration
 from .errors import EXIT_INCOMPLETE, EXIT_OK, ConfigError
 from .inputfile import input_lines
 from .ledger import ledger_reasons
@@ -65,7 +66,7 @@ from .locks import holder, is_held
 from .progress import format_summary
 from .rundata import completion_files, read_json
 from .rundir import LOCK, MANIFEST, STATUS, SUMMARY, RunDir
-from .statustext import ago, count_lines, duration, render_status, status_lines
+from .statustext import ago, count_lines, render_status, status_lines
 from .summary import merge_statuses
 
 STALE_AFTER = 30.0  # seconds without an update before a run counts as not running (when no lock tells)
