@@ -11,8 +11,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from .errors import ConfigError
-from .records import ALL_REASONS, MAX_SAMPLES
-from .tokens.conversation import TEMPLATE_FIELDS, template_input_error
+from .records import ALL_REASONS, MAX_SAMPLES, TEMPLATE_FIELDS, template_input_error
 
 # The tokenizer loader switch, read by the CLI only.
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
