@@ -108,7 +108,13 @@ def scratch_root(tmp_path: Path) -> Path:
     root.mkdir()
     for name in ("Makefile", "pyproject.toml"):
         (root / name).symlink_to(REPO / name)
-    (root / ".venv").symlink_to(Path(sys.prefix))
+    # The test's own venv, seen through a folder of the scratch root whose .installed is newer than
+    # pyproject.toml: `make generate` then never reinstalls (an install from here, with no package folder
+    # beside pyproject.toml, would rewrite the shared venv's editable install to an empty one).
+    venv = root / ".venv"
+    venv.mkdir()
+    (venv / "bin").symlink_to(Path(sys.prefix) / "bin")
+    (venv / ".installed").touch()
     for name, data in INPUTS.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
@@ -127,7 +133,6 @@ def test_the_recipes_run_as_written(tmp_path):
     env = {
         **os.environ,
         "PATH": f"{Path(sys.prefix) / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "MAKEFLAGS": "-o .venv/.installed",  # the venv is installed: never (re)install it from a test
         "TRANSFORMERS_VERBOSITY": "error",
     }
     with sim_fleet(2) as servers:
