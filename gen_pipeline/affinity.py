@@ -35,8 +35,9 @@ class Link:
 
 
 def chain(messages: Sequence[Any] | None) -> tuple[Link, ...]:
-    """The links of a chat prompt (none for a completions prompt or a one-message prompt too short to share)."""
-    if not messages:
+    """The links of a chat prompt (none for a completions prompt or a one-message prompt: only an identical
+    prompt could share it, and samples of one prompt have their own way to one server)."""
+    if not messages or len(messages) < 2:
         return ()
     out, h, chars = [], b"", 0
     for m in messages:

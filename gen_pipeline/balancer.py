@@ -229,7 +229,7 @@ class ServerPool:
             for lease in self._cached_first(now):  # one refused here has its server excluded, or a busy preferred one
                 if not (free := free - self._grant(lease)):
                     return
-            for lease in list(self._queue):  # no slot idles while leases wait for the servers holding their prefix
+            for lease in [w for w in self._queue if w.links]:  # no slot idles while leases wait for their prefix
                 if not (free := free - self._grant(lease, patient=False)):
                     return
             return
@@ -239,7 +239,7 @@ class ServerPool:
             if not (free := free - self._grant(lease)):
                 return
         plain = [w for w in ordered if not w.exclude and w.prefer is None]
-        for patient in (None, False):  # then no slot idles while leases wait for the servers holding their prefix
+        for patient in (None, False) if any(w.links for w in plain) else (None,):  # no slot idles while they wait
             start = 0
             while free and (found := self._longest_fit(plain, start)) is not None:
                 free -= self._grant(plain[found], patient)

@@ -32,7 +32,7 @@ def test_a_chain_has_a_link_per_message_boundary_past_a_short_header():
     links = ask(SYSTEM_A, "How long is the Nile?")
     assert len(links) == 2 and links[0].chars < links[1].chars
     assert ask(SYSTEM_A, "Other?")[0] == links[0] and ask(SYSTEM_B, "How long is the Nile?")[0] != links[0]
-    assert chain([{"role": "user", "content": "hi"}]) == ()  # nothing worth sharing
+    assert chain([{"role": "user", "content": "hi " * 200}]) == ()  # one message: only an identical prompt shares it
     assert chain(None) == ()
 
 
