@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .statustext import duration
+from .display import duration
 
 log = logging.getLogger("gen_pipeline")
 

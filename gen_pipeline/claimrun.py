@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from .claimfeed import ClaimFeed, ClaimTracker, ClaimWriter
-from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, run_shards
+from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, last_session, run_shards
 from .config import RunConfig
 from .dispatch import SampleDispatch, thinking_fields
 from .errors import EXIT_INCOMPLETE, EXIT_OK, OutputError
@@ -187,7 +187,6 @@ def claimer_summaries(rundir: RunDir, since: float | None = None) -> list[dict[s
 def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
     """summary.json: the summaries of this session's claimers (lifetimes that overlap, the newest group)
     added up, over the session's wall time: the first claimer's start to the last one's end."""
-    from .claimstatus import last_session
 
     def span(p: dict[str, Any]) -> tuple[float, float]:
         end = float(p.get("ended") or 0.0)

@@ -30,11 +30,10 @@ from .errors import (
 )
 from .http import ChatResult, Client
 from .progress import RunStats
-from .records import Completion, Failure, Prompt
+from .records import TEMPLATE_FIELDS, Completion, Failure, Prompt
 from .retry import with_transport_retries
 from .serverstate import ServerState
 from .tokens.budget import OffsetLearner, rebudget, room_needed
-from .tokens.conversation import TEMPLATE_FIELDS
 from .usage import usage_problem
 
 log = logging.getLogger("gen_pipeline")

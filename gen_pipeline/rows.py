@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 
 from .errors import RequestShapeError
-from .records import ROLES, Messages, Prompt, RowId, content_id
+from .records import ROLES, TEMPLATE_FIELDS, Messages, Prompt, RowId, content_id, template_input_error
 from .samples import row_samples
-from .tokens.conversation import TEMPLATE_FIELDS, content_texts, template_input_error
+from .tokens.conversation import content_texts
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 

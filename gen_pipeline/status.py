@@ -53,12 +53,12 @@ than .lock are an earlier run's (one with more workers) and are left out.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .display import duration
 from .errors import EXIT_INCOMPLETE, EXIT_OK, ConfigError
 from .inputfile import input_lines
 from .ledger import ledger_reasons
@@ -66,7 +66,7 @@ from .locks import holder, is_held
 from .progress import format_summary
 from .rundata import completion_files, read_json
 from .rundir import LOCK, MANIFEST, STATUS, SUMMARY, RunDir
-from .statustext import ago, count_lines, duration, render_status, status_lines
+from .statustext import ago, count_lines, render_status, status_lines
 from .summary import merge_statuses
 
 STALE_AFTER = 30.0  # seconds without an update before a run counts as not running (when no lock tells)
@@ -269,25 +269,3 @@ def _describe_claimed(
     if running:
         return body, EXIT_RUNNING_OR_OK
     return [*_gone(newest, "\n".join(body), now), file_counts(run, manifest)], EXIT_NOT_RUNNING
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `status` flags."""
-    parser.add_argument("dir", type=Path, metavar="RUN_DIR", help="the run directory")
-    parser.add_argument("--watch", type=float, metavar="SECONDS", help="print again every SECONDS until Ctrl-C")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Print the run's status (once, or every --watch seconds); exit 0 while it runs or once it finished
-    well, 3 when it is not running (crashed, killed, stopped, finished with another exit code)."""
-    text, code = inspect_run(args.dir)
-    print(text, flush=True)  # flushed: a reader such as `| head` sees each view as it comes
-    if not args.watch:
-        return code
-    try:
-        while True:
-            time.sleep(args.watch)
-            text, code = inspect_run(args.dir)
-            print(f"\n{text}", flush=True)
-    except KeyboardInterrupt:
-        return code

@@ -226,7 +226,8 @@ def test_a_fleet_larger_than_the_open_file_limit_runs_without_connection_failure
 
     rows = prompts(1500)
     path, out = write_jsonl(rows), tmp_path / "out"
-    with sim_fleet(8, "--max-running", "128") as servers:
+    # a KV pool that admits all 128 (its default, 8 contexts, would cap each server's capacity below that)
+    with sim_fleet(8, "--max-running", "128", "--max-total-tokens", str(128 * 8192)) as servers:
         done = run_generate(path, out, servers, preexec_fn=cap_files)
     assert done.returncode == 0, done.stderr
     summary = orjson.loads((out / "summary.json").read_bytes())
