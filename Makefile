@@ -58,13 +58,13 @@ test-fast: install
 	$(BIN)/python -m pytest -m "$(FAST_TESTS)" $(ARGS)
 
 lint: install
-	$(BIN)/ruff check gen_pipeline tests
-	$(BIN)/ruff format --check gen_pipeline tests
+	$(BIN)/ruff check gen_pipeline tests run bench
+	$(BIN)/ruff format --check gen_pipeline tests run bench
 	$(BIN)/mypy gen_pipeline
 
 fmt: install
-	$(BIN)/ruff check --fix gen_pipeline tests
-	$(BIN)/ruff format gen_pipeline tests
+	$(BIN)/ruff check --fix gen_pipeline tests run bench
+	$(BIN)/ruff format gen_pipeline tests run bench
 
 check: lint test
 

@@ -104,7 +104,7 @@ def run_child(argv: list[str]) -> tuple[float, float, int, str]:
 
 
 def prepare_argv(*args: Path | str) -> list[str]:
-    return [sys.executable, "-m", "gen_pipeline.prepare", *map(str, args)]
+    return [sys.executable, "-m", "gen_pipeline", "prepare", *map(str, args)]
 
 
 def bench(work: Path, rows: int, dup_rate: float, with_exclude: bool) -> None:

@@ -11,6 +11,7 @@ from ._version import __version__
 # every `gen-pipeline` command does first) stays cheap, so the command has its stop handlers in place
 # before the run's heavy imports (aiohttp, the pipeline: 0.6-1 s), and a signal then exits 130 too.
 _EXPORTS = {
+    "CheckpointChangedError": "errors",
     "ConfigError": "errors",
     "FleetError": "errors",
     "ManifestMismatchError": "errors",
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from .api import agenerate, generate
     from .config import RetryPolicy, RunConfig
     from .errors import (
+        CheckpointChangedError,
         ConfigError,
         FleetError,
         ManifestMismatchError,
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from .summary import Outcome
 
 __all__ = [
+    "CheckpointChangedError",
     "ConfigError",
     "FleetError",
     "ManifestMismatchError",

@@ -27,7 +27,6 @@ budget, with one line per problem saying why (bad flags exit 1 too, as for gener
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import logging
@@ -37,9 +36,8 @@ from typing import Any
 import orjson
 
 from .checkfleet import Findings, ServerCheck, check_server, fleet_findings, fleet_info, server_line
-from .cli import add_run_flags, config_from_args
 from .config import DEFAULT_SAFETY_MARGIN, RunConfig
-from .errors import ConfigError, RequestError
+from .errors import EXIT_ERROR, ConfigError, RequestError
 from .findings import drift_problem
 from .http import Client, open_transport
 from .inputfile import check_input
@@ -52,15 +50,14 @@ from .records import Prompt
 from .requests import request_body
 from .setup import counting_kind, manifest_for, resolve
 from .source import PromptSource
-from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan, write_json_atomic
+from .store import MANIFEST, MANIFEST_KEYS, ResumeState, scan
 from .tokens import TokenCounter, load_counter
 from .tokens.budget import prompt_budget
 from .tokens.conversation import shapes
 
 log = logging.getLogger("gen_pipeline")
 
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
+EXIT_PROBLEMS = EXIT_ERROR  # a PROBLEM found: generate would refuse this fleet too
 PROBE_ROWS = 3  # probe prompts per server
 
 
@@ -244,22 +241,3 @@ def render_check(report: dict[str, Any]) -> str:
     lines += [f"PROBLEM: {p}" for p in report["problems"]]
     lines.append("check: OK" if report["ok"] else f"check: FAILED ({len(report['problems'])} problem(s))")
     return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `check` flags: generate's own, with --out optional, plus --json."""
-    parser.epilog = __doc__.rsplit("\n\n", 1)[1] if __doc__ else None
-    parser.add_argument("--out", "-o", type=Path, help="a run directory to resume: what it settled is left out")
-    add_run_flags(parser, argparse.SUPPRESS)
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run the preflight from parsed flags; exit 0 when fine, 1 when a problem was found."""
-    resume = args.out is not None
-    config = config_from_args(argparse.Namespace(**{**vars(args), "out": args.out or Path(".")}))
-    report = asyncio.run(run_check(config, resume=resume))
-    print(render_check(report))
-    if args.json:
-        write_json_atomic(args.json, report)
-    return EXIT_OK if report["ok"] else EXIT_PROBLEMS

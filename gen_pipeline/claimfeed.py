@@ -18,7 +18,7 @@ from typing import Any
 
 from .claims import Claim, ShardTable, batch_size, live_claimers, shard_of
 from .config import RunConfig
-from .cursor import Mark, MarkTracker
+from .cursor import Mark
 from .errors import OutputError
 from .progress import RunStats
 from .reader import BatchReader
@@ -104,7 +104,6 @@ class ClaimFeed:
     ctx: int
     table: ShardTable
     writer: ClaimWriter
-    idle: Callable[[], bool] = lambda: True  # the Runner's queue is empty: the next claim's rows are wanted
     stopping: Callable[[], bool] = lambda: False  # the Runner stops: claim nothing more
     held: list[Held] = field(default_factory=list)  # claims not yet let go
     current: Held | None = None  # the claim being read
@@ -112,11 +111,11 @@ class ClaimFeed:
     reader: BatchReader | None = None
     started: None = None  # no input cursor: every claim reads from the top
 
-    @property
-    def source(self) -> Any:
-        """The current read's PromptSource (the Runner switches its cursor logging off)."""
+    def hold_cursor(self) -> None:
+        """The Runner's Feed interface: a claimer keeps no input cursor (its current read's source stops
+        logging all the same, as a single run's would)."""
         assert self.reader is not None
-        return self.reader.source
+        self.reader.source.logging = False
 
     def claim_next(self) -> bool:
         """Claim a batch of open shards and start a read of the input for them; False when none is left."""
@@ -147,7 +146,7 @@ class ClaimFeed:
             if batch:
                 return batch, end
             self.current.read = True
-            while not self.idle() and not self.stopping():
+            while self.stats.undispatched and not self.stopping():
                 time.sleep(IDLE_POLL)  # claim when the rows are wanted, not while others could take the shards
             if self.stopping() or not self.claim_next():
                 return batch, end
@@ -165,11 +164,11 @@ class ClaimFeed:
         self.held = []
 
 
-class ClaimTracker(MarkTracker):
-    """Counts each claim's prompts in flight (no input cursor) and settles a claim once all are done."""
+class ClaimTracker:
+    """The Runner's Tracker for a claimer: counts each claim's prompts in flight (there is no input cursor)
+    and settles a claim once they are all done."""
 
     def __init__(self, feed: ClaimFeed, by: str, may_settle: Callable[[], bool]) -> None:
-        super().__init__()
         self.feed, self.by, self.may_settle = feed, by, may_settle
         self._held_of: dict[int, Held] = {}  # line of a prompt in flight -> its claim
         self.error: OutputError | None = None  # a settled marker that could not be written (raised at the end)

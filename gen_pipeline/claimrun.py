@@ -21,25 +21,23 @@ from typing import Any
 import orjson
 
 from .claimfeed import ClaimFeed, ClaimTracker, ClaimWriter
-from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, run_shards
+from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, last_session, run_shards
 from .config import RunConfig
 from .dispatch import SampleDispatch, thinking_fields
-from .errors import OutputError
+from .errors import EXIT_INCOMPLETE, EXIT_OK, OutputError
 from .fleet import FleetInfo
 from .http import Client, open_transport
 from .locks import refuse_shard_writers
 from .pipeline import Runner, final_exit_code, no_handlers, run_error, runner_summary
-from .progress import RunStats, snapshot
+from .progress import RunStats
 from .requests import RequestPath
 from .rundir import MANIFEST, SUMMARY, RunDir, write_json_atomic
 from .runtime import install_run_handlers
 from .setup import build_pool, settle_manifest
-from .store import ResumeState, repair_all
-from .summary import Outcome, merge_summaries, write_status
+from .store import repair_all
+from .summary import Outcome, merge_summaries
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner
-
-EXIT_OK, EXIT_INCOMPLETE = 0, 3
 
 
 def claimed(config: RunConfig) -> bool:
@@ -71,22 +69,6 @@ async def run_claimer(config: RunConfig, counter: TokenCounter | None, handle_si
         lock.release()
 
 
-@dataclasses.dataclass
-class ClaimRunner(Runner):
-    """A Runner whose status file is its claimer's, naming the shards it holds."""
-
-    claimer: Claimer | None = None
-    feed: ClaimFeed | None = None
-
-    def write_status(self, state: str) -> None:
-        """Replace claimers/ID.json with a snapshot plus who this claimer is."""
-        assert self.claimer is not None and self.feed is not None
-        doc = snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts)
-        doc["claimer"] = {**self.claimer.info(self.feed.shards()), "done_total": self.stats.completed}
-        with contextlib.suppress(OutputError):
-            write_status(self.claimer.rundir.claimer(self.claimer.ident).status, doc)
-
-
 async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter | None, handle: bool) -> Outcome:
     fleet, model, ctx, counter, _ = await settle_manifest(config, client, counter)
     rundir = RunDir(config.out)
@@ -99,12 +81,13 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
     try:
         stats = RunStats()
         writer = ClaimWriter(table.count, config.fsync_interval)
-        feed = ClaimFeed(config, counter, stats, ctx, table, writer)
+        stopping = asyncio.Event()  # the Runner's: set when it stops, so the feed claims nothing more
+        feed = ClaimFeed(config, counter, stats, ctx, table, writer, stopping.is_set)
         if not await asyncio.to_thread(feed.claim_next):
             summary, code, error = merge_summaries([], 0.0, EXIT_OK), EXIT_OK, None  # found nothing to claim
         else:
-            runner = _runner(config, client, counter, fleet, model, ctx, feed, claimer)
-            code = await _serve(runner, feed, handle)
+            runner, tracker = _runner(config, client, counter, fleet, model, ctx, feed, claimer, stopping)
+            code = await _serve(runner, feed, tracker, handle)
             error = run_error(runner)
             summary = merge_summaries([runner_summary(runner, fleet, code)], time.monotonic() - start, code)
     finally:
@@ -125,28 +108,43 @@ def _runner(
     ctx: int,
     feed: ClaimFeed,
     claimer: Claimer,
-) -> ClaimRunner:
-    """The one Runner of a claimer: its pool and learned offset serve every claim."""
+    stopping: asyncio.Event,
+) -> tuple[Runner, ClaimTracker]:
+    """The one Runner of a claimer (its pool and learned offset serve every claim), and its tracker."""
     pool = build_pool(config, fleet)
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), feed.stats, fleet.input_limit())
-    resume = ResumeState()  # each claim's read has its own (claimfeed)
-    runner = ClaimRunner(config, counter, path, pool, feed.writer, resume, feed.stats, feed, None, client=client)  # type: ignore[arg-type]
-    runner.claimer, runner.feed = claimer, feed
-    runner.dispatch = SampleDispatch(path, thinking_fields(config, fleet), runner.warnings.append)
-    if config.turns == "all":
-        runner.use_turns()
 
     def may_settle() -> bool:
-        unread = runner.stats.input_error is not None  # a rerun reads it again, and says why it stops
-        return not runner.stopping.is_set() and runner.recorder.fatal is None and config.limit is None and not unread
+        # A write error (recorder.fatal) stops the run too, so `stopping` covers it.
+        unread = feed.stats.input_error is not None  # a rerun reads it again, and says why it stops
+        return not stopping.is_set() and config.limit is None and not unread
 
-    runner.tracker = ClaimTracker(feed, claimer.ident, may_settle)
-    feed.idle = lambda: runner.undispatched == 0
-    feed.stopping = runner.stopping.is_set
-    return runner
+    def status_extra() -> dict[str, Any]:
+        """Who this claimer is, in its status file: its claims, and "done" over all its passes."""
+        return {"claimer": {**claimer.info(feed.shards()), "done_total": feed.stats.completed}}
+
+    tracker = ClaimTracker(feed, claimer.ident, may_settle)
+    warnings: list[str] = []
+    runner = Runner(
+        config,
+        counter,
+        path,
+        pool,
+        sink=feed.writer,
+        stats=feed.stats,
+        feed=feed,
+        tracker=tracker,
+        client=client,
+        dispatch=SampleDispatch(path, thinking_fields(config, fleet), warnings.append),
+        status_path=claimer.rundir.claimer(claimer.ident).status,
+        status_extra=status_extra,
+        warnings=warnings,
+        stopping=stopping,
+    )
+    return runner, tracker
 
 
-async def _serve(runner: ClaimRunner, feed: ClaimFeed, handle: bool) -> int:
+async def _serve(runner: Runner, feed: ClaimFeed, tracker: ClaimTracker, handle: bool) -> int:
     """Run every claim; let go of what is left (a stopped run's shards stay open); the exit code."""
     writer = feed.writer
     grace = runner.config.grace_period
@@ -155,13 +153,12 @@ async def _serve(runner: ClaimRunner, feed: ClaimFeed, handle: bool) -> int:
         with contextlib.suppress(OutputError):  # recorded in runner.fatal; what is on disk stays valid
             await runner.run()
     finally:
-        assert isinstance(runner.tracker, ClaimTracker)
-        runner.tracker.settle_done()
+        tracker.settle_done()
         feed.release_all()
         writer.close()
         restore()
-    if runner.tracker.error is not None:
-        raise runner.tracker.error
+    if tracker.error is not None:
+        raise tracker.error
     code = final_exit_code(runner)
     if code == EXIT_OK and writer.unsettled:
         code = EXIT_INCOMPLETE
@@ -190,7 +187,6 @@ def claimer_summaries(rundir: RunDir, since: float | None = None) -> list[dict[s
 def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
     """summary.json: the summaries of this session's claimers (lifetimes that overlap, the newest group)
     added up, over the session's wall time: the first claimer's start to the last one's end."""
-    from .claimstatus import last_session
 
     def span(p: dict[str, Any]) -> tuple[float, float]:
         end = float(p.get("ended") or 0.0)

@@ -266,3 +266,14 @@ class Claimer:
 def live_claimers(rundir: RunDir) -> int:
     """Claimers whose process still lives (their lock is held)."""
     return sum(bool(is_held(rundir.claimer(c).lock)) for c in rundir.claimers())
+
+
+def last_session(items: list[Any], span: Any) -> list[Any]:
+    """The items whose (start, end) spans chain-overlap into the group that ends last, by start."""
+    group: list[Any] = []
+    end = float("-inf")
+    for item in sorted(items, key=lambda i: span(i)[0]):
+        start, stop = span(item)
+        group = [*group, item] if start <= end else [item]
+        end = max(end, stop) if len(group) > 1 else stop
+    return group

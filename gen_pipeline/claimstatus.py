@@ -22,14 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .claims import ShardTable, input_fingerprint
+from .claims import ShardTable, input_fingerprint, last_session
+from .display import duration
 from .inputfile import input_lines
 from .ledger import ledger_reasons
 from .locks import is_held
 from .records import TRANSIENT_REASONS
 from .rundata import read_json
 from .rundir import RunDir
-from .statustext import ago, count_lines, duration, status_lines
+from .statustext import ago, count_lines, status_lines
 from .summary import merge_statuses
 
 STALE_AFTER = 30.0  # seconds without a status write before a live claimer is flagged
@@ -70,17 +71,6 @@ def read_claimers(run: Path) -> list[ClaimerView]:
             views.append(ClaimerView(ident, status, bool(is_held(files.lock))))
     now = time.time()  # a claimer that lives lasts until now, whenever it last wrote
     return last_session(views, lambda v: (v.started, now if v.alive else v.updated))
-
-
-def last_session(items: list[Any], span: Any) -> list[Any]:
-    """The items whose (start, end) spans chain-overlap into the group that ends last, by start."""
-    group: list[Any] = []
-    end = float("-inf")
-    for item in sorted(items, key=lambda i: span(i)[0]):
-        start, stop = span(item)
-        group = [*group, item] if start <= end else [item]
-        end = max(end, stop) if len(group) > 1 else stop
-    return group
 
 
 def shard_counts(run: Path, manifest: dict[str, Any], views: list[ClaimerView]) -> dict[str, int]:

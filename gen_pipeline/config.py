@@ -11,8 +11,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from .errors import ConfigError
-from .records import ALL_REASONS, MAX_SAMPLES
-from .tokens.conversation import TEMPLATE_FIELDS, template_input_error
+from .records import ALL_REASONS, MAX_SAMPLES, TEMPLATE_FIELDS, template_input_error
 
 # The tokenizer loader switch, read by the CLI only.
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
@@ -86,6 +85,8 @@ def parse_servers(spec: str) -> tuple[str, ...]:
         shown = redact(url).removeprefix("http://") if bare else redact(url)
         if bare and ("/" in part or ":" not in part):
             raise ConfigError(f"bad server {shown!r}: use host:port, host:lo-hi or a URL")
+        if "?" in url or "#" in url:  # paths are appended to a server's URL: a query would swallow them
+            raise ConfigError(f"bad server {re.split('[?#]', shown)[0]!r}: a server URL has no query or fragment")
         userinfo = _userinfo(url)
         urls.extend(u.replace("://", f"://{userinfo}", 1) for u in _url_servers(redact(url), shown))
     if not urls:

@@ -2,10 +2,10 @@
 server that answered the turn before when it is in service and has a free slot (its prefix cache holds
 the history), each answer written before the next turn is asked (turns.py has the shapes and keys).
 
-Every turn is counted exactly (in a thread of its own: the reader's thread counts the first turns) and
-budgeted like any prompt. A turn with too little room is ledgered `over_length` with its turn number and
-the conversation ends there; a context 400 no budget fixes ends it as `context_overflow`. A transient
-failure leaves the conversation where it is: the next run goes on at that turn.
+Every turn is counted exactly (a long conversation in a thread of its own; the reader's thread counts the
+first turns) and budgeted like any prompt. A turn with too little room is ledgered `over_length` with its
+turn number and the conversation ends there; a context 400 no budget fixes ends it as `context_overflow`.
+A transient failure leaves the conversation where it is: the next run goes on at that turn.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from .tokens import TokenCounter
 from .tokens.budget import dispatch_budget
 from .turns import answer_turn, turn_request
 
+# A conversation shorter than this is counted on the event loop: the server keeps its place between two
+# turns, so the time to count is slot time lost, and a thread's turn at the GIL takes longer than the count.
+INLINE_CHARS = 20_000
 AFFINITY = True  # a next turn prefers the server that answered the last (bench/turns.py measures it off)
 
 End = Literal["complete", "ended", "waiting", "stopped"]  # ended: a permanent failure; waiting: a transient one
@@ -110,8 +113,11 @@ class TurnDispatch:
         if turn == 0:
             return prompt
         request = dataclasses.replace(prompt, messages=messages, at_least=False)
-        loop = asyncio.get_running_loop()
-        count = (await loop.run_in_executor(self._count_thread, self.counter.count, [conversation(request)]))[0]
+        chat = [conversation(request)]
+        if sum(len(str(m.get("content"))) for m in messages) < INLINE_CHARS:
+            count = self.counter.count(chat)[0]  # a millisecond: less than the hop to a thread and back
+        else:
+            count = (await asyncio.get_running_loop().run_in_executor(self._count_thread, self.counter.count, chat))[0]
         if isinstance(count, str):
             return count
         request.input_tokens = count

@@ -288,3 +288,21 @@ class CursorKeeper:
         with self.path.open("rb") as old:
             old.seek(body_at + 16 * skip_pairs)
             f.writelines(_blocks(old, 16 * pairs))
+
+
+@dataclass
+class InputCursor:
+    """A single-process run's input cursor: the keeper that writes it, the mark it writes, and the source
+    whose bytes it vouches for."""
+
+    keeper: CursorKeeper
+    tracker: MarkTracker
+    source: PromptSource
+
+    def due(self) -> bool:
+        """Whether the keeper's interval has passed."""
+        return self.keeper.due()
+
+    def save(self) -> None:
+        """Write the cursor at the tracker's mark."""
+        self.keeper.save(self.tracker.mark, self.source)

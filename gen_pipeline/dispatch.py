@@ -146,7 +146,7 @@ class SampleDispatch:
     ) -> Completion:
         """One sample's output line from one choice of `answer`. A choice of an answer with several has
         no usage of its own: its completion_tokens is left null (the summary counts the answer's)."""
-        done = self.path._completion(prompt, choice, budget, track)
+        done = self.path.completion(prompt, choice, budget, track)
         done.sample, done.key = sample, sample_key(prompt.key, sample)
         done.prompt_tokens = answer.prompt_tokens
         single = not answer.choices

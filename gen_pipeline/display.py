@@ -54,3 +54,11 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def duration(seconds: float) -> str:
+    """Seconds as "1h 02m", "3m 04s" or "5 s"."""
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s} s"

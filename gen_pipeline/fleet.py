@@ -11,7 +11,8 @@ SGLang's running slots: `/server_info` `max_running_requests` when the server wa
 `--max-running-requests` ("reported"); else (null there, 0.5.23) the scheduler's own figure from `/v1/loads`
 `loads[0].max_running_requests` ("loads endpoint") or `/server_info` `internal_states[0]
 .effective_max_running_requests_per_dp` ("scheduler state"). Its KV token pool (`max_total_num_tokens`) and
-input cap (`max_req_input_len`) are kept too: capacity.py decides from them.
+input cap (`max_req_input_len`) are kept too: capacity.py decides from them. llama.cpp reports its slots as
+`/props` `total_slots` ("reported"); vLLM reports none.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ async def probe(client: Client, url: str) -> ServerInfo:
     extra = await _optional(client, url, _IDENTITY_PATHS[kind]) if kind in _IDENTITY_PATHS else {}
     if kind is None and (extra := await _optional(client, url, "/props")):
         kind = "llamacpp"
-    running, source = _positive(server.get("max_running_requests")), "reported"
+    running, source = _positive(server.get("max_running_requests") or extra.get("total_slots")), "reported"
     if running is None and kind == "sglang":
         running, source = await _scheduler_slots(client, url, server)
     return ServerInfo(

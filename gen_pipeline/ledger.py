@@ -40,8 +40,8 @@ def ledger_reasons(runs: Sequence[Path], done: Container[int] | None = None) -> 
 
 def standing(runs: Sequence[Path], done: Container[int] | None, pick: Callable[[dict[str, Any]], T]) -> list[T]:
     """`pick` of each ledger entry that stands for a row the output does not hold: the newest per key not
-    `done` (default: the runs' completion lines), after each entry without an id."""
-    done = done_keys(runs) if done is None else done
+    `done` (default: the runs' completion lines, read only when an entry has an id), after each entry
+    without an id."""
     newest: dict[int, tuple[float, T]] = {}
     anonymous: list[T] = []
     for path in (p for run in runs for p in RunDir(run).failure_files()):
@@ -55,4 +55,7 @@ def standing(runs: Sequence[Path], done: Container[int] | None, pick: Callable[[
             key, when = place_key(id_key(obj["id"]), *place), float(obj.get("time") or 0.0)
             if key not in newest or when >= newest[key][0]:
                 newest[key] = (when, pick(obj))
+    if not newest:  # nothing a completion could stand against: the completion files are not read
+        return anonymous
+    done = done_keys(runs) if done is None else done
     return anonymous + [value for key, (_, value) in newest.items() if key not in done]

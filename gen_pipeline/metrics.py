@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from .config import RunConfig
 from .errors import ConfigError
@@ -28,16 +27,6 @@ FILE_INTERVAL = 2.0  # seconds between --metrics-file rewrites
 # most two of the intervals seen between scrapes, and never more than this long.
 LINGER_S = 15.0
 TOKEN_KINDS = ("prompt", "completion", "cached")
-
-
-def server_label(url: str) -> str:
-    """A server URL as a label: no user, password, query or fragment (they may carry credentials)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def worker_file(path: Path, worker: int) -> Path:
@@ -109,7 +98,7 @@ class RunCollector:
             "gen_pipeline_server_up", "1 while the server takes requests, 0 while out", labels=labels
         )
         for s in self.pool.servers:
-            key = [self.worker, server_label(s.url)]
+            key = [self.worker, s.url]  # the server's name: RunConfig took its credentials off
             requests.add_metric([*key, "ok"], s.completions)
             for reason, n in sorted(s.failures.items()):
                 requests.add_metric([*key, reason], n)

@@ -10,16 +10,18 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from . import cost, cursor
 from .alerts import Watch
 from .balancer import ServerPool
 from .config import RunConfig
 from .converse import TurnDispatch
-from .cursor import CursorKeeper, MarkTracker
+from .cursor import InputCursor, Mark, MarkTracker
 from .dispatch import SampleDispatch, Sent, thinking_fields
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from .findings import drift_warning, over_length_advice, server_cut_warning
@@ -31,13 +33,15 @@ from .prober import watch_servers
 from .progress import RunStats, snapshot, watch_run
 from .reader import BatchReader
 from .recorder import Recorder
-from .records import TRANSIENT_REASONS, Failure, Prompt
+from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from .refusals import RefusalJudge
 from .requests import RequestPath
+from .rows import BadRow
 from .rundir import RunDir
 from .runtime import install_run_handlers
 from .setup import build_pool, resume_point, settle_manifest
-from .store import DirLock, ResumeState, RunWriter, repair_all, write_json_atomic
+from .source import Skipped
+from .store import DirLock, RunWriter, repair_all, write_json_atomic
 from .summary import Outcome, run_summary, write_status
 from .tokens import TokenCounter
 from .tokens.budget import OffsetLearner, dispatch_budget
@@ -46,39 +50,88 @@ from .usage import usage_warnings
 log = logging.getLogger("gen_pipeline")
 
 
+class Feed(Protocol):
+    """Where a Runner's rows come from, read in its tokenizer thread: reader.BatchReader (one pass over the
+    input) or claimfeed.ClaimFeed (a claimer's claims, one pass over the input each)."""
+
+    @property
+    def started(self) -> dict[str, int] | None:
+        """Where reading began (summary.json's input_cursor); None: from the top."""
+
+    def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
+        """The next rows and where the read stands after them; an empty batch once there are no more."""
+
+    def hold_cursor(self) -> None:
+        """A row failed for a transient reason: an input cursor stops short of it (the next run reads it)."""
+
+
+class Sink(Protocol):
+    """Where a Runner's outcomes go: store.RunWriter (one directory's files) or claimfeed.ClaimWriter
+    (each record to its shard's files)."""
+
+    def write_completion(self, completion: Completion) -> None:
+        """Append one completion line."""
+
+    def write_failure(self, failure: Failure) -> None:
+        """Append one ledger entry."""
+
+    def sync(self) -> None:
+        """Flush and fsync what was written (a signal handler calls it)."""
+
+    def close(self) -> None:
+        """Close the files."""
+
+
+class Tracker(Protocol):
+    """Hears what was read and what is settled: cursor.MarkTracker moves the input cursor's mark,
+    claimfeed.ClaimTracker settles a claim once its prompts are all done."""
+
+    def batch(self, end: Mark, lines: list[int]) -> Any:
+        """A batch ending at `end` was read, with prompts at these lines; returns its record."""
+
+    def sealed(self, record: Any) -> None:
+        """The batch of `record` was handed to the workers."""
+
+    def settled(self, line: int, ok: bool = True) -> None:
+        """The prompt at `line` is written or ledgered (not `ok`: for a transient reason)."""
+
+
 @dataclass
 class Runner:
-    """Drives one run from an open run directory to its summary."""
+    """Drives one run from an open run directory to its summary: rows from its `feed`, outcomes to its
+    `sink`, what is settled to its `tracker` (the three Protocols above)."""
 
     config: RunConfig
     counter: TokenCounter
     path: RequestPath
     pool: ServerPool
-    writer: RunWriter
-    resume: ResumeState
+    sink: Sink
     stats: RunStats
-    reader: BatchReader
-    keeper: CursorKeeper | None = None  # None: no input cursor is written
+    feed: Feed
+    tracker: Tracker = field(default_factory=MarkTracker)
+    cursor: InputCursor | None = None  # None: no input cursor is written
     client: Client | None = None
     dispatch: SampleDispatch | None = None  # None: a plain SampleDispatch over `path`
-    turns: TurnDispatch | None = None  # --turns all: each prompt's conversations (set by `use_turns`)
+    status_path: Path | None = None  # where write_status writes (None: the run directory's status.json)
+    status_extra: Callable[[], dict[str, Any]] | None = None  # more fields for each status snapshot
+    turns: TurnDispatch | None = None  # --turns all: each prompt's conversations (use_turns)
     recorder: Recorder = field(init=False)
     judge: RefusalJudge = field(init=False)  # holds back 400s until it is clear they are the rows' fault
-    tracker: MarkTracker = field(default_factory=MarkTracker)
     warnings: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str = ""
     stop_code: int = 0  # the exit code the stop asks for
-    undispatched: int = 0  # prompts in the queue, not yet taken by a worker
     watch: Watch = field(init=False)  # the alerts status.json and the progress line show
     alerts: list[str] = field(default_factory=list)  # the alerts that held at the last look
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(
-            self.config, self.writer, self.stats, self.counter.name, self.request_stop, self.warnings
+            self.config, self.sink, self.stats, self.counter.name, self.request_stop, self.warnings
         )
         self.judge = RefusalJudge(len(self.pool.servers), self._release, lambda r: self.request_stop(r, EXIT_OUTAGE))
         self.watch = Watch(self.config.stall_minutes * 60, self.config.on_stall, str(self.config.out))
+        if self.config.turns == "all":
+            self.use_turns()
 
     def use_turns(self) -> None:
         """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
@@ -142,12 +195,12 @@ class Runner:
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
             while not self.stopping.is_set():
-                batch, end = await loop.run_in_executor(pool, self.reader.next_batch)
+                batch, end = await loop.run_in_executor(pool, self.feed.next_batch)
                 record = self.tracker.batch(end, [p.line for p in batch if isinstance(p, Prompt)])
                 for item in batch:
                     if isinstance(item, Prompt):
                         self.stats.read += 1
-                        self.undispatched += 1
+                        self.stats.undispatched += 1
                         if self.turns is not None:
                             self.turns.owe(item)
                         await queue.put(item)
@@ -157,7 +210,7 @@ class Runner:
                 if not batch:
                     break
         if self.turns is None:
-            self.pool.backlog = lambda: self.undispatched  # the input is exhausted: the tail begins
+            self.pool.backlog = lambda: self.stats.undispatched  # the input is exhausted: the tail begins
         for _ in range(workers):
             await queue.put(None)
         if self.turns is not None:  # conversations read are far from done: the tail begins with their last turns
@@ -184,7 +237,7 @@ class Runner:
     async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
         dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
         while (prompt := await queue.get()) is not None:
-            self.undispatched -= 1
+            self.stats.undispatched -= 1
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
             transient = await (self._converse(prompt) if self.turns is not None else self._send(prompt, dispatch))
@@ -194,7 +247,7 @@ class Runner:
     def _settle(self, prompt: Prompt, transient: bool) -> None:
         """A written prompt for the input cursor: passed, or (transient) held before."""
         if transient:
-            self.reader.source.logging = False  # the input cursor stops short of this row
+            self.feed.hold_cursor()
         self.tracker.settled(prompt.line, ok=not transient)
 
     def _release(self, prompt: Prompt, sent: Sent) -> None:
@@ -219,14 +272,16 @@ class Runner:
 
     def save_cursor(self) -> None:
         """Record how far the input is settled (the next run starts reading there)."""
-        if self.keeper is not None and self.recorder.fatal is None:
-            self.keeper.save(self.tracker.mark, self.reader.source)
+        if self.cursor is not None and self.recorder.fatal is None:
+            self.cursor.save()
 
     def write_status(self, state: str) -> None:
-        """Replace status.json with a snapshot (a failure to write it never stops the run)."""
+        """Replace the status file with a snapshot (a failure to write it never stops the run)."""
+        doc = snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts)
+        if self.status_extra is not None:
+            doc.update(self.status_extra())
         with contextlib.suppress(OutputError):
-            path = RunDir(self.config.out).writer().status
-            write_status(path, snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts))
+            write_status(self.status_path or RunDir(self.config.out).writer().status, doc)
 
 
 def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
@@ -237,7 +292,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(
         stop_reason=runner.stop_reason or None,
-        input_cursor=runner.reader.started,
+        input_cursor=runner.feed.started,
         samples=runner.config.samples,
         learned_offset=runner.path.learner.offset,
     )
@@ -311,21 +366,24 @@ async def _run_locked(
     found = resume.files.get(RunDir(config.out).writer().completions.name)
     writer = RunWriter(config.out, config.fsync_interval, None, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
+    tracker = MarkTracker()
     keeper = (
         None
         if config.limit is not None
         else cursor.CursorKeeper(config.out, config.input, None, resumed, config.samples)
     )
-    runner = Runner(config, counter, path, pool, writer, resume, stats, reader, keeper, client=client)
-    runner.dispatch = SampleDispatch(path, extra, runner.warnings.append)
-    if config.turns == "all":
-        runner.use_turns()
+    marks = None if keeper is None else InputCursor(keeper, tracker, reader.source)
+    warnings: list[str] = []
+    dispatch = SampleDispatch(path, extra, warnings.append)
+    runner = Runner(
+        config, counter, path, pool, writer, stats, reader, tracker, marks, client, dispatch, warnings=warnings
+    )
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
     if resume.torn_bytes:
         runner.warnings.append(f"moved a torn last line ({resume.torn_bytes} bytes) aside to *.torn")
     if handle_signals:
-        restore_signals = install_run_handlers(runner.request_stop, runner.writer.sync, config.grace_period)
+        restore_signals = install_run_handlers(runner.request_stop, runner.sink.sync, config.grace_period)
     else:
         restore_signals = no_handlers
     try:
@@ -340,7 +398,7 @@ def no_handlers() -> None:
 
 async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     """Run until done or stopped, then write what the run leaves behind (cursor, status, summary)."""
-    config, writer, stats = runner.config, runner.writer, runner.stats
+    config, writer, stats = runner.config, runner.sink, runner.stats
     try:
         await runner.run()
     except OutputError:

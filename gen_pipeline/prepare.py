@@ -12,10 +12,8 @@ rows are written as they are accepted into `<out>.tmp`, which replaces `<out>` o
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from .errors import ConfigError, OutputError
 from .formats import FORMATS, InvalidRowError, RowConverter, jsonl_rows, open_source
 from .records import PERMANENT_REASONS, id_key
 from .rows import RowError, parse_row
-from .rundir import RunDir, write_json_atomic
+from .rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -268,74 +266,3 @@ def prepare(config: PrepareConfig) -> PrepareReport:
             report.formats[src] = dict(convert.seen)
     report.seconds = time.monotonic() - start
     return report
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `prepare` flags."""
-    add = parser.add_argument
-    add(
-        "--input",
-        "-i",
-        action="append",
-        required=True,
-        metavar="SRC",
-        help="JSONL/JSON/Parquet/CSV/TXT file, dataset folder or hub name (repeatable)",
-    )
-    add("--out", "-o", type=Path, required=True, help="prompts JSONL to write")
-    add(
-        "--exclude",
-        action="append",
-        type=Path,
-        default=[],
-        metavar="PATH",
-        help="drop prompts already in this prompts file, run dir or JSONL folder (repeatable)",
-    )
-    add(
-        "--format",
-        choices=["auto", *FORMATS],
-        default="auto",
-        help="conversation format of every source (default: judged per row from its columns)",
-    )
-    add("--split", default="train", help="split of dataset sources (default train)")
-    add("--subset", help="config name of a hub dataset")
-    add("--limit", type=int, help="read at most N rows of each source")
-    add("--streaming", action="store_true", help="stream a hub dataset instead of downloading it")
-    add(
-        "--keep-reference",
-        action="store_true",
-        help="keep the dropped answer as `reference` (meta.reference in the output)",
-    )
-    add(
-        "--keep-turns",
-        action="store_true",
-        help="keep a conversation's system and user turns, for generate --turns all (deduplicated on them)",
-    )
-    add("--report", type=Path, help="also write the counts to this JSON file")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run `prepare` from parsed flags; print the one-line summary."""
-    config = PrepareConfig(
-        inputs=tuple(args.input),
-        out=args.out,
-        exclude=tuple(args.exclude),
-        format=args.format,
-        split=args.split,
-        subset=args.subset,
-        limit=args.limit,
-        streaming=args.streaming,
-        keep_reference=args.keep_reference,
-        keep_turns=args.keep_turns,
-        report=args.report,
-    )
-    report = prepare(config)
-    if config.report is not None:
-        write_json_atomic(config.report, report.to_dict())
-    print(report.line(config.out))
-    return 0
-
-
-if __name__ == "__main__":
-    from .cli import main as cli_main
-
-    sys.exit(cli_main(["prepare", *sys.argv[1:]]))

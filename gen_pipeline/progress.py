@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .alerts import progress_text
 from .cost import cost_lines
 from .display import Progress
 from .errors import EXIT_OUTAGE
@@ -53,6 +54,7 @@ class RunStats:
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
     started: float = -1.0  # clock() at creation unless given
     read: int = 0
+    undispatched: int = 0  # prompts read and queued, not yet taken by a Runner worker
     completed: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
@@ -277,16 +279,14 @@ async def watch_run(runner: Any) -> None:
             if time.monotonic() - last_status >= STATUS_INTERVAL:
                 last_status = time.monotonic()
                 runner.write_status("stopping" if runner.stopping.is_set() else "running")
-            if runner.keeper is not None and runner.keeper.due():
+            if runner.cursor is not None and runner.cursor.due():
                 runner.save_cursor()
             outage = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
             tail = runner.pool.backlog is not None  # the input is read: slow servers are left idle on purpose
             runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock(), tail)
-            if runner.alerts:
-                more = f" (+{len(runner.alerts) - 1} more: gen-pipeline status)" if len(runner.alerts) > 1 else ""
-                extra += f" | ALERT: {runner.alerts[0]}{more}"
+            extra += progress_text(runner.alerts)
             show(progress, runner.stats, extra)
             if outage > runner.config.outage_timeout:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)

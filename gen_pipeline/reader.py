@@ -60,6 +60,10 @@ class BatchReader:
         self.floor = SizeFloor(counter)
         self.history = TurnHistory(config.out / name for name in resume.files)
 
+    def hold_cursor(self) -> None:
+        """A row failed for a transient reason: the input cursor stops short of it."""
+        self.source.logging = False
+
     def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
         """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
         counting the rows skipped on the way (a resume skips 650k rows without handing over each); and

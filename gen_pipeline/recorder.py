@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .config import RunConfig
 from .cost import useful_tokens
@@ -24,7 +24,6 @@ from .records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from .rows import BadRow
 from .runtime import say
 from .source import Skipped
-from .store import RunWriter
 from .tokens.conversation import shapes
 
 log = logging.getLogger("gen_pipeline")
@@ -33,13 +32,23 @@ log = logging.getLogger("gen_pipeline")
 POISON_NAMED = 10
 
 
+class Lines(Protocol):
+    """What the Recorder writes to (the Runner's sink)."""
+
+    def write_completion(self, completion: Completion) -> None:
+        """Append one completion line."""
+
+    def write_failure(self, failure: Failure) -> None:
+        """Append one ledger entry."""
+
+
 class Recorder:
     """Writes each outcome once and counts it; `stop(reason, exit_code)` ends the run on a failed write."""
 
     def __init__(
         self,
         config: RunConfig,
-        writer: RunWriter,
+        writer: Lines,
         stats: RunStats,
         tokenizer: str,
         stop: Callable[[str, int], None],

@@ -102,7 +102,9 @@ def parsed_id(raw: bytes) -> RowId | None:
         row = orjson.loads(raw)
     except (orjson.JSONDecodeError, UnicodeDecodeError):
         return None
-    rid = row.get("id", row.get("custom_id")) if isinstance(row, dict) else None  # custom_id: OpenAI Batch
+    if isinstance(row, dict) and "custom_id" in row and "body" in row:  # an OpenAI Batch line (rows.is_batch_line)
+        row = {"id": row["custom_id"]}
+    rid = row.get("id") if isinstance(row, dict) else None
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
@@ -267,3 +269,15 @@ ALL_REASONS = PERMANENT_REASONS | TRANSIENT_REASONS
 MAX_SAMPLES = 4096
 # The most user turns one conversation may have under --turns all (a line's `turn` is below it).
 MAX_TURNS = 4096
+
+
+TEMPLATE_FIELDS = ("tools", "chat_template_kwargs")  # request fields the template sees beside the messages
+
+
+def template_input_error(tools: Any, template_kwargs: Any) -> str | None:
+    """Why a request's tools or chat_template_kwargs cannot be rendered (as a server would refuse them)."""
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        return "tools must be a list of objects (OpenAI tools)"
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        return "chat_template_kwargs must be an object"
+    return None

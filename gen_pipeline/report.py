@@ -7,16 +7,13 @@ the plots are described in gen_pipeline/plots.py. Plots need matplotlib (`pip in
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from pathlib import Path
 from typing import Any
 
 from .cost import cost_lines
-from .errors import ConfigError
 from .ledger import ledger_reasons
-from .rundata import Completions, completion_files, distribution, read_completions, read_json
-from .rundir import MANIFEST, SUMMARY
+from .rundata import Completions, distribution
 
 INSTALL_HINT = "plots need matplotlib: pip install 'gen-pipeline[report]'"
 
@@ -101,30 +98,3 @@ def render_table(run: Path, rows: Completions, summary: dict[str, Any] | None, m
 
 def has_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `report` flags."""
-    parser.add_argument("dir", type=Path, metavar="RUN_DIR", help="the run directory")
-    parser.add_argument("--out", "-o", type=Path, help="where the plots go (default RUN_DIR/report)")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Print the table and write the plots."""
-    run: Path = args.dir
-    summary = read_json(run / SUMMARY)
-    if not completion_files(run) and summary is None:
-        raise ConfigError(f"{run} is not a run directory (no completions*.jsonl, no summary.json)")
-    rows = read_completions(run)
-    manifest = read_json(run / MANIFEST)
-    print(render_table(run, rows, summary, manifest))
-    if not len(rows):
-        print("no completions yet: no plots")
-    elif not has_matplotlib():
-        print(INSTALL_HINT)
-    else:
-        from .plots import write_plots
-
-        for path in write_plots(rows, summary, manifest, args.out or run / "report"):
-            print(f"wrote {path}")
-    return 0

@@ -1,6 +1,6 @@
 """The request path for one prompt, one concern per layer:
 
-generate_one   -> budget retries: a context 400 re-computes max_tokens from the server's numbers
+send           -> budget retries: a context 400 re-computes max_tokens from the server's numbers
 _with_retries  -> transport retries (tenacity): back off, move to another server
 _on_server     -> lease a server slot, send once, record the outcome on the server
 client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names another model is not a completion
@@ -31,11 +31,10 @@ from .errors import (
 )
 from .http import ChatResult, Client
 from .progress import RunStats
-from .records import Completion, Failure, Prompt
+from .records import TEMPLATE_FIELDS, Completion, Failure, Prompt
 from .retry import with_transport_retries
 from .serverstate import ServerState
 from .tokens.budget import OffsetLearner, rebudget, room_needed
-from .tokens.conversation import TEMPLATE_FIELDS
 from .usage import usage_problem
 
 log = logging.getLogger("gen_pipeline")
@@ -152,19 +151,11 @@ class RequestPath:
         """The request body for this prompt."""
         return request_body(self.config.sampling, prompt, self.model, max_tokens)
 
-    async def generate_one(self, prompt: Prompt, max_tokens: int) -> Completion | Failure:
-        """Send the prompt; on a context 400, shrink the budget to what the server says fits."""
-        track = Track()
-        sent = await self.send(prompt, max_tokens, {}, track)
-        if isinstance(sent, Failure):
-            return sent
-        return self._completion(prompt, sent[0], sent[1], track)
-
     async def send(
         self, prompt: Prompt, max_tokens: int, extra: dict[str, Any], track: Track
     ) -> tuple[ChatResult, int] | Failure:
-        """generate_one with `extra` request fields (n, a sample's seed), returning what the server
-        answered and the max_tokens that got it."""
+        """Send the prompt with `extra` request fields (n, a sample's seed); on a context 400, shrink the
+        budget to what the server says fits. What the server answered and the max_tokens that got it."""
         error: RequestError | None = None
         track.input_tokens = prompt.input_tokens
         for _ in range(self.config.retry.budget_attempts):
@@ -271,7 +262,8 @@ class RequestPath:
                 "Run again with --accept-checkpoint to go on with the new checkpoint (each line names its own)"
             ) from exc
 
-    def _completion(self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track) -> Completion:
+    def completion(self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track) -> Completion:
+        """The output line of a choice the server answered for `prompt` with `max_tokens`."""
         return Completion(
             id=prompt.id,
             messages=prompt.messages,

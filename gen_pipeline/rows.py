@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 
 from .errors import RequestShapeError
-from .records import ROLES, Messages, Prompt, RowId, content_id
+from .records import ROLES, TEMPLATE_FIELDS, Messages, Prompt, RowId, content_id, template_input_error
 from .samples import row_samples
-from .tokens.conversation import TEMPLATE_FIELDS, content_texts, template_input_error
+from .tokens.conversation import content_texts
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 
@@ -159,13 +159,18 @@ def parse_row(raw: bytes, line: int) -> Prompt:
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object", "not_json_object")
     try:
-        return _prompt(raw, from_batch(row) if "custom_id" in row else row, line)
+        return _prompt(raw, from_batch(row) if is_batch_line(row) else row, line)
     except RowError as exc:
         raise RowError(as_written(str(exc), raw), exc.tag) from None
 
 
 BATCH_KEYS = frozenset({"custom_id", "method", "url", "body"})
 BATCH_URLS = frozenset({"/v1/chat/completions", "/chat/completions"})
+
+
+def is_batch_line(row: dict[str, Any]) -> bool:
+    """An OpenAI Batch request line: a custom_id and a body (a row of ours may carry a custom_id in its meta)."""
+    return "custom_id" in row and "body" in row
 
 
 def from_batch(line: dict[str, Any]) -> dict[str, Any]:

@@ -37,8 +37,9 @@ summary.json. `status` exits 0 while the run is running and once it has finished
 and 3 (as an init script's `status` does for a program not running) when it is not running: crashed,
 killed, stopped, or finished with another exit code; run the same command again to resume.
 
-Under `generate --workers K`, worker i writes status-KKKKK.json (i in 5 digits: status-00000.json; same
-schema) and summary-KKKKK.json, and the parent writes the merged summary.json once all have ended. When
+A claimed-shard run (`--shards`, `--join`, `--workers K`) is shown by claimstatus.py: one line per claimer.
+A run directory of an older version whose static `--workers K` wrote status-KKKKK.json (worker i in 5
+digits: status-00000.json; same schema) and summary-KKKKK.json is still shown as it was then. When
 the newest status-*.json is fresher than status.json, `status` merges the workers into one view. Each
 worker is judged alone by the rules above (its own summary-KKKKK.json counts as "after it", its lock is
 .lock-KKKKK) and gets a line (pid, state, age, done), so a dead worker shows while the others run. Counts,
@@ -52,25 +53,25 @@ than .lock are an earlier run's (one with more workers) and are left out.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .display import duration
+from .errors import EXIT_INCOMPLETE, EXIT_OK, ConfigError
 from .inputfile import input_lines
 from .ledger import ledger_reasons
 from .locks import holder, is_held
 from .progress import format_summary
 from .rundata import completion_files, read_json
 from .rundir import LOCK, MANIFEST, STATUS, SUMMARY, RunDir
-from .statustext import ago, count_lines, duration, render_status, status_lines
+from .statustext import ago, count_lines, render_status, status_lines
 from .summary import merge_statuses
 
 STALE_AFTER = 30.0  # seconds without an update before a run counts as not running (when no lock tells)
-EXIT_RUNNING_OR_OK = 0
-EXIT_NOT_RUNNING = 3  # crashed, killed, stopped or finished badly: the run wants the same command again
+EXIT_RUNNING_OR_OK = EXIT_OK
+EXIT_NOT_RUNNING = EXIT_INCOMPLETE  # crashed, killed, stopped or finished badly: the run wants the same command again
 
 
 def file_counts(run: Path, manifest: dict[str, Any] | None) -> str:
@@ -268,25 +269,3 @@ def _describe_claimed(
     if running:
         return body, EXIT_RUNNING_OR_OK
     return [*_gone(newest, "\n".join(body), now), file_counts(run, manifest)], EXIT_NOT_RUNNING
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `status` flags."""
-    parser.add_argument("dir", type=Path, metavar="RUN_DIR", help="the run directory")
-    parser.add_argument("--watch", type=float, metavar="SECONDS", help="print again every SECONDS until Ctrl-C")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Print the run's status (once, or every --watch seconds); exit 0 while it runs or once it finished
-    well, 3 when it is not running (crashed, killed, stopped, finished with another exit code)."""
-    text, code = inspect_run(args.dir)
-    print(text, flush=True)  # flushed: a reader such as `| head` sees each view as it comes
-    if not args.watch:
-        return code
-    try:
-        while True:
-            time.sleep(args.watch)
-            text, code = inspect_run(args.dir)
-            print(f"\n{text}", flush=True)
-    except KeyboardInterrupt:
-        return code

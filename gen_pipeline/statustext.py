@@ -6,18 +6,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .display import duration
+
 CHUNK = 1 << 20
 # Seconds without a row settled before a running run is shown as stalled (an outage, a hung fleet): its
 # rates (run averages) and ETA would go on showing how it was doing before.
 STALLED_AFTER = 60.0
-
-
-def duration(seconds: float) -> str:
-    """Seconds as "1h 02m", "3m 04s" or "5 s"."""
-    s = int(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s} s"
 
 
 def _server_line(url: str, s: dict[str, Any]) -> str:

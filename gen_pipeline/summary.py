@@ -164,6 +164,7 @@ SUMMARY_RULES: dict[str, Any] = {
     "gpus_per_server": Rule(largest, optional=True),
     "valid_output_tokens": Rule(total, optional=True),
     "untruncated_output_tokens": Rule(total, optional=True),
+    "conversations": Rule(lambda v: conversations_merged(v), optional=True),  # --turns all
 }
 
 STATUS_RULES: dict[str, Any] = {
@@ -253,6 +254,16 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "warnings": warnings,
         **conversations_view(stats),
     }
+
+
+def conversations_merged(parts: list[Doc]) -> Doc:
+    """The parts' conversations_view added up."""
+    counts: Counter[str] = Counter()
+    ended: Counter[str] = Counter()
+    for part in parts:
+        counts.update({k: v for k, v in part.items() if k != "ended_at_turn"})
+        ended.update(part.get("ended_at_turn") or {})
+    return {**counts, "ended_at_turn": {t: ended[t] for t in sorted(ended, key=int)}}
 
 
 def conversations_view(stats: Any) -> Doc:

@@ -23,6 +23,7 @@ from typing import Any
 
 from .exportconfig import REQUEST_COLUMNS, ExportConfig, ExportStats, is_completion
 from .formats import jsonl_rows
+from .provenance import checkpoint_key
 from .records import id_key
 from .rundata import completion_files
 from .samples import record_place, sample_key
@@ -56,10 +57,12 @@ def conversation_rows(
 
 
 def _conversation(obj: dict[str, Any]) -> tuple[int, int]:
-    """The (id, sample) key of a line's conversation, and its turn."""
+    """The (id, sample) key of a line's conversation, mixed with its checkpoint's (two checkpoints' answers to
+    one conversation are two conversations; turns of one written by another checkpoint are not its own), and
+    its turn."""
     place = record_place(obj)
     assert place is not None
-    return sample_key(id_key(obj["id"]), place[0]), place[1]
+    return checkpoint_key(sample_key(id_key(obj["id"]), place[0]), obj), place[1]
 
 
 def _row(obj: dict[str, Any], turn: int, kept: int, config: ExportConfig, stats: ExportStats) -> dict[str, Any] | None:

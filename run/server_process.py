@@ -37,10 +37,12 @@ def start(name: str, argv: Sequence[str], env: Mapping[str, str], port: int, run
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail(log)}")
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
-                if resp.status == 200:
-                    return url
+        with (
+            contextlib.suppress(OSError, urllib.error.URLError),
+            urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp,
+        ):
+            if resp.status == 200:
+                return url
         time.sleep(2)
     stop(name, run_dir)
     raise RuntimeError(f"{name} not ready after {timeout:.0f} s:\n{tail(log)}")

@@ -302,14 +302,17 @@ def test_full_outage_waits_then_resumes():
     """With every server down the lease waits (nothing fails) and proceeds once one returns."""
 
     async def scenario():
-        p = ServerPool([ServerState("s0", 2)])
-        p.record_failure(p.servers[0], RequestTimeout("x"))
-        p.record_failure(p.servers[0], RequestTimeout("x"))
-        p.record_failure(p.servers[0], RequestTimeout("x"))  # down for the 1 s cooldown
+        clock = Clock()
+        p = ServerPool([ServerState("s0", 2)], clock)
+        for _ in range(health.EXPENSIVE_IN_A_ROW):
+            p.record_failure(p.servers[0], RequestTimeout("x"))  # down for the first cooldown
         task = asyncio.create_task(_hold(p))
-        await asyncio.sleep(0.3)
-        assert not task.done() and p.outage_seconds() > 0.2
-        await asyncio.wait_for(task, 3)
+        for _ in range(5):
+            await asyncio.sleep(0)  # the lease is queued
+        clock.now += 0.3
+        assert not task.done() and p.outage_seconds() == pytest.approx(0.3)
+        clock.now += health.INITIAL_COOLDOWN
+        await asyncio.wait_for(task, 3)  # its next look (every POLL_S) finds the lock-out over
         assert p.servers[0].requests == 1
 
     asyncio.run(asyncio.wait_for(scenario(), 10))

@@ -144,7 +144,10 @@ def test_second_generate_refused_unless_join(write_jsonl, tmp_path):
         refused = run_generate(path, out, servers)
         assert refused.returncode == 1 and "--join" in refused.stderr
         joiner = generate(path, out, servers, "--join", "--concurrency", "4")
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(RunDir(out).claimers()) < 2:
+            time.sleep(0.05)  # until the joiner has claimed shards and runs (its status file)
+        assert len(RunDir(out).claimers()) == 2
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=30)
         _, err = joiner.communicate(timeout=120)

@@ -11,8 +11,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from gen_pipeline import export, status
+from gen_pipeline import status
+from gen_pipeline.cli import export as cli_export
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.exportconfig import DEFAULT_COLUMNS
 from gen_pipeline.ledger import ledger_reasons
 from gen_pipeline.records import Completion, Failure
 from gen_pipeline.trainrow import REQUEST_COLUMNS
@@ -51,8 +53,8 @@ def run_dir(tmp_path: Path) -> Path:
 
 def run_export(*argv: Any) -> int:
     parser = argparse.ArgumentParser()
-    export.add_arguments(parser)
-    return export.main(parser.parse_args([str(a) for a in argv]))
+    cli_export.add_arguments(parser)
+    return cli_export.main(parser.parse_args([str(a) for a in argv]))
 
 
 def read_parquet(out: Path, tmp_path: Path) -> datasets.Dataset:
@@ -65,7 +67,7 @@ def test_round_trip_through_parquet(run_dir, tmp_path):
     out = tmp_path / "ds"
     assert run_export(run_dir, "--out", out) == 0
     ds = read_parquet(out, tmp_path)
-    assert ds.column_names == ["messages", *REQUEST_COLUMNS, *export.DEFAULT_COLUMNS]
+    assert ds.column_names == ["messages", *REQUEST_COLUMNS, *DEFAULT_COLUMNS]
     assert sorted(ds["id"]) == ["0", "1", "2"]
     row = next(r for r in ds if r["id"] == "0")
     assert [{k: v for k, v in m.items() if v is not None} for m in row["messages"]] == [
@@ -151,7 +153,7 @@ def test_an_empty_run_exports_an_empty_dataset(tmp_path):
     run_export(run, "--out", tmp_path / "ds")
     # datasets cannot load a split with no rows, so read the file with pyarrow
     table = pq.read_table(tmp_path / "ds" / "data" / "train-00000-of-00001.parquet")
-    assert (table.num_rows, table.column_names) == (0, ["messages", *REQUEST_COLUMNS, *export.DEFAULT_COLUMNS])
+    assert (table.num_rows, table.column_names) == (0, ["messages", *REQUEST_COLUMNS, *DEFAULT_COLUMNS])
 
 
 @pytest.mark.parametrize(

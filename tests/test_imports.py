@@ -98,3 +98,17 @@ def test_no_private_name_is_imported_across_modules() -> None:
         if base.startswith("gen_pipeline") and taken and taken.startswith("_") and not taken.startswith("__")
     ]
     assert private == []
+
+
+def test_nothing_below_the_command_line_imports_it() -> None:
+    """gen_pipeline.cli is the top: only its own modules and `python -m gen_pipeline` import it."""
+    modules = module_files()
+    upward = [
+        f"{name} imports {target}"
+        for name, edges in import_graph(modules).items()
+        for target in edges
+        if target.startswith("gen_pipeline.cli")
+        and not name.startswith("gen_pipeline.cli")
+        and name != "gen_pipeline.__main__"
+    ]
+    assert upward == []

@@ -12,9 +12,12 @@ import pytest
 from e2e import prompts
 from prometheus_client.parser import text_string_to_metric_families
 
+from gen_pipeline.balancer import ServerPool
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.metrics import server_label, worker_args, worker_file
+from gen_pipeline.errors import ConfigError
+from gen_pipeline.metrics import RunCollector, worker_args, worker_file
 from gen_pipeline.modes import run_async
+from gen_pipeline.serverstate import ServerState
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 SERIES = (
@@ -101,7 +104,7 @@ def test_metrics_port_serves_each_series_with_a_dead_and_a_flaky_server(tmp_path
     for samples in (mid[-1], final):
         names = {name for name, _ in samples}
         assert set(SERIES) <= names, set(SERIES) - names
-    dead, flaky = (server_label(f"http://127.0.0.1:{p}") for p in ports[:2])
+    dead, flaky = (f"http://127.0.0.1:{p}" for p in ports[:2])
     assert value(mid[-1], "gen_pipeline_server_up", server=dead) == 0
     assert value(final, "gen_pipeline_server_up", server=dead) == 0
     summary = outcome.summary
@@ -120,10 +123,16 @@ def test_metrics_port_serves_each_series_with_a_dead_and_a_flaky_server(tmp_path
     assert not any("secret" in label.lower() or "user@" in label for label in labels), labels
 
 
-def test_server_label_drops_credentials_and_query() -> None:
-    """A label keeps scheme, host, port and path: never a user, password or query token."""
-    assert server_label("https://u:p@gpu1:30000/v1?token=x#f") == "https://gpu1:30000/v1"
-    assert server_label("http://[::1]:8000") == "http://[::1]:8000"
+def test_server_labels_are_the_servers_names_without_credentials(tmp_path: Path) -> None:
+    """A label keeps scheme, host, port and path: never a user or password (the config names servers without
+    them), and a query token never gets that far (a server URL with a query is refused)."""
+    cfg = RunConfig(input=tmp_path / "in", out=tmp_path / "o", servers="https://u:p@gpu1:30000/v1,http://[::1]:8000")
+    pool = ServerPool(ServerState(url, 4) for url in cfg.servers)
+    labels = {s.labels["server"] for family in RunCollector(None, pool, "0")._servers() for s in family.samples}
+    assert labels == {"https://gpu1:30000/v1", "http://[::1]:8000"}
+    with pytest.raises(ConfigError, match="no query") as info:
+        RunConfig(input=tmp_path / "in", out=tmp_path / "o", servers="https://u:p@gpu1:30000/v1?token=x#f")
+    assert "token=x" not in str(info.value) and ":p@" not in str(info.value)
 
 
 def test_each_worker_gets_its_own_port_file_and_label(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gen_pipeline import export
+from gen_pipeline.cli import export as cli_export
 
 REPO = Path(__file__).resolve().parents[1]
 NIGHTLY = REPO / "run" / "nightly.sh"
@@ -137,8 +137,8 @@ def test_two_runs_in_a_night_then_a_new_night(tmp_path):
     assert (ds / "logs" / "nightly-2026-01-02.log").exists()
 
     parser = argparse.ArgumentParser()
-    export.add_arguments(parser)
-    export.main(parser.parse_args([str(ds), "--out", str(tmp_path / "dataset")]))
+    cli_export.add_arguments(parser)
+    cli_export.main(parser.parse_args([str(ds), "--out", str(tmp_path / "dataset")]))
     assert "| rows | 9 |" in (tmp_path / "dataset" / "README.md").read_text()
 
 

@@ -239,7 +239,7 @@ def test_reasoning_content_is_kept_and_exported(write_jsonl, tmp_path):
 
     import datasets
 
-    from gen_pipeline import export
+    from gen_pipeline.cli import export as cli_export
 
     path = write_jsonl(prompts(6))
     run_sim(path, tmp_path / "plain")
@@ -250,10 +250,10 @@ def test_reasoning_content_is_kept_and_exported(write_jsonl, tmp_path):
     assert all(isinstance(r["reasoning_content"], str) and r["reasoning_content"] for r in lines)
     assert list(lines[0])[:5] == ["id", "sample", "messages", "completion", "reasoning_content"]
     parser = argparse.ArgumentParser()
-    export.add_arguments(parser)
+    cli_export.add_arguments(parser)
     argv = [str(tmp_path / "think"), "--out", str(tmp_path / "ds"), "--save-to-disk"]
     argv += ["--columns", "id,reasoning_content"]
-    assert export.main(parser.parse_args(argv)) == 0
+    assert cli_export.main(parser.parse_args(argv)) == 0
     rows = {r["id"]: r["reasoning_content"] for r in datasets.load_from_disk(str(tmp_path / "ds"))}
     assert rows == {str(r["id"]): r["reasoning_content"] for r in lines}
 

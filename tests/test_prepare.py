@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from gen_pipeline import cli, prepare
+from gen_pipeline.cli import prepare as cli_prepare
 from gen_pipeline.errors import ConfigError
 from gen_pipeline.formats import InvalidRowError, RowConverter, detect_format
 from gen_pipeline.prepare import valid_line
@@ -39,8 +40,8 @@ def infinity_row(i: int, question: str, answer: str = "Sure.") -> dict[str, Any]
 
 def run_prepare(*argv: Any) -> int:
     parser = argparse.ArgumentParser()
-    prepare.add_arguments(parser)
-    return prepare.main(parser.parse_args([str(a) for a in argv]))
+    cli_prepare.add_arguments(parser)
+    return cli_prepare.main(parser.parse_args([str(a) for a in argv]))
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -311,11 +312,11 @@ def test_cli_reports_config_errors_on_one_line(tmp_path, capsys):
 
 
 def test_module_runs_alone_and_reports_an_unreachable_hub(tmp_path):
-    """`python -m gen_pipeline.prepare` runs alone; an unreachable hub name is a clean error."""
+    """`python -m gen_pipeline prepare` runs alone; an unreachable hub name is a clean error."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     argv = ["--input", "someone/no-such-dataset", "--out", str(tmp_path / "o.jsonl")]
     result = subprocess.run(
-        [sys.executable, "-m", "gen_pipeline.prepare", *argv],
+        [sys.executable, "-m", "gen_pipeline", "prepare", *argv],
         capture_output=True,
         text=True,
         env=env,

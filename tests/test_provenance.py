@@ -369,6 +369,7 @@ def test_only_what_both_servers_report_is_compared():
     assert not known.same_checkpoint(ServerIdentity("vllm", "0.11.0", "/ckpt/a", None, "m"))
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
 @pytest.mark.parametrize("late", [NIGHT1, NIGHT2], ids=["same-checkpoint", "other-checkpoint"])
 def test_a_server_down_at_start_comes_in_only_with_the_runs_checkpoint(write_jsonl, tmp_path, late):
     """A server that answers only after the run started is asked what it serves: the same identity joins the
@@ -398,3 +399,16 @@ def test_a_server_down_at_start_comes_in_only_with_the_runs_checkpoint(write_jso
         assert served > 0 and "retired" not in view
     else:
         assert served == 0 and view["retired"]
+
+
+def test_export_of_two_checkpoints_conversations_keeps_both(write_jsonl, tmp_path):
+    """--turns all runs of two checkpoints over the same conversations: each conversation once per checkpoint,
+    complete, its turns all from that checkpoint."""
+    from e2e import conversation_rows
+
+    inp = write_jsonl(conversation_rows(3))
+    night(_sim(**NIGHT1), inp, tmp_path / "a", turns="all")
+    night(_sim(**NIGHT2), inp, tmp_path / "b", turns="all")
+    stats, ds = _export([tmp_path / "a", tmp_path / "b"], tmp_path / "ds")
+    assert len(ds) == 6 and stats.conversations == {"complete": 6}
+    assert sorted(Counter(ds["checkpoint"]).values()) == [3, 3]

@@ -666,9 +666,9 @@ def test_stop_kills_exactly_the_recorded_pids(tmp_path: Path, procs: Procs) -> N
 
 def test_stop_escalates_to_sigkill_after_the_timeout(tmp_path: Path, procs: Procs) -> None:
     """A process that ignores SIGTERM is killed with SIGKILL once --timeout passes."""
-    stubborn = start(["bash", "-c", "trap '' TERM; exec sleep 300"])
+    stubborn = start(["bash", "-c", "trap '' TERM; echo trapped; exec sleep 300"], stdout=subprocess.PIPE)
     procs.append(stubborn)
-    time.sleep(0.2)  # let bash install the trap before exec
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"trapped\n"  # the trap is in place
     pid_file = write_pid_file(tmp_path / "run", 30000, stubborn.pid)
     proc = stop(tmp_path / "run", "--timeout", "1")
     assert proc.returncode == 0, proc.stderr

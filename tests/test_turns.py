@@ -311,3 +311,38 @@ def test_a_next_turn_waiting_behind_others_gets_the_room_kept_for_it():
         assert await asyncio.wait_for(newcomer, 1) is pool.servers[0]
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_retry_failed_goes_on_with_an_ended_conversation_and_status_and_report_count_it(write_jsonl, tmp_path):
+    """--retry-failed over_length on a longer context goes on with the conversation at the turn that did not
+    fit, from the answers written; status and report read the run."""
+    from gen_pipeline.cli import main
+
+    long = [{"role": "user", "content": "word " * 120} for _ in range(4)]
+    path, out = write_jsonl([{"id": "long", "messages": long}, *conversation_rows(2)]), tmp_path / "out"
+    run_sim(path, out, sim={"n_ports": 1, "context_length": 700}, turns="all", max_tokens=32, context_length=700)
+    ended = read_jsonl(out / "failures.jsonl")[0]["turn"]
+    assert main(["status", str(out)]) == 0 and main(["report", str(out)]) == 0
+    log = tmp_path / "requests.jsonl"
+    again, _ = run_sim(
+        path, out, sim={"n_ports": 1, "context_length": 4000, "request_log": str(log)}, turns="all", max_tokens=32,
+        context_length=700, retry_failed=frozenset({"over_length"}), force=True,
+    )  # fmt: skip
+    assert again.summary["requests"] == 0  # the same context: it still does not fit
+    more, _ = run_sim(
+        path, out, sim={"n_ports": 1, "context_length": 4000, "request_log": str(log)}, turns="all", max_tokens=32,
+        context_length=4000, retry_failed=frozenset({"over_length"}), force=True,
+    )  # fmt: skip
+    assert more.exit_code == 0 and more.summary["requests"] == 4 - ended
+    assert sorted(t for (i, _, t) in places(out) if i == "long") == [0, 1, 2, 3]
+    assert set(places(out).values()) == {1}
+
+
+def test_the_workers_summaries_add_up_their_conversations():
+    from gen_pipeline.summary import merge_summaries
+
+    a = {"completed": 5, "conversations": {"complete": 2, "ended_early": 1, "ended_at_turn": {"3": 1}}}
+    b = {"completed": 4, "conversations": {"complete": 1, "ended_early": 2, "ended_at_turn": {"3": 1, "10": 1}}}
+    merged = merge_summaries([a, b, {"completed": 0}], 1.0, 0)
+    assert merged["conversations"] == {"complete": 3, "ended_early": 3, "ended_at_turn": {"3": 2, "10": 1}}
+    assert "conversations" not in merge_summaries([{"completed": 1}], 1.0, 0)

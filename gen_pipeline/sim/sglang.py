@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PipelineError
-from ..tokens.conversation import template_input_error
+from ..records import template_input_error
 from .config import SimConfig
 
 QUEUE_FULL = "The request queue is full."

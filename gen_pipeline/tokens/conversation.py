@@ -61,18 +61,6 @@ class ServerView:
     template_kwargs: dict[str, Any]
 
 
-TEMPLATE_FIELDS = ("tools", "chat_template_kwargs")  # request fields the template sees beside the messages
-
-
-def template_input_error(tools: Any, template_kwargs: Any) -> str | None:
-    """Why a request's tools or chat_template_kwargs cannot be rendered (as a server would refuse them)."""
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        return "tools must be a list of objects (OpenAI tools)"
-    if template_kwargs is not None and not isinstance(template_kwargs, dict):
-        return "chat_template_kwargs must be an object"
-    return None
-
-
 def server_view(
     chat: ChatInput,
     tools: Any = None,

@@ -1,25 +1,13 @@
-"""The command line: argparse -> RunConfig -> pipeline. No logic lives here.
-
-Exit codes (generate): 0 every row ended in the output or under a permanent ledger reason;
-1 error (bad flags, unusable fleet, refused resume); 2 usage; 3 incomplete (transient failures are in
-the ledger: run again to retry them); 4 no server usable for --outage-timeout; 5 the output could not be
-written (disk full, I/O error); 130 interrupted (Ctrl-C, SIGTERM, SIGHUP). Codes 3, 4, 5 and 130 leave
-a resumable directory: run the same command again.
-"""
+"""`gen-pipeline generate`: its flags (shared with `check`) and the call into the library (modes.py)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
 import os
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
-from ._version import __version__
-from .config import (
+from ..config import (
     API_KEY_ENV,
     DEFAULT_CONCURRENCY,
     DEFAULT_FSYNC_INTERVAL,
@@ -35,25 +23,12 @@ from .config import (
     SERVER_AUTH_ENV,
     RunConfig,
 )
-from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OUTPUT, OutputError, PipelineError
-from .options import OPTIONS, build_config
-from .runtime import install_stop_handlers, restore_handlers, say, silence, tune_process
-from .watchflags import add_watch_flags
-
-EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
-# Subcommands that live in their own modules: name -> (module, help).
-PLUGGED = {
-    "simulate": ("gen_pipeline.sim", "serve a simulated SGLang fleet on localhost"),
-    "prepare": ("gen_pipeline.prepare", "turn datasets into deduplicated prompt JSONL"),
-    "export": ("gen_pipeline.export", "turn a run directory into a training dataset"),
-    "check": ("gen_pipeline.check", "preflight: fleet, tokenizer agreement and the budget plan"),
-    "status": ("gen_pipeline.status", "show how a run is doing (running, finished or stopped)"),
-    "report": ("gen_pipeline.report", "a run's summary as a table, plus plots"),
-}
+from ..options import OPTIONS, build_config
+from ..watchflags import add_watch_flags
 
 
-def _add_generate(sub: Any) -> None:
-    p = sub.add_parser("generate", help="generate completions for a prompts file")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The `generate` flags."""
     p.add_argument("--out", "-o", type=Path, required=True, help="run directory (created)")
     add_run_flags(p)
     p.add_argument(
@@ -75,7 +50,6 @@ def _add_generate(sub: Any) -> None:
     p.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # set by --workers K: K share a server
     p.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
     add_watch_flags(p)
-    p.set_defaults(func=_generate)
 
 
 def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
@@ -232,10 +206,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return build_config(**options)
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from .modes import run_command
-    from .runtime import quiet_streams, say
-    from .summary import describe
+def main(args: argparse.Namespace) -> int:
+    """Run `generate` from parsed flags (modes.run_command chooses how); print the summary."""
+    from ..modes import run_command
+    from ..runtime import quiet_streams, say
+    from ..summary import describe
 
     config = config_from_args(args)
     with quiet_streams():  # a closed stdout or stderr must not lose a stop, nor the summary on disk
@@ -244,77 +219,3 @@ def _generate(args: argparse.Namespace) -> int:
         if outcome.error is not None:
             say(f"error: {outcome.error}")
     return outcome.exit_code
-
-
-def _plug(sub: Any, name: str, module_name: str, help_text: str) -> None:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        return
-    p = sub.add_parser(name, help=help_text)
-    module.add_arguments(p)
-    p.set_defaults(func=module.main)
-
-
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line. With `command`, only that subcommand's module is imported and the other
-    plugged ones are listed by name: `generate` does not pay for importing the simulator and the rest (0.1-0.4 s)."""
-    parser = argparse.ArgumentParser(
-        prog="gen-pipeline",
-        description="Generate completions for a large prompts file on a fleet of SGLang servers.",
-        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"gen-pipeline {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    for name, (module_name, help_text) in PLUGGED.items():
-        if command is None or command == name:
-            _plug(sub, name, module_name, help_text)
-        else:
-            sub.add_parser(name, help=help_text)
-    return parser
-
-
-def _command(argv: list[str]) -> str | None:
-    """The subcommand named in argv, if it is one we know; None (build them all) otherwise."""
-    first = next((a for a in argv if not a.startswith("-")), None)
-    return first if first == "generate" or first in PLUGGED else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `gen-pipeline` command."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # first of all: a signal while `generate` starts (fleet discovery, tokenizer load) exits 130, one line
-    previous = install_stop_handlers() if _command(argv) == "generate" else {}
-    try:
-        return _main(argv)
-    finally:
-        restore_handlers(previous)
-
-
-def _main(argv: list[str]) -> int:
-    tune_process()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    args = build_parser(_command(argv)).parse_args(argv)
-    args.argv = argv  # --workers re-runs it per worker
-    try:
-        return int(args.func(args))
-    except OutputError as exc:
-        say(f"error: {exc}")
-        return EXIT_OUTPUT
-    except PipelineError as exc:
-        say(f"error: {exc}")
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        say("interrupted; the output directory stays resumable")
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:  # the reader went away (`status --watch | head`): nothing more to say
-        silence(sys.stdout)
-        return EXIT_BROKEN_PIPE
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

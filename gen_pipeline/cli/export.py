@@ -1,0 +1,74 @@
+"""`gen-pipeline export`: its flags and the call into export.py."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..export import export
+from ..exportconfig import DEFAULT_COLUMNS, DEFAULT_SHARD_ROWS, EXPORT_FORMATS, ExportConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `export` flags."""
+    add = parser.add_argument
+    add("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories to export")
+    add("--out", "-o", type=Path, required=True, help="dataset folder to create")
+    add(
+        "--columns",
+        default=",".join(DEFAULT_COLUMNS),
+        help="columns besides messages: completion fields or meta.KEY, comma separated "
+        f"(default {','.join(DEFAULT_COLUMNS)})",
+    )
+    add("--drop-truncated", action="store_true", help='leave out finish_reason "length" rows')
+    add(
+        "--drop-truncated-reasoning",
+        action="store_true",
+        help='leave out only the rows cut while still reasoning (truncated_in "reasoning")',
+    )
+    add("--group-samples", action="store_true", help="one row per prompt with the list of its completions")
+    add("--save-to-disk", action="store_true", help="write a datasets folder instead of Parquet")
+    add("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, help="rows per Parquet shard")
+    add("--overwrite", action="store_true", help="replace --out if it exists")
+    add("--push-to-hub", metavar="REPO", help="also push to this hub dataset repo")
+    add("--private", action="store_true", help="make the pushed repo private")
+    add("--partial", action="store_true", help="export a claimed-shard run whose shards are not all settled")
+    add(
+        "--format",
+        choices=EXPORT_FORMATS,
+        default="dataset",
+        help="dataset (Parquet or save_to_disk, with a card) or openai-batch (the OpenAI Batch API's "
+        "output.jsonl and errors.jsonl)",
+    )
+    add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `export` from parsed flags; print the one-line summary."""
+    config = ExportConfig(
+        runs=tuple(args.runs),
+        out=args.out,
+        columns=tuple(c.strip() for c in args.columns.split(",") if c.strip()),
+        drop_truncated=args.drop_truncated,
+        drop_truncated_reasoning=args.drop_truncated_reasoning,
+        group_samples=args.group_samples,
+        save_to_disk=args.save_to_disk,
+        shard_rows=args.shard_rows,
+        overwrite=args.overwrite,
+        push_to_hub=args.push_to_hub,
+        private=args.private,
+        partial=args.partial,
+        drop_incomplete=args.drop_incomplete,
+        format=args.format,
+    )
+    stats = export(config)
+    if config.turns:
+        kept = sum(stats.conversations.values()) - stats.conversations_left_out
+        print(f"export: {kept} conversations {dict(stats.conversations)} from {stats.rows} turns")
+    print(
+        f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
+        f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
+        + (f"; rows of {len(stats.checkpoints)} checkpoints" if len(stats.checkpoints) > 1 else "")
+        + (f"; {stats.ledgered} ledger entries -> errors.jsonl" if config.format == "openai-batch" else "")
+    )
+    return 0
