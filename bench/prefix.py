@@ -35,13 +35,13 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from balance import bare_client, cpu_seconds, gateway  # noqa: E402
-from simfleet import ENV, sim_run  # noqa: E402
+from balance import bare_client, cpu_seconds, gateway
+from simfleet import ENV, sim_run
 
-from gen_pipeline.sim import free_ports  # noqa: E402
-from gen_pipeline.sim.radix import RadixCache  # noqa: E402
-from gen_pipeline.tokens import TINY_TOKENIZER, load_counter  # noqa: E402
-from gen_pipeline.tokens.counter import FastTokenCounter  # noqa: E402
+from gen_pipeline.sim import free_ports
+from gen_pipeline.sim.radix import RadixCache
+from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
+from gen_pipeline.tokens.counter import FastTokenCounter
 
 WORDS = ("alpha", "bravo", "delta", "echo", "gamma", "kilo", "lima", "oscar", "sierra", "tango", "river", "stone")
 MAX_TOKENS = 128
@@ -184,8 +184,9 @@ def main() -> None:
         for cache in map(int, args.caches.split(",")):
             for client in args.clients.split(","):
                 r = measure(client, rows, samples, cache, tmp, args)
-                print(f"{cache:>7} {client:<13}{r.prefill:>11,}{r.prefill / args.best:>8.2f}{r.cached_share:>8.1%}"
-                      f"{r.tokens_per_s:>10,.0f}{r.of_ideal:>9.1%}{r.cpu_ms_per_row:>11.2f}  {r.note}", flush=True)  # fmt: skip
+                head = f"{cache:>7} {client:<13}{r.prefill:>11,}{r.prefill / args.best:>8.2f}{r.cached_share:>8.1%}"
+                tail = f"{r.tokens_per_s:>10,.0f}{r.of_ideal:>9.1%}{r.cpu_ms_per_row:>11.2f}  {r.note}"
+                print(head + tail, flush=True)
 
 
 if __name__ == "__main__":
