@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .config import API_KEY_ENV, SERVER_AUTH_ENV
 from .display import duration
 
 log = logging.getLogger("gen_pipeline")
@@ -37,9 +38,11 @@ DEFAULT_STALL_MINUTES = 10.0
 
 
 def run_command(command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start `command` through the shell, detached from the run's terminal and signals."""
+    """Start `command` through the shell, detached from the run's terminal and signals. It gets the run's
+    environment without the servers' secrets a `--workers` claimer is handed there (a hook needs none)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, SERVER_AUTH_ENV)}
     return subprocess.Popen(
-        command, shell=True, env={**os.environ, **env}, stdin=subprocess.DEVNULL, start_new_session=True
+        command, shell=True, env={**inherited, **env}, stdin=subprocess.DEVNULL, start_new_session=True
     )
 
 

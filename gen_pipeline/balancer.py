@@ -12,7 +12,8 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable
 
-from . import health, pacing
+from . import affinity, health, pacing
+from .affinity import Link
 from .errors import ConnectError, OverloadedError, RequestError
 from .health import Cost, Window
 from .serverstate import ServerState
@@ -24,6 +25,10 @@ __all__ = ["Lease", "ServerPool", "ServerState"]
 SPARE_WORKERS = 1.0
 LATENCY_WEIGHT = 0.05  # the weight of each new success in a server's mean latency
 POLL_S = 0.25  # how often a waiting lease looks again without being woken
+# A lease whose prefix only a busy server holds waits for a slot there, and lets the leases whose prefix a free
+# server holds go first, for at most this many times the wait of a lease in turn; then it goes first, anywhere.
+AFFINITY_PATIENCE = 2.0
+AFFINITY_SCAN = 256  # queued leases looked at for a free server's cache (the oldest)
 
 
 class ServerPool:
@@ -56,13 +61,17 @@ class ServerPool:
         prefer: str | None = None,
         size: float = 0,
         home: bool = False,
+        links: tuple[Link, ...] = (),
+        patient: bool = False,
     ) -> ServerState | None:
         """The available server with a free running slot that would finish a request first (then the one with
         the shortest queue; ties: least loaded, fewest requests), avoiding `exclude` while any other server is
         healthy and, near the end, servers far slower than the rest of the fleet. `prefer` (the server whose
         prefix cache holds this prompt) alone while it is in service: a lease waits for a slot there. With
         `home` (a conversation's next turn: `prefer` answered the last and kept room for this one, its home)
-        `prefer` while it is in service and has room counting that home, else another server (a prefill)."""
+        `prefer` while it is in service and has room counting that home, else another server (a prefill).
+        `links` (affinity.chain): the server likely to hold the longest prefix, while it has room (affinity.steer:
+        a `patient` lease waits for it when it is busy and others are free)."""
         now = self.clock()
         # Wait for a busy healthy server rather than go back to one that just failed.
         avoid = exclude if exclude and any(s.url not in exclude and now >= s.down_until for s in self.servers) else ()
@@ -81,6 +90,13 @@ class ServerPool:
                     return held
             else:
                 return held if any(self.servers[i] is held for *_, i in candidates) else None  # else wait for it
+        if links:
+            serving = [s for s in self.servers if s.url not in avoid and now >= s.down_until]
+            near, wait = affinity.steer([self.servers[i] for *_, i in candidates], serving, links, patient)
+            if wait:
+                return None
+            if near is not None and not (tail and self._too_late(near, latency, now, waiting, size)):
+                return near
         for *_, i in candidates:
             server = self.servers[i]
             if not tail or not self._too_late(server, latency, now, waiting, size):
@@ -140,8 +156,10 @@ class ServerPool:
     async def _wait_for_server(self, lease: Lease) -> ServerState:
         # No await between the pick and taking the slot: no other task can take it in between. A lease
         # queues behind waiting ones rather than jump them (in the tail the longest of them goes first).
-        server = (
-            None if self._queue else self.pick(lease.exclude, prefer=lease.prefer, size=lease.size, home=lease.home)
+        if self._queue:
+            return await self._wait(lease)
+        server = self.pick(
+            lease.exclude, prefer=lease.prefer, size=lease.size, home=lease.home, links=lease.links, patient=True
         )
         if server is None:
             return await self._wait(lease)
@@ -163,10 +181,13 @@ class ServerPool:
         lease.trial = server.trial
         server.trial_in_flight += lease.trial
         lease.server = server
+        if lease.links:
+            server.prefixes.note(lease.links)
 
     async def _wait(self, lease: Lease) -> ServerState:
         """Queue `lease` until `_hand_out` gives it a slot; a slot given to a lease cancelled meanwhile is freed."""
         lease.granted = asyncio.get_running_loop().create_future()
+        lease.queued_at = self.clock()
         self._queue.append(lease)
         try:
             self._poll()
@@ -205,19 +226,53 @@ class ServerPool:
         if not self._queue or not free:
             return
         if self.backlog is None:
-            for lease in list(self._queue):  # one refused here has its server excluded, or a busy preferred one
+            for lease in self._cached_first(now):  # one refused here has its server excluded, or a busy preferred one
                 if not (free := free - self._grant(lease)):
                     return
+            for lease in [w for w in self._queue if w.links]:  # no slot idles while leases wait for their prefix
+                if not (free := free - self._grant(lease, patient=False)):
+                    return
             return
-        ordered = sorted(self._queue, key=lambda w: -w.size)
+        later = self._elsewhere(now, self._queue)  # among leases of one size, those a free server holds first
+        ordered = sorted(self._queue, key=lambda w: (-w.size, later(w)))
         for lease in [w for w in ordered if w.exclude or w.prefer is not None]:
             if not (free := free - self._grant(lease)):
                 return
         plain = [w for w in ordered if not w.exclude and w.prefer is None]
-        start = 0
-        while free and (found := self._longest_fit(plain, start)) is not None:
-            free -= self._grant(plain[found])
-            start = found + 1
+        for patient in (None, False) if any(w.links for w in plain) else (None,):  # no slot idles while they wait
+            start = 0
+            while free and (found := self._longest_fit(plain, start)) is not None:
+                free -= self._grant(plain[found], patient)
+                start = found + 1
+
+    def _cached_first(self, now: float) -> list[Lease]:
+        """The queued leases, those whose prompt a free server's cache holds (or that waited AFFINITY_PATIENCE)
+        first, each group oldest first."""
+        queue = self._queue
+        head = queue[:AFFINITY_SCAN]
+        return sorted(head, key=self._elsewhere(now, head)) + queue[AFFINITY_SCAN:]
+
+    def _elsewhere(self, now: float, leases: list[Lease]) -> Callable[[Lease], bool]:
+        """Whether a lease should let others go first: no free server holds its prefix, and it has not waited
+        AFFINITY_PATIENCE (False for all when no lease has a prefix)."""
+        if not any(w.links for w in leases):
+            return lambda lease: False
+        free = [s for s in self.servers if s.available(now) and s.taken() < s.capacity]
+        patience = self._patience()
+
+        def later(lease: Lease) -> bool:
+            if not lease.links or now - lease.queued_at > patience:
+                return False
+            return affinity.nearest(free, lease.links) is None
+
+        return later
+
+    def _patience(self) -> float:
+        """How long a lease may wait for the busy server that holds its prefix: AFFINITY_PATIENCE times what a
+        lease waits anyway (a mean latency, and the queue ahead of it over the fleet's running slots)."""
+        latency = sum(self._latencies().values()) / max(1, len(self.servers))
+        slots = sum(s.capacity for s in self.servers)
+        return AFFINITY_PATIENCE * latency * (1 + len(self._queue) / max(1, slots))
 
     def _longest_fit(self, leases: list[Lease], start: int) -> int | None:
         """The first of `leases` (longest first) from `start` that some free slot may take now, by bisection:
@@ -233,11 +288,20 @@ class ServerPool:
                 hi = mid
         return hi
 
-    def _grant(self, lease: Lease) -> int:
-        """Give `lease` the best free slot if one may take it now: 1 if given, else 0."""
+    def _grant(self, lease: Lease, patient: bool | None = None) -> int:
+        """Give `lease` the best free slot if one may take it now: 1 if given, else 0. `patient`: whether it may
+        wait for the busy server holding its prefix (None: while it has not waited AFFINITY_PATIENCE)."""
         if lease.granted is None or lease.granted.done():
             return 0
-        server = self.pick(lease.exclude, waiting=True, prefer=lease.prefer, size=lease.size, home=lease.home)
+        server = self.pick(
+            lease.exclude,
+            waiting=True,
+            prefer=lease.prefer,
+            size=lease.size,
+            home=lease.home,
+            links=lease.links,
+            patient=self.clock() - lease.queued_at <= self._patience() if patient is None else patient,
+        )
         if server is None:
             return 0
         self._queue.remove(lease)
@@ -252,10 +316,14 @@ class ServerPool:
         size: float = 0.0,
         home: bool = False,
         keep: bool = False,
+        links: tuple[Link, ...] = (),
     ) -> Lease:
         """Hold one slot on the best server for the duration of one request: `async with pool.lease()`.
-        `size`: the request's expected work (its max_tokens), which orders waiting leases in the tail."""
-        return Lease(self, exclude, prefer, size, home, keep)
+        `size`: the request's expected work (its max_tokens), which orders waiting leases in the tail; `links`:
+        its prompt's prefixes (affinity.chain), steering it to a server whose cache likely holds one."""
+        lease = Lease(self, exclude, prefer, size, home, keep)
+        lease.links = links
+        return lease
 
     def unhome(self, url: str | None, hand_out: bool = True) -> None:
         """A conversation's next turn will not use the room its last turn's server kept for it."""
@@ -369,7 +437,20 @@ class ServerPool:
 class Lease:
     """One slot on one server, from `async with` to its end; cancellation cannot leak it."""
 
-    __slots__ = ("exclude", "granted", "home", "keep", "pool", "prefer", "server", "size", "started", "trial")
+    __slots__ = (
+        "exclude",
+        "granted",
+        "home",
+        "keep",
+        "links",
+        "pool",
+        "prefer",
+        "queued_at",
+        "server",
+        "size",
+        "started",
+        "trial",
+    )
 
     def __init__(
         self,
@@ -388,6 +469,8 @@ class Lease:
         self.started: float | None = None  # the pool's clock when the slot was taken
         self.trial = False
         self.granted: asyncio.Future[ServerState] | None = None  # set while queued for a slot
+        self.links: tuple[Link, ...] = ()  # its prompt's prefixes (affinity.chain)
+        self.queued_at = 0.0  # the pool's clock when it began to wait for a slot
 
     async def __aenter__(self) -> ServerState:
         return await self.pool._wait_for_server(self)

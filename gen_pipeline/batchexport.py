@@ -2,8 +2,8 @@
 from the hosted batch API reads them unchanged.
 
 OUT/output.jsonl has one line per prompt: {"id", "custom_id", "response": {"status_code": 200, "request_id",
-"body": <a chat.completion>}, "error": null}; the samples of a prompt written together (one request with n)
-are the choices of one line, by their sample number. OUT/errors.jsonl has one line per ledger entry that
+"body": <a chat.completion>}, "error": null}; the samples of a prompt (of one checkpoint) are the choices of
+one line, by their sample number, however they were written. OUT/errors.jsonl has one line per ledger entry that
 stands for a missing row (ledger.py): {"id", "custom_id", "response": {"status_code", "request_id", "body":
 {"error": ...}} or null when no server answered, "error": {"code": <ledger reason>, "message": <detail>}}.
 Ids are derived from (custom_id, sample), so an export is the same each time.
@@ -12,7 +12,7 @@ Ids are derived from (custom_id, sample), so an export is the same each time.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import orjson
 
 from .exportconfig import ExportConfig
 from .ledger import standing
+from .records import id_key
 
 OUTPUT, ERRORS = "output.jsonl", "errors.jsonl"
 
@@ -75,16 +76,15 @@ def _custom_id(row_id: Any) -> str | None:
     return None if row_id is None else str(row_id)
 
 
-def _together(lines: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
-    """Consecutive lines of one id (the samples of one request), as groups."""
-    group: list[dict[str, Any]] = []
+def prompt_groups(lines: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """Each prompt's lines (of one checkpoint), samples in order, in the order each prompt was first met:
+    a sample retried in a later run, or sent on its own (--samples-via requests), joins its prompt's line, so
+    a custom_id has one output line. Gathered in memory, as `--group-samples` gathers its rows."""
+    groups: dict[tuple[Any, int], list[dict[str, Any]]] = {}
     for obj in lines:
-        if group and obj["id"] != group[0]["id"]:
-            yield group
-            group = []
-        group.append(obj)
-    if group:
-        yield group
+        groups.setdefault((obj.get("checkpoint"), id_key(obj["id"])), []).append(obj)
+    for group in groups.values():
+        yield sorted(group, key=lambda o: int(o.get("sample") or 0))
 
 
 def write_batch(config: ExportConfig, out: Path, lines: Iterator[dict[str, Any]]) -> int:
@@ -92,7 +92,7 @@ def write_batch(config: ExportConfig, out: Path, lines: Iterator[dict[str, Any]]
     returns the number of error lines."""
     out.mkdir(parents=True)
     with (out / OUTPUT).open("wb") as f:
-        for group in _together(lines):
+        for group in prompt_groups(lines):
             f.write(orjson.dumps(result_line(group)) + b"\n")
     entries = standing(config.runs, None, lambda obj: obj)
     with (out / ERRORS).open("wb") as f:

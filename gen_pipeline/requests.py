@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import affinity
 from .balancer import ServerPool
 from .config import RunConfig
 from .errors import (
@@ -198,7 +199,8 @@ class RequestPath:
 
     async def _on_server(self, payload: dict[str, Any], track: Track) -> ChatResult:
         timeout = self.config.timeout_for(payload["max_tokens"])
-        lease = self.pool.lease(track.exclude, track.prefer, payload["max_tokens"], track.home, track.keep)
+        links = affinity.chain(payload.get("messages"))
+        lease = self.pool.lease(track.exclude, track.prefer, payload["max_tokens"], track.home, track.keep, links)
         async with lease as server:
             track.home = False  # the room kept for it is taken or given back (ServerPool._take)
             track.attempts += 1

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import health, pacing
+from .affinity import PrefixModel
 from .health import Window
 from .provenance import ServerIdentity
 
@@ -48,6 +49,7 @@ class ServerState:
     last_sent: float = -math.inf  # when it was last given a request (alerts.py: a server left idle)
     bad_usage: int = 0  # answers whose usage was impossible (usage.py), and the first one's reason
     bad_usage_first: str = ""
+    prefixes: PrefixModel = field(default_factory=lambda: PrefixModel(None))  # what its prefix cache may hold
 
     @property
     def limit(self) -> int:

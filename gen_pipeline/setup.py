@@ -13,6 +13,7 @@ import orjson
 
 from . import cursor
 from ._version import __version__
+from .affinity import PrefixModel
 from .balancer import ServerPool
 from .capacity import guess_warning, server_capacity
 from .config import RunConfig
@@ -133,6 +134,8 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
         for url, capacity in capacities.items()
     )
     for server in pool.servers:
+        if (info := infos.get(server.url)) is not None:
+            server.prefixes = PrefixModel(info.max_total_num_tokens)
         if server.url in fleet.down:
             pool.mark_down(server)
     return pool

@@ -112,3 +112,17 @@ def test_the_progress_line_shows_the_first_alert_and_counts_the_rest() -> None:
     assert progress_text([]) == ""
     assert progress_text(["stalled: no completion for 10m 00s"]) == " | ALERT: stalled: no completion for 10m 00s"
     assert progress_text(["a", "b", "c"]) == " | ALERT: a (+2 more: gen-pipeline status)"
+
+
+def test_the_stall_command_gets_no_server_secret(tmp_path: Path, monkeypatch: Any) -> None:
+    """A `--workers` claimer holds the servers' credentials and API key in its environment: the --on-stall hook
+    (a notifier) gets the run's environment without them, and its own variables."""
+    monkeypatch.setenv("GEN_PIPELINE_SERVER_AUTH", '{"http://h:1": ["alice", "s3cr3t"]}')
+    monkeypatch.setenv("GEN_PIPELINE_API_KEY", "sk-s3cr3t")
+    monkeypatch.setenv("KEPT_FOR_THE_HOOK", "yes")
+    seen = tmp_path / "env"
+    proc = run_command(f"env > {seen}", {"GEN_PIPELINE_ALERT": "stalled"})
+    assert proc.wait(timeout=30) == 0
+    text = seen.read_text()
+    assert "s3cr3t" not in text
+    assert "KEPT_FOR_THE_HOOK=yes" in text and "GEN_PIPELINE_ALERT=stalled" in text

@@ -217,6 +217,7 @@ def test_the_command_collects_cycles_less_often_unless_collection_is_off():
         assert out.stdout.strip().splitlines()[-1] == after
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
 def test_a_fleet_larger_than_the_open_file_limit_runs_without_connection_failures(write_jsonl, tmp_path):
     """8 servers x 128 slots with a hard limit of 512 files: in flight is capped (warning), nothing fails."""
     import resource

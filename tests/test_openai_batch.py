@@ -4,12 +4,14 @@ API's output and error files."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 from e2e import read_jsonl, run_sim
 
+from gen_pipeline.batchexport import write_batch
 from gen_pipeline.cli import main
 from gen_pipeline.rows import RowError, parse_row
 
@@ -102,3 +104,18 @@ def test_dataset_flags_are_refused_with_the_batch_format(tmp_path: Path, capsys)
     (run / "completions.jsonl").write_text("")
     assert main(["export", str(run), "--out", str(tmp_path / "o"), "--format", "openai-batch", "--group-samples"]) == 1
     assert "--group-samples shape a dataset" in capsys.readouterr().err
+
+
+def test_a_prompts_samples_written_apart_are_one_output_line(tmp_path: Path) -> None:
+    """A sample retried in a later run (or sent on its own) is written after other prompts' lines: it still
+    joins its prompt's line, so each custom_id has one output line with its choices in sample order."""
+
+    def line(row_id: str, sample: int, text: str) -> dict[str, Any]:
+        return {"id": row_id, "sample": sample, "completion": text, "finish_reason": "stop", "model": "m"}
+
+    lines = [line("a", 1, "a1"), line("b", 0, "b0"), line("a", 0, "a0"), line("b", 1, "b1")]
+    write_batch(SimpleNamespace(runs=()), tmp_path / "out", iter(lines))  # type: ignore[arg-type]
+    written = [orjson.loads(x) for x in (tmp_path / "out" / "output.jsonl").read_bytes().splitlines()]
+    assert [w["custom_id"] for w in written] == ["a", "b"]
+    choices = [[(c["index"], c["message"]["content"]) for c in w["response"]["body"]["choices"]] for w in written]
+    assert choices == [[(0, "a0"), (1, "a1")], [(0, "b0"), (1, "b1")]]

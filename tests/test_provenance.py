@@ -369,6 +369,7 @@ def test_only_what_both_servers_report_is_compared():
     assert not known.same_checkpoint(ServerIdentity("vllm", "0.11.0", "/ckpt/a", None, "m"))
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
 @pytest.mark.parametrize("late", [NIGHT1, NIGHT2], ids=["same-checkpoint", "other-checkpoint"])
 def test_a_server_down_at_start_comes_in_only_with_the_runs_checkpoint(write_jsonl, tmp_path, late):
     """A server that answers only after the run started is asked what it serves: the same identity joins the

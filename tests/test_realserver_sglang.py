@@ -111,6 +111,11 @@ TIME_TOOL = {
     },
 }
 BARE_TOOL = {"type": "function", "function": {"name": "noop"}}  # no description, no parameters: null in the dump
+# No "type", the function's keys in another order, keys SGLang drops, strict kept: its dump, not the tool as given.
+ODD_TOOL = {
+    "function": {"parameters": {"type": "object", "properties": {}}, "strict": True, "name": "odd", "x-note": 1},
+    "cache_control": {"type": "ephemeral"},
+}
 
 
 def shape_rows() -> list[dict[str, Any]]:
@@ -148,6 +153,32 @@ def shape_rows() -> list[dict[str, Any]]:
             ]
         },
         {"messages": history, "tools": [WEATHER_TOOL]},
+        {"messages": ask, "tools": [ODD_TOOL, WEATHER_TOOL]},
+        {
+            "messages": [
+                {"role": "system", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
+                {"role": "user", "content": "weather in A and B?", "name": "bob"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "a",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "A"}'},
+                        },
+                        {
+                            "id": "b",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": {"city": "B"}},
+                        },
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "a", "content": "rain"},
+                {"role": "tool", "tool_call_id": "b", "content": "sun"},
+            ],
+            "tools": [WEATHER_TOOL],
+        },
         {
             "messages": [
                 {"role": "user", "content": "Hi"},

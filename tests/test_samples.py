@@ -425,6 +425,7 @@ def test_the_ledger_and_retry_failed_work_per_sample(write_jsonl, tmp_path):
     }
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
 def test_workers_split_samples_and_resume(write_jsonl, tmp_path):
     """--workers 2 --samples 3, then a resume with --samples 4 and one worker: each (id, sample) once."""
     from procs import run_generate, sim_fleet

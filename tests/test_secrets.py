@@ -37,6 +37,7 @@ def _leaks(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
 def test_url_credentials_are_sent_but_never_shown_or_written(tmp_path):
     """A run against servers that require Basic auth succeeds, and neither any file of the run directory
     (output, ledger, manifest, summary, status, report, export) nor any printed line holds the password."""
@@ -129,6 +130,7 @@ def test_a_workers_command_line_names_the_servers_without_credentials(flag, tmp_
     assert child.servers == config.servers and child.server_auth == config.server_auth
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
 def test_workers_send_the_credentials_and_write_none(tmp_path):
     """generate --workers 2 against servers that require Basic auth: every row is done, and no file of
     the run directory nor any printed line holds the password."""

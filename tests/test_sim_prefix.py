@@ -101,3 +101,18 @@ def test_a_cache_too_small_for_the_prefix_thrashes():
     bodies, stats = _ask(_sim(prefix_cache_tokens=30), prompts)
     assert all(b["usage"]["prompt_tokens_details"]["cached_tokens"] <= 30 for b in bodies)
     assert stats.prefill_tokens >= stats.prompt_tokens - 60
+
+
+def test_requests_arriving_together_prefill_one_at_a_time_and_share_the_prefix():
+    """As SGLang's prefill batches: the second of two requests sent at once finds the system prompt the first
+    inserted."""
+    cfg = _sim(prefix_cache_tokens=10_000)
+    prompts = [[SYSTEM, {"role": "user", "content": f"Question {i}?"}] for i in range(2)]
+
+    async def scenario() -> list[int]:
+        async with await start_fleet(cfg) as fleet, aiohttp.ClientSession() as session:
+            bodies = await asyncio.gather(*(_chat(session, fleet.urls[0], p) for p in prompts))
+            return sorted(b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies)
+
+    none, shared = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert none == 0 and shared > 500

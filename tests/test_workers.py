@@ -97,6 +97,7 @@ def test_ctrl_c_stops_every_worker_then_resume_completes(write_jsonl, tmp_path):
     assert check_invariant([r["id"] for r in rows], out) == {"done": 600, "ledger": 0}
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
 def test_a_vocabulary_the_workers_cannot_load_is_reported(write_jsonl, tmp_path):
     """The parent reads only the chat template; a broken tokenizer.json stops every worker, each with its
     error, and the merged summary says which workers left none (exit 1, nothing written)."""

@@ -64,7 +64,7 @@ def _errors(stderr: str) -> list[str]:
     ("chat_status", "says"),
     [(404, "answered HTTP 404:"), (302, "answered HTTP 302 to https://login.example/sso:")],
 )
-@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("workers", ["1", pytest.param("2", marks=pytest.mark.slow)])  # 2: seconds of start-up
 def test_a_404_or_a_redirect_on_chat_stops_the_run_with_one_line(write_jsonl, tmp_path, chat_status, says, workers):
     """Exit 1, one error line with the server and the full URL (the same line from each worker), and no row
     in the ledger."""

@@ -63,8 +63,9 @@ class SimConfig:
     or a conversation up to the answer the port gave it: choices.PrefixCache), whose tokens skip the
     prefill and are reported as usage.prompt_tokens_details.cached_tokens; `prefix_cache_tokens` instead
     keeps SGLang's radix cache of that many tokens per port (radix.RadixCache, by token id: a prompt pays
-    prefill only for the ids past its longest cached prefix, and its answers are cached after it, so a
-    conversation's next turn finds those this port gave); `request_log` is a file that
+    prefill only for the ids past its longest cached prefix, one prefill at a time per port as SGLang's
+    prefill batches, and its answers are cached after it, so a conversation's next turn finds those this
+    port gave); `request_log` is a file that
     gets one JSON line per answered chat request (port, prompt digest, n, seed, cached, texts, messages).
     Faults, drawn per port from `random.Random(seed + port)`: `dead` ports never listen;
     `flaky` {port: p} fails a fraction p of generation requests with 500 or 502; `bad_gateway`

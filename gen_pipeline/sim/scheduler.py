@@ -54,6 +54,7 @@ class Scheduler:
     def __init__(self, cfg: SimConfig, stats: PortStats, slowness: float) -> None:
         self.cfg, self.stats, self.slowness = cfg, stats, slowness
         self.slots = asyncio.Semaphore(cfg.max_running)
+        self.prefilling = asyncio.Lock()  # with a radix cache, one prefill at a time (server._cached_chat)
 
     @contextlib.contextmanager
     def in_flight(self) -> Iterator[None]:

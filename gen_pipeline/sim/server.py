@@ -270,14 +270,17 @@ class PortServer:
     async def _cached_chat(
         self, req: GenRequest, ids: list[int], made: list[choices.Choice], payload: dict[str, Any], key: bytes
     ) -> dict[str, Any]:
-        """Run a chat request against the radix cache: once it holds a slot, its longest cached prefix is found
-        (never the last token: SGLang computes it), the rest prefilled and then inserted (requests arriving
-        together share nothing, as in SGLang), the answers decoded and inserted after the prompt."""
+        """Run a chat request against the radix cache. Prefill is the GPU's compute: a port prefills one request
+        at a time (as SGLang's prefill batches run one after another), and a request's longest cached prefix is
+        found when its turn comes (never the last token: SGLang computes it), so one arriving with another that
+        shares its prefix finds what that one inserted; then the n choices decode side by side in its slot, and
+        each answer is inserted after the prompt."""
         async with self.scheduler.slot():
-            held = min(self.radix.match(ids), len(ids) - 1)
-            self._count_prompt(len(ids), held)
-            await self.scheduler.decode(0, len(ids) - held, prefill=True, produced=0)
-            self.radix.insert(ids)
+            async with self.scheduler.prefilling:
+                held = min(self.radix.match(ids), len(ids) - 1)
+                self._count_prompt(len(ids), held)
+                await self.scheduler.decode(0, len(ids) - held, prefill=True, produced=0)
+                self.radix.insert(ids)
             longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
             await self.scheduler.decode(longest, prefill=False, produced=produced)
         for c in made:

@@ -1,0 +1,109 @@
+"""Prefix-aware dispatch: a prompt goes to the server likely to hold its leading messages, while it has room."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gen_pipeline import affinity
+from gen_pipeline.affinity import PrefixModel, chain
+from gen_pipeline.balancer import ServerPool, ServerState
+
+SYSTEM_A = {"role": "system", "content": "You answer questions about rivers. " * 20}
+SYSTEM_B = {"role": "system", "content": "You answer questions about mountains. " * 20}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ask(system: dict[str, str], question: str) -> tuple[affinity.Link, ...]:
+    return chain([system, {"role": "user", "content": question}])
+
+
+def pool(*caps: int, clock: Clock | None = None) -> ServerPool:
+    return ServerPool((ServerState(f"s{i}", c) for i, c in enumerate(caps)), clock or Clock())
+
+
+def test_a_chain_has_a_link_per_message_boundary_past_a_short_header():
+    links = ask(SYSTEM_A, "How long is the Nile?")
+    assert len(links) == 2 and links[0].chars < links[1].chars
+    assert ask(SYSTEM_A, "Other?")[0] == links[0] and ask(SYSTEM_B, "How long is the Nile?")[0] != links[0]
+    assert chain([{"role": "user", "content": "hi " * 200}]) == ()  # one message: only an identical prompt shares it
+    assert chain(None) == ()
+
+
+def test_the_model_matches_the_longest_link_held_and_forgets_longest_prefixes_first():
+    model = PrefixModel(pool_tokens=230)  # 920 characters: room for one system prompt and its question
+    a1 = ask(SYSTEM_A, "First question about the rivers of the world?")
+    model.note(a1)
+    assert model.match(ask(SYSTEM_A, "Another one?")) == a1[0].chars
+    assert model.match(a1) == a1[1].chars
+    model.note(ask(SYSTEM_B, "Peaks?"))  # over capacity: the oldest entries leave
+    assert model.match(a1) == 0
+
+
+def test_a_prompt_follows_its_prefix_while_that_server_has_a_free_slot():
+    p = pool(2, 2)
+    links = ask(SYSTEM_A, "q1")
+    first = p.pick(links=links)
+    assert first is not None
+    first.prefixes.note(links)
+    first.in_flight = 1
+    assert p.pick(links=ask(SYSTEM_A, "q2")) is first  # without links the emptier server would be chosen
+    assert p.pick() is not first
+    first.in_flight = 2  # full: a new prompt waits a little for it, then takes a free server, never piles on
+    assert p.pick(links=ask(SYSTEM_A, "q3"), patient=True) is None
+    assert p.pick(links=ask(SYSTEM_A, "q3")) is not first
+
+
+def busy_pair(clock: Clock) -> tuple[ServerPool, tuple[affinity.Link, ...], tuple[affinity.Link, ...]]:
+    """Two busy servers of one slot, the first holding prompt a's prefix; a and b."""
+    p = pool(1, 1, clock=clock)
+    a, b = ask(SYSTEM_A, "qa"), ask(SYSTEM_B, "qb")
+    p.servers[0].prefixes.note(a)
+    p.servers[0].in_flight = p.servers[1].in_flight = 1
+    return p, a, b
+
+
+def test_a_freed_slot_goes_to_a_waiting_prompt_its_cache_holds_and_never_starves_the_others():
+    async def scenario() -> None:
+        p, a, b = busy_pair(Clock())
+        s0, s1 = p.servers
+        s1.prefixes.note(b)
+        waiting_b = asyncio.ensure_future(p.lease(links=b).__aenter__())
+        waiting_a = asyncio.ensure_future(p.lease(links=a).__aenter__())
+        await asyncio.sleep(0)
+        s0.in_flight = 0  # s0 frees a slot: the later prompt, whose prefix s0 holds, takes it
+        p._hand_out()
+        await asyncio.sleep(0)
+        assert waiting_a.done() and waiting_a.result() is s0 and not waiting_b.done()
+        # s0 frees again: nothing waiting matches it, the other prompt goes there rather than wait for s1
+        s0.in_flight -= 1
+        p._hand_out()
+        await asyncio.sleep(0)
+        assert waiting_b.done() and waiting_b.result() is s0
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+
+
+def test_a_prompt_kept_waiting_past_the_patience_goes_first():
+    async def scenario() -> None:
+        clock = Clock()
+        p, a, b = busy_pair(clock)
+        s0 = p.servers[0]
+        waiting_b = asyncio.ensure_future(p.lease(links=b).__aenter__())
+        await asyncio.sleep(0)
+        clock.now += 2 * p._patience() + 0.1  # past AFFINITY_PATIENCE times a lease's wait in turn, with a queued too
+        waiting_a = asyncio.ensure_future(p.lease(links=a).__aenter__())
+        await asyncio.sleep(0)
+        s0.in_flight = 0
+        p._hand_out()
+        await asyncio.sleep(0)
+        assert waiting_b.done() and waiting_b.result() is s0 and not waiting_a.done()
+        waiting_a.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
