@@ -198,7 +198,7 @@ def static_split(run: Run) -> str:
 def read_cost(path: Path, shards: int) -> str:
     """Seconds one claim's read of `path` takes in the tokenizer thread: holding no shard (the cost of the
     rows of other shards alone) and holding a batch of V/16 (their rows parsed, not counted)."""
-    from gen_pipeline.source import PromptSource
+    from gen_pipeline.inputs.source import PromptSource
 
     parts = []
     for held in (0, max(1, shards // 16)):

@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 from simfleet import sim_run  # noqa: E402
 
-from gen_pipeline import converse  # noqa: E402
 from gen_pipeline.config import RetryPolicy, RunConfig  # noqa: E402
+from gen_pipeline.engine import converse  # noqa: E402
 from gen_pipeline.modes import run_async  # noqa: E402
 from gen_pipeline.sim import free_ports  # noqa: E402
 

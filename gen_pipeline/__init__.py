@@ -1,4 +1,10 @@
-"""gen-pipeline: prompts in, completions out, on a fleet of SGLang servers."""
+"""gen-pipeline: prompts in, completions out, on a fleet of SGLang servers.
+
+The package follows a row's path: inputs -> tokens -> fleet -> send -> rundir, run by engine (one process)
+or shards (claimers and `--workers`), chosen by modes; views read what a run wrote; cli is the command line.
+Each sub-package's docstring says what it may import (a test holds the code to it). The base modules
+below every sub-package import only each other: errors, _version, records, samples, config, runtime.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ _EXPORTS = {
     "ConfigError": "errors",
     "FleetError": "errors",
     "ManifestMismatchError": "errors",
-    "Outcome": "summary",
+    "Outcome": "engine.summary",
     "OutputError": "errors",
     "PipelineError": "errors",
     "RequestError": "errors",
@@ -29,6 +35,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from .api import agenerate, generate
     from .config import RetryPolicy, RunConfig
+    from .engine.summary import Outcome
     from .errors import (
         CheckpointChangedError,
         ConfigError,
@@ -39,7 +46,6 @@ if TYPE_CHECKING:
         RequestError,
     )
     from .modes import run
-    from .summary import Outcome
 
 __all__ = [
     "CheckpointChangedError",

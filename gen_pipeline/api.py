@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import API_KEY_ENV, DEFAULT_SERVERS, RunConfig
-from .display import in_notebook
+from .engine.summary import Outcome, describe
 from .errors import ConfigError
 from .modes import run_async
 from .options import build_config
-from .summary import Outcome, describe
+from .progress.display import in_notebook
 
 
 def api_config(input: str | Path, out: str | Path, servers: str | Sequence[str], options: dict[str, Any]) -> RunConfig:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import asyncio
 
-from .claimrun import claimed, run_claimer
 from .config import RunConfig
+from .engine.runner import run_single
+from .engine.summary import Outcome
 from .errors import ConfigError
-from .inputfile import check_input
-from .pipeline import run_single
-from .rundir import make_dir
-from .summary import Outcome
+from .inputs.file import check_input
+from .rundir.layout import make_dir
+from .shards.run import claimed, run_claimer
+from .shards.workers import follow_parent, run_workers
 from .tokens import TokenCounter
-from .workers import follow_parent, run_workers
 
 
 async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, handle_signals: bool = True) -> Outcome:

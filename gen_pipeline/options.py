@@ -15,8 +15,8 @@ import orjson
 
 from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_SERVERS, RetryPolicy, RunConfig, parse_reasons, parse_servers
 from .errors import ConfigError
+from .inputs.rows import as_written
 from .records import TEMPLATE_FIELDS
-from .rows import as_written
 from .samples import run_samples
 
 # The options `generate` takes (its flags, `-` written `_`) that are not RunConfig fields as they stand.

@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 
 from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.engine.summary import Outcome
 from gen_pipeline.modes import run_async
-from gen_pipeline.rundir import RunDir
+from gen_pipeline.rundir.layout import RunDir
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-from gen_pipeline.summary import Outcome
 
 WEATHER_TOOL = {
     "type": "function",

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gen_pipeline.locks import FileLock
-from gen_pipeline.rundir import RunDir
+from gen_pipeline.rundir.layout import RunDir
+from gen_pipeline.rundir.locks import FileLock
 from gen_pipeline.sim import free_ports
 
 PY = sys.executable
@@ -128,7 +128,7 @@ def kill_all(pids: list[int]) -> None:
 
 def wait_for_done(out: Path, n: int, timeout: float) -> None:
     """Block until the run's output files (every shard's) hold at least `n` lines (or the timeout passes)."""
-    from gen_pipeline.rundir import RunDir
+    from gen_pipeline.rundir.layout import RunDir
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gen_pipeline import affinity
-from gen_pipeline.affinity import PrefixModel, chain
-from gen_pipeline.balancer import ServerPool, ServerState
+from gen_pipeline.fleet import affinity
+from gen_pipeline.fleet.affinity import PrefixModel, chain
+from gen_pipeline.fleet.balancer import ServerPool, ServerState
 
 SYSTEM_A = {"role": "system", "content": "You answer questions about rivers. " * 20}
 SYSTEM_B = {"role": "system", "content": "You answer questions about mountains. " * 20}

@@ -7,11 +7,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gen_pipeline.alerts import IDLE_S, Watch, progress_text, run_command
-from gen_pipeline.progress import RunStats, snapshot
-from gen_pipeline.serverstate import ServerState
-from gen_pipeline.statustext import render_status
-from gen_pipeline.summary import merge_statuses
+from gen_pipeline.engine.summary import merge_statuses
+from gen_pipeline.fleet.state import ServerState
+from gen_pipeline.progress.alerts import IDLE_S, Watch, progress_text, run_command
+from gen_pipeline.progress.stats import RunStats, snapshot
+from gen_pipeline.views.statustext import render_status
 
 
 def _stats() -> RunStats:

@@ -145,7 +145,7 @@ def test_every_attempt_from_another_model_is_wrong_model(write_jsonl, tmp_path):
 def test_check_answer_table(fields, error):
     """Which 200 answers are completions."""
     from gen_pipeline.errors import RequestError
-    from gen_pipeline.requests import check_answer
+    from gen_pipeline.send.requests import check_answer
 
     result = ChatResult(finish_reason="stop", prompt_tokens=5, completion_tokens=1, **fields)
 

@@ -18,9 +18,9 @@ from e2e import fleet_in_thread, read_jsonl
 
 import gen_pipeline
 from gen_pipeline.config import RunConfig
-from gen_pipeline.display import in_notebook
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.progress import format_summary
+from gen_pipeline.progress.display import in_notebook
+from gen_pipeline.progress.stats import format_summary
 from gen_pipeline.sim import SimConfig, free_ports
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
 

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from gen_pipeline import health
-from gen_pipeline.balancer import ServerPool, ServerState
 from gen_pipeline.errors import BadRequestError, ConnectError, OverloadedError, RequestTimeout, ServerError
-from gen_pipeline.pacing import queue_margin
+from gen_pipeline.fleet import health
+from gen_pipeline.fleet.balancer import ServerPool, ServerState
+from gen_pipeline.fleet.pacing import queue_margin
 
 
 class Clock:

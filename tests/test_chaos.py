@@ -189,7 +189,7 @@ def test_kill_9_campaign_over_claimers_on_separate_fleets(write_jsonl, tmp_path)
     """Three claimers (`--join`), each on its own simulated fleet; SIGKILLs of a random one at random moments,
     each replaced by a new claimer on the same fleet; then claimers finish the run: every id exactly once,
     every line of every shard valid, every shard settled."""
-    from gen_pipeline.rundir import RunDir
+    from gen_pipeline.rundir.layout import RunDir
 
     rows = prompts(1500)
     path, out = write_jsonl(rows), tmp_path / "out"

@@ -12,10 +12,10 @@ import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 from procs import generate, run_generate, sim_fleet
 
-from gen_pipeline.claims import ShardTable, batch_size, input_fingerprint, shard_of
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.modes import run_async
-from gen_pipeline.rundir import RunDir
+from gen_pipeline.rundir.layout import RunDir
+from gen_pipeline.shards.claims import ShardTable, batch_size, input_fingerprint, shard_of
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 
@@ -179,7 +179,7 @@ def test_a_line_over_the_size_limit_is_ledgered_once_by_its_own_shard(write_json
     """A line too long to read an id from falls in the shard of its line number, like any row without an
     id: a claimer holding other shards passes it by (it crashed on it, having no files for its shard), and
     the one holding its shard ledgers it once."""
-    from gen_pipeline import source
+    from gen_pipeline.inputs import source
 
     monkeypatch.setattr(source, "MAX_LINE_BYTES", 1000)
     rows = prompts(60)

@@ -178,7 +178,7 @@ def test_generate_does_not_import_the_simulator():
         "import asyncio, sys\n"
         "from gen_pipeline.cli import _command, build_parser\n"
         "from gen_pipeline.http import open_transport\n"
-        "import gen_pipeline.modes, gen_pipeline.pipeline, gen_pipeline.workers\n"
+        "import gen_pipeline.modes, gen_pipeline.engine.runner, gen_pipeline.shards.workers\n"
         "build_parser(_command(['generate', '-i', 'x', '-o', 'y'])).parse_args(['generate', '-i', 'x', '-o', 'y'])\n"
         "async def aio():\n    async with open_transport(None):\n        pass\n"
         "asyncio.run(aio())\n"

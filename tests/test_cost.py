@@ -9,9 +9,9 @@ import pytest
 from e2e import prompts, read_jsonl, run_sim
 
 from gen_pipeline.cli import main
-from gen_pipeline.cost import useful_tokens
+from gen_pipeline.engine.summary import merge_summaries
+from gen_pipeline.progress.cost import useful_tokens
 from gen_pipeline.records import Completion, Failure
-from gen_pipeline.summary import merge_summaries
 
 
 def _input(tmp_path: Path, n: int) -> Path:

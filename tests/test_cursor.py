@@ -12,13 +12,13 @@ import orjson
 import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 
-from gen_pipeline import cursor
-from gen_pipeline.cursor import CursorKeeper, MarkTracker, mark_of
-from gen_pipeline.donekeys import KeySet
-from gen_pipeline.progress import format_summary
-from gen_pipeline.rows import BadRow
-from gen_pipeline.source import PromptSource, Skipped
-from gen_pipeline.store import ResumeState
+from gen_pipeline.inputs.rows import BadRow
+from gen_pipeline.inputs.source import PromptSource, Skipped
+from gen_pipeline.progress.stats import format_summary
+from gen_pipeline.resume import cursor
+from gen_pipeline.resume.cursor import CursorKeeper, MarkTracker, mark_of
+from gen_pipeline.rundir.donekeys import KeySet
+from gen_pipeline.rundir.store import ResumeState
 
 NAME = "prompts.jsonl"
 

@@ -7,9 +7,9 @@ import random
 from array import array
 from pathlib import Path
 
-from gen_pipeline.donekeys import BUCKET_SHIFT, INDEX_DIR, KeySet, completion_keys
 from gen_pipeline.records import Completion, id_key
-from gen_pipeline.store import COMPLETIONS, scan
+from gen_pipeline.rundir.donekeys import BUCKET_SHIFT, INDEX_DIR, KeySet, completion_keys
+from gen_pipeline.rundir.store import COMPLETIONS, scan
 
 
 def test_keyset_is_a_sorted_set_of_keys():
@@ -122,7 +122,7 @@ def test_the_writer_keeps_the_index_of_its_file_current(tmp_path):
     crash reads only what came after the last save."""
     import orjson
 
-    from gen_pipeline.store import RunWriter
+    from gen_pipeline.rundir.store import RunWriter
 
     path = tmp_path / COMPLETIONS
     path.write_bytes(completion("old").to_line())
@@ -141,7 +141,7 @@ def test_the_writer_keeps_the_index_of_its_file_current(tmp_path):
 
 
 def test_the_writer_keeps_no_index_for_a_file_the_scan_did_not_see_whole(tmp_path):
-    from gen_pipeline.store import RunWriter
+    from gen_pipeline.rundir.store import RunWriter
 
     path = tmp_path / COMPLETIONS
     path.write_bytes(completion("a").to_line() + completion("b").to_line()[:-3])  # unfinished last line
@@ -154,7 +154,7 @@ def test_the_writer_keeps_no_index_for_a_file_the_scan_did_not_see_whole(tmp_pat
 
 
 def test_keymap_behaves_like_a_dict_across_merges():
-    from gen_pipeline.donekeys import KeyMap
+    from gen_pipeline.rundir.donekeys import KeyMap
 
     class Small(KeyMap):
         MERGE_AT = 50  # merge often
@@ -175,7 +175,7 @@ def test_keymap_behaves_like_a_dict_across_merges():
 
 
 def test_merge_sorted_equals_sorting_everything():
-    from gen_pipeline.donekeys import merge_sorted
+    from gen_pipeline.rundir.donekeys import merge_sorted
 
     rng = random.Random(9)
     old = sorted(rng.getrandbits(64) for _ in range(5000))

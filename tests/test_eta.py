@@ -16,10 +16,10 @@ from conftest import FakeCounter
 from e2e import prompts
 
 from gen_pipeline.config import RunConfig
-from gen_pipeline.progress import RunStats, snapshot
-from gen_pipeline.reader import BatchReader
+from gen_pipeline.engine.reader import BatchReader
+from gen_pipeline.progress.stats import RunStats, snapshot
 from gen_pipeline.records import Prompt
-from gen_pipeline.store import ResumeState
+from gen_pipeline.rundir.store import ResumeState
 
 MONITOR_TICK = 2.0  # the runner writes status.json (and so asks for the ETA) every STATUS_INTERVAL seconds
 POINTS = (0.25, 0.5, 0.75)

@@ -11,13 +11,13 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from gen_pipeline import status
 from gen_pipeline.cli import export as cli_export
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.exportconfig import DEFAULT_COLUMNS
-from gen_pipeline.ledger import ledger_reasons
 from gen_pipeline.records import Completion, Failure
-from gen_pipeline.trainrow import REQUEST_COLUMNS
+from gen_pipeline.resume.ledger import ledger_reasons
+from gen_pipeline.views import status
+from gen_pipeline.views.exportconfig import DEFAULT_COLUMNS
+from gen_pipeline.views.trainrow import REQUEST_COLUMNS
 
 MANIFEST = {
     "model": "sim-model",

@@ -6,7 +6,7 @@ import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 
 from gen_pipeline.config import RetryPolicy
-from gen_pipeline.pacing import queue_margin
+from gen_pipeline.fleet.pacing import queue_margin
 
 FAULTS = {
     "dead": {"per_port": lambda p: {"dead": (p[0], p[1])}},

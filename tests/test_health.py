@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from gen_pipeline import health
 from gen_pipeline.errors import (
     BadRequestError,
     ConnectError,
@@ -14,7 +13,8 @@ from gen_pipeline.errors import (
     RequestTimeout,
     ServerError,
 )
-from gen_pipeline.health import Cost, Window
+from gen_pipeline.fleet import health
+from gen_pipeline.fleet.health import Cost, Window
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from e2e import prompts, run_sim
 
-from gen_pipeline.identical import IDENTICAL_MIN, SameSamples, greedy
+from gen_pipeline.progress.identical import IDENTICAL_MIN, SameSamples, greedy
 from gen_pipeline.records import Completion
 
 

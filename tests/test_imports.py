@@ -5,6 +5,7 @@ another."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,3 +113,72 @@ def test_nothing_below_the_command_line_imports_it() -> None:
         and name != "gen_pipeline.__main__"
     ]
     assert upward == []
+
+
+BASE_RULE = "the base modules"
+RULE = re.compile(r"^May import: (.+?)\.?$", re.M)
+
+
+def base_modules(package: Path = PACKAGE) -> set[str]:
+    """The top-level modules below every sub-package, as the package's own docstring names them."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    found = re.search(r"import only each other: ([\w, ]+)\.", doc)
+    assert found, "gen_pipeline/__init__.py names no base modules"
+    return {name.strip() for name in found.group(1).split(",")}
+
+
+def allowed_imports(package: Path = PACKAGE) -> dict[str, set[str] | None]:
+    """Sub-package -> the units (sub-packages, top-level modules) its docstring's 'May import:' line names;
+    None where it may import anything."""
+    base, rules = base_modules(package), {}
+    for init in sorted(package.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        found = RULE.search(doc)
+        assert found, f"{init.parent.name}/__init__.py says nothing of what it may import"
+        words = [w.strip() for w in found.group(1).split(",")]
+        if words[0].startswith("anything"):
+            rules[init.parent.name] = None
+            continue
+        named = {w for w in words if w != BASE_RULE}
+        rules[init.parent.name] = named | (base if BASE_RULE in words else set())
+    return rules
+
+
+def unit(module: str) -> str:
+    """The sub-package or top-level module a dotted module name belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(package: Path = PACKAGE) -> list[str]:
+    """Every import that its sub-package's rule (or, for a base module, the base) does not allow."""
+    rules, base = allowed_imports(package), base_modules(package)
+    modules = module_files(package)
+    wrong = []
+    for name, edges in import_graph(modules).items():
+        home = unit(name)
+        allowed = rules.get(home, set()) if home in rules else (base if home in base else None)
+        for target in edges:
+            there = unit(target)
+            if allowed is not None and there and there != home and there not in allowed:
+                wrong.append(f"{name} imports {target}")
+    return sorted(wrong)
+
+
+def test_every_import_is_one_its_package_allows() -> None:
+    """No sub-package imports one above it (its docstring's 'May import:' rule), and the base modules import
+    only each other."""
+    assert upward_imports() == []
+
+
+def test_an_upward_import_is_found(tmp_path: Path) -> None:
+    """A function-level import from a package its rule does not name is reported; an allowed one is not."""
+    pkg = tmp_path / "pkg"
+    for sub, rule in (("low", "May import: the base modules."), ("high", "May import: the base modules, low.")):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text(f'"""{sub}.\n\n{rule}\n"""\n')
+    (pkg / "__init__.py").write_text('"""pkg.\n\nThe base modules import only each other: errors.\n"""\n')
+    (pkg / "errors.py").write_text("")
+    (pkg / "low" / "a.py").write_text("from ..errors import x\n\ndef f():\n    from ..high import b\n")
+    (pkg / "high" / "b.py").write_text("from ..low import a\n")
+    assert upward_imports(pkg) == ["pkg.low.a imports pkg.high.b"]

@@ -13,17 +13,18 @@ import orjson
 import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 
-from gen_pipeline import cursor, source
 from gen_pipeline.cli import main
 from gen_pipeline.config import RunConfig
+from gen_pipeline.engine.reader import BatchReader
 from gen_pipeline.errors import InputError
-from gen_pipeline.progress import RunStats
-from gen_pipeline.reader import BatchReader
+from gen_pipeline.inputs import source
+from gen_pipeline.inputs.rows import BadRow
+from gen_pipeline.inputs.source import PromptSource
+from gen_pipeline.progress.stats import RunStats
 from gen_pipeline.records import Prompt
-from gen_pipeline.rows import BadRow
-from gen_pipeline.rundir import RunDir
-from gen_pipeline.source import PromptSource
-from gen_pipeline.store import ResumeState
+from gen_pipeline.resume import cursor
+from gen_pipeline.rundir.layout import RunDir
+from gen_pipeline.rundir.store import ResumeState
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
 from gen_pipeline.tokens.budget import prompt_budget
 
@@ -64,7 +65,7 @@ def test_gzip_input_is_read_transparently(tmp_path, name):
 
 def test_plain_text_named_gz_is_read_as_text(tmp_path):
     """The name does not decide: a plain JSONL file called .gz is read as it is."""
-    from gen_pipeline.inputfile import check_input
+    from gen_pipeline.inputs.file import check_input
 
     path = tmp_path / "odd.jsonl.gz"
     path.write_bytes(lines_of(prompts(3)))
@@ -109,7 +110,7 @@ def test_compressed_input_resumes_from_its_cursor(write_jsonl, tmp_path):
 @pytest.mark.skipif(not HAVE_ZSTD, reason="neither the zstandard package nor Python 3.14's compression.zstd")
 def test_zstd_input_is_read_transparently(tmp_path):
     """A zstd file yields the rows of the text inside."""
-    from gen_pipeline.inputfile import check_input
+    from gen_pipeline.inputs.file import check_input
 
     try:
         import zstandard
@@ -127,7 +128,7 @@ def test_zstd_input_is_read_transparently(tmp_path):
 @pytest.mark.skipif(HAVE_ZSTD, reason="a zstd reader is installed")
 def test_zstd_input_without_a_reader_is_one_clear_error(tmp_path):
     """Without a zstd reader the message says how to get one, or to decompress first."""
-    from gen_pipeline.inputfile import check_input
+    from gen_pipeline.inputs.file import check_input
 
     path = tmp_path / "p.jsonl.zst"
     path.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 20)
@@ -233,7 +234,7 @@ TEXTS = ["a", " ", "  ", "\n", "-" * 50, " " * 200, "é", "e\u0301", "\u1100\u11
 def test_the_size_floor_never_exceeds_the_count(which, qwen3_counter):
     """ceil(bytes / longest token) is at most the real count, on texts made to be hard for it (runs of
     spaces and dashes, decomposed accents and Hangul jamo that NFC shortens, special-token text)."""
-    from gen_pipeline.oversize import SizeFloor
+    from gen_pipeline.tokens.oversize import SizeFloor
 
     counter = load_counter(str(TINY_TOKENIZER)) if which == "tiny" else load_counter(str(Path(qwen3_counter.name)))
     floor = SizeFloor(counter)
@@ -248,8 +249,8 @@ def test_the_size_floor_never_exceeds_the_count(which, qwen3_counter):
 def test_status_counts_a_compressed_inputs_rows_not_its_bytes_newlines(tmp_path):
     """`status` and the claimers' ETA total read the input's lines decompressed (a gzip stream's own bytes
     hold newlines too); a truncated stream leaves the total out instead of failing status."""
-    from gen_pipeline.inputfile import input_lines
-    from gen_pipeline.status import file_counts
+    from gen_pipeline.inputs.file import input_lines
+    from gen_pipeline.views.status import file_counts
 
     text = lines_of(prompts(500))
     path = tmp_path / "in.jsonl.gz"
@@ -266,7 +267,7 @@ def test_status_counts_a_compressed_inputs_rows_not_its_bytes_newlines(tmp_path)
 def test_a_corrupt_gzip_input_is_refused_in_one_line(tmp_path, capsys):
     """A gzip file whose blocks are corrupt (zlib's error, not an EOF or an OSError) is one clear error from
     generate, not a traceback; status leaves its total out."""
-    from gen_pipeline.inputfile import input_lines
+    from gen_pipeline.inputs.file import input_lines
 
     data = bytearray(gzip.compress(lines_of(prompts(200)), mtime=0))
     for i in range(30, len(data) - 30):

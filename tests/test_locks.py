@@ -9,7 +9,7 @@ import pytest
 from procs import old_worker_lock
 
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.locks import DirLock, is_held, refuse_shard_writers, shard_writers
+from gen_pipeline.rundir.locks import DirLock, is_held, refuse_shard_writers, shard_writers
 
 
 def test_is_held_tells_held_free_and_missing_apart(tmp_path):

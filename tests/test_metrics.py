@@ -12,12 +12,12 @@ import pytest
 from e2e import prompts
 from prometheus_client.parser import text_string_to_metric_families
 
-from gen_pipeline.balancer import ServerPool
 from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.engine.metrics import RunCollector, worker_args, worker_file
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.metrics import RunCollector, worker_args, worker_file
+from gen_pipeline.fleet.balancer import ServerPool
+from gen_pipeline.fleet.state import ServerState
 from gen_pipeline.modes import run_async
-from gen_pipeline.serverstate import ServerState
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 SERIES = (
@@ -197,8 +197,8 @@ def test_workers_each_write_their_own_labelled_file_and_they_add_up(tmp_path: Pa
 
 def test_after_the_run_metrics_wait_only_for_a_scraper_that_is_there(tmp_path: Path) -> None:
     """Nobody scraped: no wait at the end. A scraper every second: about two intervals. Slow ones: at most 15 s."""
-    from gen_pipeline.metrics import Exporter
-    from gen_pipeline.progress import RunStats
+    from gen_pipeline.engine.metrics import Exporter
+    from gen_pipeline.progress.stats import RunStats
 
     cfg = RunConfig(input=tmp_path / "in", out=tmp_path / "o", metrics_port=9100)
     exporter = Exporter(cfg, RunStats(), None)

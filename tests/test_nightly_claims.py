@@ -16,8 +16,8 @@ from procs import PY, env, generate, sim_fleet
 from test_nightly import clean_env, nightly, source_rows
 from test_nightly import write_jsonl as write_source
 
-from gen_pipeline.claims import input_shards, shard_of
-from gen_pipeline.rundir import RunDir
+from gen_pipeline.rundir.layout import RunDir
+from gen_pipeline.shards.claims import input_shards, shard_of
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from e2e import check_invariant, run_sim
 
-from gen_pipeline.rundir import RunDir
+from gen_pipeline.rundir.layout import RunDir
 from gen_pipeline.tokens import TINY_TOKENIZER
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rundir-0.1.0"

@@ -27,8 +27,8 @@ from procs import (
 )
 
 from gen_pipeline.config import API_KEY_ENV, RunConfig
-from gen_pipeline.rundir import RunDir
-from gen_pipeline.workers import without_api_key, worker_argv, worker_env
+from gen_pipeline.rundir.layout import RunDir
+from gen_pipeline.shards.workers import without_api_key, worker_argv, worker_env
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process trees from /proc")
 KEY = "sk-test-0123456789"
@@ -79,7 +79,7 @@ def test_a_resume_is_refused_while_an_older_versions_worker_still_writes(write_j
     path, out = write_jsonl(prompts(10)), tmp_path / "out"
     out.mkdir()
     hold = (
-        "import sys; from pathlib import Path; from gen_pipeline.locks import FileLock\n"
+        "import sys; from pathlib import Path; from gen_pipeline.rundir.locks import FileLock\n"
         "FileLock(Path(sys.argv[1]), ' (shard 1/2)').acquire(); print('held', flush=True); sys.stdin.read()"
     )
     lock = RunDir(out).writer(1).lock

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gen_pipeline import pacing
+from gen_pipeline.fleet import pacing
 
 
 @pytest.mark.parametrize(("capacity", "margin"), [(1, 2), (3, 2), (16, 2), (17, 3), (64, 8), (256, 32)])

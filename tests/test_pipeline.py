@@ -7,7 +7,7 @@ import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 
 from gen_pipeline.errors import ManifestMismatchError
-from gen_pipeline.ledger import ledger_reasons
+from gen_pipeline.resume.ledger import ledger_reasons
 
 
 def test_all_rows_complete_and_balance(write_jsonl, tmp_path):
@@ -183,11 +183,11 @@ def test_rows_the_chat_template_refuses_become_bad_input(write_jsonl, tmp_path):
     from conftest import FakeCounter
 
     from gen_pipeline.config import RunConfig
-    from gen_pipeline.progress import RunStats
-    from gen_pipeline.reader import BatchReader
-    from gen_pipeline.rows import BadRow
-    from gen_pipeline.source import Skipped
-    from gen_pipeline.store import ResumeState
+    from gen_pipeline.engine.reader import BatchReader
+    from gen_pipeline.inputs.rows import BadRow
+    from gen_pipeline.inputs.source import Skipped
+    from gen_pipeline.progress.stats import RunStats
+    from gen_pipeline.rundir.store import ResumeState
 
     class Refusing(FakeCounter):
         def count(self, conversations):
@@ -214,8 +214,8 @@ def test_pool_fits_the_open_file_limit(tmp_path):
     """Each request in flight holds a socket: a fleet that takes more than the open-file limit allows gets
     smaller shares (with a warning) instead of connections that fail and get blamed on the servers."""
     from gen_pipeline.config import RunConfig, parse_servers
-    from gen_pipeline.fleet import FleetInfo, ServerInfo
-    from gen_pipeline.setup import RESERVED_FILES, build_pool
+    from gen_pipeline.engine.setup import RESERVED_FILES, build_pool
+    from gen_pipeline.fleet.discovery import FleetInfo, ServerInfo
 
     servers = parse_servers("127.0.0.1:30000-30007")
     config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path / "out", servers=servers)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gen_pipeline.plots import (
+from gen_pipeline.views.plots import (
     PLOTS,
     draw_servers,
     input_bins,
@@ -16,8 +16,8 @@ from gen_pipeline.plots import (
     throughput_series,
     timed_series,
 )
-from gen_pipeline.report import drift_text
-from gen_pipeline.rundata import Completions
+from gen_pipeline.views.report import drift_text
+from gen_pipeline.views.rundata import Completions
 
 pytest.importorskip("matplotlib")
 

@@ -12,13 +12,14 @@ from typing import Any
 import orjson
 import pytest
 
-from gen_pipeline import cli, prepare
+from gen_pipeline import cli
 from gen_pipeline.cli import prepare as cli_prepare
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.formats import InvalidRowError, RowConverter, detect_format
-from gen_pipeline.prepare import valid_line
+from gen_pipeline.inputs.rows import RowError, parse_row
 from gen_pipeline.records import Completion, Failure, content_id
-from gen_pipeline.rows import RowError, parse_row
+from gen_pipeline.views import prepare
+from gen_pipeline.views.formats import InvalidRowError, RowConverter, detect_format
+from gen_pipeline.views.prepare import valid_line
 
 U = "user"
 

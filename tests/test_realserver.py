@@ -120,7 +120,7 @@ def test_forced_overflow_gets_the_real_400_and_is_ledgered(servers, tokenizer, w
 
 def test_check_passes_against_the_real_fleet(servers, tokenizer, write_jsonl, tmp_path):
     """The preflight finds a consistent fleet and exact tokenizer agreement."""
-    from gen_pipeline.check import run_check
+    from gen_pipeline.views.check import run_check
 
     config = _config(write_jsonl(prompts(20)), tmp_path / "out", servers, tokenizer)
     report = asyncio.run(asyncio.wait_for(run_check(config), 120))
@@ -162,7 +162,7 @@ def test_whole_conversations_are_regenerated_with_exact_counts(servers, tokenize
     history holds the server's own earlier answers), each turn asked with the answers written before it."""
     from e2e import conversation_rows
 
-    from gen_pipeline.turns import answer_turn, split_turns
+    from gen_pipeline.send.turns import answer_turn, split_turns
 
     rows = conversation_rows(12)
     out = tmp_path / "out"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 
-from gen_pipeline.dispatch import Sent
 from gen_pipeline.records import Completion, Failure, Prompt
-from gen_pipeline.refusals import END_EVIDENCE, REFUSAL_STREAK, RefusalJudge
+from gen_pipeline.send.dispatch import Sent
+from gen_pipeline.send.refusals import END_EVIDENCE, REFUSAL_STREAK, RefusalJudge
 
 BROKEN = "Chat template error: jinja2 is not installed"
 

@@ -1,4 +1,4 @@
-"""The light counter (tokenizers + chat_render) against transformers' apply_chat_template, the reference."""
+"""The light counter (tokenizers + tokens.render) against transformers' apply_chat_template, the reference."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import shutil
 import pytest
 from conftest import QWEN3
 
+from gen_pipeline.engine.setup import chat_template_hash
 from gen_pipeline.errors import ConfigError
-from gen_pipeline.setup import chat_template_hash
 from gen_pipeline.tokens import (
     TINY_TOKENIZER,
     FastTokenCounter,

@@ -8,13 +8,13 @@ import orjson
 import pytest
 from e2e import prompts, run_sim
 
-from gen_pipeline import report as report_module
 from gen_pipeline.cli import main
-from gen_pipeline.plots import PLOTS, throughput_series
-from gen_pipeline.rundata import distribution
-from gen_pipeline.status import STALE_AFTER, STATUS, run_state
-from gen_pipeline.statustext import render_status
-from gen_pipeline.summary import write_status
+from gen_pipeline.engine.summary import write_status
+from gen_pipeline.views import report as report_module
+from gen_pipeline.views.plots import PLOTS, throughput_series
+from gen_pipeline.views.rundata import distribution
+from gen_pipeline.views.status import STALE_AFTER, STATUS, run_state
+from gen_pipeline.views.statustext import render_status
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -156,8 +156,8 @@ def test_progress_bar_shows_the_counts_and_log_mode_needs_no_tqdm(capsys):
     import subprocess
     import sys
 
-    from gen_pipeline.display import Progress
-    from gen_pipeline.progress import RunStats, show
+    from gen_pipeline.progress.display import Progress
+    from gen_pipeline.progress.stats import RunStats, show
 
     stats = RunStats(completed=3)
     stats.failed["bad_input"] = 1
@@ -166,5 +166,7 @@ def test_progress_bar_shows_the_counts_and_log_mode_needs_no_tqdm(capsys):
     bar.close()
     err = capsys.readouterr().err
     assert "4/10" in err and "done 3" in err and "failed 1" in err
-    code = "import sys; from gen_pipeline.display import Progress; Progress('log'); print('tqdm' in sys.modules)"
+    code = (
+        "import sys; from gen_pipeline.progress.display import Progress; Progress('log'); print('tqdm' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -9,7 +9,7 @@ import pytest
 
 from gen_pipeline.config import RetryPolicy
 from gen_pipeline.errors import BadRequestError, OverloadedError, ServerError
-from gen_pipeline.retry import backoff_delay, with_transport_retries
+from gen_pipeline.send.retry import backoff_delay, with_transport_retries
 
 
 def test_backoff_grows_is_capped_and_honours_retry_after():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gen_pipeline.rundir import RunDir, write_json_atomic
+from gen_pipeline.rundir.layout import RunDir, write_json_atomic
 
 
 def test_the_single_writer_and_each_worker_have_their_own_files(tmp_path: Path) -> None:

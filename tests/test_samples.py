@@ -16,12 +16,12 @@ from e2e import prompts, read_jsonl, run_sim
 
 from gen_pipeline.cli import build_parser, config_from_args
 from gen_pipeline.config import RetryPolicy, RunConfig
-from gen_pipeline.donekeys import line_key
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.inputs.rows import RowError, parse_row
 from gen_pipeline.modes import run_async
-from gen_pipeline.progress import format_summary
+from gen_pipeline.progress.stats import format_summary
 from gen_pipeline.records import id_key
-from gen_pipeline.rows import RowError, parse_row
+from gen_pipeline.rundir.donekeys import line_key
 from gen_pipeline.samples import line_sample, sample_key, sample_seed, truncated_in
 
 
@@ -238,8 +238,8 @@ def test_reasoning_truncations_are_marked_and_counted(write_jsonl, tmp_path):
     split = outcome.summary["reasoning_tokens"]
     assert split["reasoning"] + split["answer"] == outcome.summary["output_tokens"] and split["reasoning"] > 0
     assert all(r["reasoning_tokens"] <= r["completion_tokens"] for r in lines)
-    from gen_pipeline.report import render_table
-    from gen_pipeline.rundata import read_completions, read_json
+    from gen_pipeline.views.report import render_table
+    from gen_pipeline.views.rundata import read_completions, read_json
 
     run = tmp_path / "out"
     table = render_table(run, read_completions(run), read_json(run / "summary.json"), None)
@@ -334,7 +334,7 @@ def test_a_short_answer_to_n_is_topped_up_one_request_a_sample(write_jsonl, tmp_
 def _export(runs: list[Path], out: Path, **kw: Any) -> Any:
     import datasets
 
-    from gen_pipeline.export import ExportConfig, export
+    from gen_pipeline.views.export import ExportConfig, export
 
     stats = export(ExportConfig(runs=tuple(runs), out=out, **kw))
     files = sorted(str(p) for p in (out / "data").glob("*.parquet"))
@@ -391,8 +391,8 @@ def test_logprobs_asked_for_are_an_export_column(write_jsonl, tmp_path):
 
 def test_check_plans_every_sample(write_jsonl, tmp_path):
     """check's plan counts the samples to make and budgets output for each; a resume's are left out."""
-    from gen_pipeline.check import run_check
     from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+    from gen_pipeline.views.check import run_check
 
     rows = [*prompts(6), {"id": "own", "prompt": "just two", "samples": 2}]
     path, out = write_jsonl(rows), tmp_path / "out"
@@ -435,7 +435,7 @@ def test_workers_split_samples_and_resume(write_jsonl, tmp_path):
         first = run_generate(path, out, servers, "--workers", "2", "--samples", "3")
         second = run_generate(path, out, servers, "--samples", "4")
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    from gen_pipeline.rundir import RunDir
+    from gen_pipeline.rundir.layout import RunDir
 
     keys = [(r["id"], r["sample"]) for p in RunDir(out).completion_files() for r in read_jsonl(p)]
     assert len(keys) == len(set(keys)) == 160

@@ -14,8 +14,8 @@ from procs import PY, env, generate_argv
 from gen_pipeline.cli import build_parser, config_from_args
 from gen_pipeline.config import SERVER_AUTH_ENV, RunConfig, parse_servers, redact, server_name
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.shards.workers import worker_argv, worker_env
 from gen_pipeline.sim import SimConfig, free_ports
-from gen_pipeline.workers import worker_argv, worker_env
 
 USER, SECRET = "alice", "s3cr3t-Pw"
 BASIC = "Basic " + base64.b64encode(f"{USER}:{SECRET}".encode()).decode()

@@ -24,8 +24,8 @@ import pytest
 from e2e import check_invariant, prompts
 from procs import PY, env, wait_for_done
 
-from gen_pipeline.claims import shard_of
-from gen_pipeline.rundir import RunDir
+from gen_pipeline.rundir.layout import RunDir
+from gen_pipeline.shards.claims import shard_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gen_pipeline.inputs.rows import BadRow
+from gen_pipeline.inputs.source import PromptSource
 from gen_pipeline.records import content_id
-from gen_pipeline.rows import BadRow
-from gen_pipeline.source import PromptSource
 
 GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -128,8 +128,8 @@ def test_peek_id(raw, expected):
 
 def test_settled_rows_are_skipped_without_parsing(write_jsonl):
     """Rows the resume state names are skipped by their leading id; the rest are parsed as usual."""
+    from gen_pipeline.inputs.source import Skipped
     from gen_pipeline.records import id_key
-    from gen_pipeline.source import Skipped
 
     done = {id_key("a"), id_key(2)}
     rows = [{"id": "a", "prompt": "x"}, {"id": 2, "prompt": "y"}, {"id": "c", "prompt": "z"}, {"prompt": "w"}]
@@ -172,9 +172,9 @@ def test_repeats_of_rows_skipped_unparsed(write_jsonl):
 @pytest.mark.parametrize("memo", ["dict", "compact"])
 def test_repeats_of_settled_rows_with_the_compact_resume_state(write_jsonl, memo):
     """The same rules hold with store.KeySet / SettledRows (8 bytes per done id) as with a dict."""
-    from gen_pipeline.donekeys import KeySet
     from gen_pipeline.records import id_key
-    from gen_pipeline.store import ResumeState
+    from gen_pipeline.rundir.donekeys import KeySet
+    from gen_pipeline.rundir.store import ResumeState
 
     state = ResumeState(done=KeySet(id_key(x) for x in ("a", 5, "z")), last_reason={id_key("f"): "over_length"})
     rows = [

@@ -11,7 +11,7 @@ import pytest
 
 from gen_pipeline.errors import ConfigError, ManifestMismatchError, OutputError
 from gen_pipeline.records import Completion, Failure, id_key
-from gen_pipeline.store import (
+from gen_pipeline.rundir.store import (
     COMPLETIONS,
     FAILURES,
     DirLock,

@@ -8,7 +8,7 @@ import orjson
 import pytest
 from e2e import run_sim
 
-from gen_pipeline.summary import DERIVED, STATUS_RULES, SUMMARY_RULES, PerKey, merge_statuses, merge_summaries
+from gen_pipeline.engine.summary import DERIVED, STATUS_RULES, SUMMARY_RULES, PerKey, merge_statuses, merge_summaries
 
 
 def _summary(**fields: Any) -> dict[str, Any]:

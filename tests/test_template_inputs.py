@@ -13,18 +13,18 @@ import pytest
 from conftest import QWEN3
 from e2e import read_jsonl
 
-from gen_pipeline.check import run_check
 from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.engine.recorder import cut_by_server
 from gen_pipeline.errors import ConfigError, ManifestMismatchError
-from gen_pipeline.findings import TEMPLATE_BLAME, drift_cause
+from gen_pipeline.inputs.rows import RowError, parse_row
 from gen_pipeline.modes import run_async
 from gen_pipeline.options import build_config
-from gen_pipeline.recorder import cut_by_server
 from gen_pipeline.records import Completion
-from gen_pipeline.rows import RowError, parse_row
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.tokens import load_counter
 from gen_pipeline.tokens.conversation import Conversation
+from gen_pipeline.tokens.findings import TEMPLATE_BLAME, drift_cause
+from gen_pipeline.views.check import run_check
 
 CTX = 4096
 WEATHER = {
@@ -128,8 +128,8 @@ def test_every_shape_is_counted_exactly_and_planned_as_generated(write_jsonl, tm
 
 def test_a_resume_with_other_template_inputs_is_refused(write_jsonl, tmp_path):
     """--chat-template-kwargs is in the manifest: another value is refused like another template."""
-    from gen_pipeline.setup import manifest_for
-    from gen_pipeline.store import check_manifest
+    from gen_pipeline.engine.setup import manifest_for
+    from gen_pipeline.rundir.store import check_manifest
     from gen_pipeline.tokens import FolderTemplate
 
     identity = FolderTemplate("tok", "{{ messages }}")

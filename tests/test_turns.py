@@ -12,11 +12,11 @@ import orjson
 import pytest
 from e2e import SYSTEM, conversation_rows, read_jsonl, run_sim
 
-from gen_pipeline.donekeys import line_key
+from gen_pipeline.inputs.rows import RowError
 from gen_pipeline.records import id_key
-from gen_pipeline.rows import RowError
+from gen_pipeline.rundir.donekeys import line_key
 from gen_pipeline.samples import line_place, place_key, sample_key, turn_key
-from gen_pipeline.turns import split_turns
+from gen_pipeline.send.turns import split_turns
 
 
 def places(out: Path) -> Counter[tuple[str, int, int]]:
@@ -162,10 +162,10 @@ def test_rows_with_tool_turns_are_bad_input(write_jsonl, tmp_path):
 
 
 def test_check_plans_the_first_turns_and_says_the_rest_wait_for_answers(write_jsonl, tmp_path):
-    from gen_pipeline.check import run_check
     from gen_pipeline.config import RetryPolicy, RunConfig
-    from gen_pipeline.plan import plan_lines
     from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+    from gen_pipeline.views.check import run_check
+    from gen_pipeline.views.plan import plan_lines
 
     rows = conversation_rows(4)  # 3, 4, 3, 4 user turns
     path = write_jsonl(rows)
@@ -188,7 +188,7 @@ def test_export_writes_one_row_per_conversation(write_jsonl, tmp_path):
     complete or ended early; --drop-incomplete leaves the ended ones out."""
     import pyarrow.parquet as pq
 
-    from gen_pipeline.export import ExportConfig, export
+    from gen_pipeline.views.export import ExportConfig, export
 
     long = [{"role": "user", "content": "word " * 120} for _ in range(6)]
     rows = [{"id": "long", "messages": long}, *conversation_rows(3)]
@@ -246,7 +246,7 @@ def test_a_server_keeps_room_for_a_conversations_next_turn():
     """A turn answered with `keep` leaves its place to the conversation's next turn: other requests see the
     server full, the next turn gets it (and goes elsewhere only when that server is out); given back, the
     place is anyone's."""
-    from gen_pipeline.balancer import ServerPool, ServerState
+    from gen_pipeline.fleet.balancer import ServerPool, ServerState
 
     pool = ServerPool([ServerState("a", 1), ServerState("b", 1)], lambda: 100.0)
     a, b = pool.servers
@@ -295,7 +295,7 @@ def test_the_simulators_cache_holds_a_conversation_up_to_the_answer_it_gave(writ
 def test_a_next_turn_waiting_behind_others_gets_the_room_kept_for_it():
     """Leases queued before it (new conversations) cannot take a kept place, and do not hold the next turn
     back: it is handed the place its server kept (a full fleet deadlocked here)."""
-    from gen_pipeline.balancer import ServerPool, ServerState
+    from gen_pipeline.fleet.balancer import ServerPool, ServerState
 
     pool = ServerPool([ServerState("a", 1)], lambda: 100.0)
 
@@ -339,7 +339,7 @@ def test_retry_failed_goes_on_with_an_ended_conversation_and_status_and_report_c
 
 
 def test_the_workers_summaries_add_up_their_conversations():
-    from gen_pipeline.summary import merge_summaries
+    from gen_pipeline.engine.summary import merge_summaries
 
     a = {"completed": 5, "conversations": {"complete": 2, "ended_early": 1, "ended_at_turn": {"3": 1}}}
     b = {"completed": 4, "conversations": {"complete": 1, "ended_early": 2, "ended_at_turn": {"3": 1, "10": 1}}}

@@ -14,8 +14,8 @@ import pytest
 from e2e import conversation_rows
 from procs import generate, run_generate, sim_fleet
 
-from gen_pipeline.rundir import RunDir
-from gen_pipeline.turns import answer_turn, split_turns
+from gen_pipeline.rundir.layout import RunDir
+from gen_pipeline.send.turns import answer_turn, split_turns
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from e2e import check_invariant, prompts, read_jsonl
 from test_answers import generate
 
 from gen_pipeline.http import ChatResult
-from gen_pipeline.usage import usage_problem
+from gen_pipeline.send.usage import usage_problem
 
 LIAR = {"message": {"content": "a fine answer"}, "usage": {"prompt_tokens": 20, "completion_tokens": 50046}}
 

@@ -10,9 +10,9 @@ import pytest
 from e2e import check_invariant, prompts
 from procs import generate, run_generate, sim_fleet, wait_for_done
 
-from gen_pipeline.summary import merge_summaries
+from gen_pipeline.engine.summary import merge_summaries
+from gen_pipeline.shards.workers import merged_exit_code
 from gen_pipeline.tokens import TINY_TOKENIZER
-from gen_pipeline.workers import merged_exit_code
 
 
 @pytest.mark.parametrize(

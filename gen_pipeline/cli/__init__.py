@@ -6,6 +6,8 @@ Exit codes (generate): 0 every row ended in the output or under a permanent ledg
 the ledger: run again to retry them); 4 no server usable for --outage-timeout; 5 the output could not be
 written (disk full, I/O error); 130 interrupted (Ctrl-C, SIGTERM, SIGHUP). Codes 3, 4, 5 and 130 leave
 a resumable directory: run the same command again.
+
+May import: anything (and nothing but `python -m gen_pipeline` imports it).
 """
 
 from __future__ import annotations

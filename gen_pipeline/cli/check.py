@@ -6,10 +6,10 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from .. import check
-from ..check import EXIT_PROBLEMS, render_check, run_check
 from ..errors import EXIT_OK
-from ..store import write_json_atomic
+from ..rundir.store import write_json_atomic
+from ..views import check
+from ..views.check import EXIT_PROBLEMS, render_check, run_check
 from .generate import add_run_flags, config_from_args
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..export import export
-from ..exportconfig import DEFAULT_COLUMNS, DEFAULT_SHARD_ROWS, EXPORT_FORMATS, ExportConfig
+from ..views.export import export
+from ..views.exportconfig import DEFAULT_COLUMNS, DEFAULT_SHARD_ROWS, EXPORT_FORMATS, ExportConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

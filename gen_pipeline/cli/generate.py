@@ -24,7 +24,7 @@ from ..config import (
     RunConfig,
 )
 from ..options import OPTIONS, build_config
-from ..watchflags import add_watch_flags
+from .watch import add_watch_flags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -208,9 +208,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def main(args: argparse.Namespace) -> int:
     """Run `generate` from parsed flags (modes.run_command chooses how); print the summary."""
+    from ..engine.summary import describe
     from ..modes import run_command
     from ..runtime import quiet_streams, say
-    from ..summary import describe
 
     config = config_from_args(args)
     with quiet_streams():  # a closed stdout or stderr must not lose a stop, nor the summary on disk

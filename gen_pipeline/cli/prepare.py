@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..formats import FORMATS
-from ..prepare import PrepareConfig, prepare
-from ..rundir import write_json_atomic
+from ..rundir.layout import write_json_atomic
+from ..views.formats import FORMATS
+from ..views.prepare import PrepareConfig, prepare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import report
 from ..errors import ConfigError
-from ..report import INSTALL_HINT, render_table
-from ..rundata import completion_files, read_completions, read_json
-from ..rundir import MANIFEST, SUMMARY
+from ..rundir.layout import MANIFEST, SUMMARY
+from ..views import report
+from ..views.report import INSTALL_HINT, render_table
+from ..views.rundata import completion_files, read_completions, read_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     elif not report.has_matplotlib():
         print(INSTALL_HINT)
     else:
-        from ..plots import write_plots
+        from ..views.plots import write_plots
 
         for path in write_plots(rows, summary, manifest, args.out or run / "report"):
             print(f"wrote {path}")

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ..status import inspect_run
+from ..views.status import inspect_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,8 @@ faults (dead, flaky, slow, dropped, hung, crashing and restarting ports).
 
     async with await start_fleet(SimConfig(ports=tuple(free_ports(2)), health_delay=0)) as fleet:
         ...  # talk to fleet.urls; read fleet.stats[port]
+
+May import: the base modules, tokens.
 """
 
 from .cli import add_arguments, main, parse_ports

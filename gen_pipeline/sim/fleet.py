@@ -7,9 +7,9 @@ import socket
 from pathlib import Path
 from types import TracebackType
 
-from ..chat_render import ChatTemplate
 from ..errors import ConfigError
 from ..tokens import FastTokenCounter, HFTokenCounter, light_parts, load_tokenizer
+from ..tokens.render import ChatTemplate
 from .config import QWEN_EOS_ID, SimConfig
 from .counting import ServerCounter
 from .scheduler import PortStats

@@ -1,4 +1,7 @@
-"""Token counting: the counter and its loaders, the chat renderer, and all token arithmetic (budget)."""
+"""Token counting: the counter and its loaders, the chat renderer, and all token arithmetic (budget).
+
+May import: the base modules.
+"""
 
 from .counter import (
     TINY_TOKENIZER,

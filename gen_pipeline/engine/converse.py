@@ -1,0 +1,172 @@
+"""Sending one row's conversations under `--turns all`: each sample's turns in order, each on the
+server that answered the turn before when it is in service and has a free slot (its prefix cache holds
+the history), each answer written before the next turn is asked (turns.py has the shapes and keys).
+
+Every turn is counted exactly (a long conversation in a thread of its own; the reader's thread counts the
+first turns) and budgeted like any prompt. A turn with too little room is ledgered `over_length` with its
+turn number and the conversation ends there; a context 400 no budget fixes ends it as `context_overflow`.
+A transient failure leaves the conversation where it is: the next run goes on at that turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+from ..fleet.balancer import ServerPool
+from ..records import TRANSIENT_REASONS, Failure, Messages, Prompt
+from ..samples import place_key
+from ..send.dispatch import SampleDispatch, Sent
+from ..send.requests import Track
+from ..send.turns import answer_turn, turn_request
+from ..tokens import TokenCounter
+from ..tokens.budget import dispatch_budget
+from .reader import conversation
+from .recorder import Recorder
+
+# A conversation shorter than this is counted on the event loop: the server keeps its place between two
+# turns, so the time to count is slot time lost, and a thread's turn at the GIL takes longer than the count.
+INLINE_CHARS = 20_000
+AFFINITY = True  # a next turn prefers the server that answered the last (bench/turns.py measures it off)
+
+End = Literal["complete", "ended", "waiting", "stopped"]  # ended: a permanent failure; waiting: a transient one
+
+
+class TurnDispatch:
+    """Runs the conversations one prompt still owes; the Runner's worker awaits one prompt at a time."""
+
+    def __init__(
+        self, dispatch: SampleDispatch, counter: TokenCounter, recorder: Recorder, stopping: asyncio.Event
+    ) -> None:
+        self.dispatch, self.path = dispatch, dispatch.path
+        self.counter, self.recorder, self.stopping = counter, recorder, stopping
+        self.stats = recorder.stats
+        self._count_thread = ThreadPoolExecutor(1, thread_name_prefix="turns-count")
+        self.owed = 0  # turns still to send of the conversations read: the run's backlog
+        self._tail, self._tail_at = asyncio.Event(), -1  # set once the backlog fits the fleet (until_tail)
+
+    def owe(self, prompt: Prompt) -> None:
+        """A prompt was read: its conversations' turns still to send join the backlog."""
+        turns = len(prompt.turns or ())
+        self.owed += sum(turns - prompt.resume.get(s, (0, []))[0] for s in prompt.pending)
+
+    async def until_tail(self, pool: ServerPool) -> None:
+        """Once the input is read, wait until the turns left fit the fleet at once, then begin the tail (the
+        balancer then keeps requests off busy servers: ServerPool.backlog)."""
+        self._tail_at = pool.slots()
+        self._pay(0)
+        await self._tail.wait()
+        pool.backlog = lambda: self.owed
+
+    def _pay(self, turns: int) -> None:
+        """`turns` of the backlog were sent or will not be."""
+        self.owed -= turns
+        if self.owed <= self._tail_at:
+            self._tail.set()
+
+    def close(self) -> None:
+        self._count_thread.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, prompt: Prompt) -> End:
+        """Every owed conversation of the prompt, side by side; the least settled outcome of them."""
+        ends = await asyncio.gather(*(self._conversation(prompt, s) for s in prompt.pending))
+        for end in ("stopped", "waiting", "ended"):
+            if end in ends:
+                return end
+        return "complete"
+
+    async def _conversation(self, prompt: Prompt, sample: int) -> End:
+        assert prompt.turns is not None
+        start, history = prompt.resume.get(sample, (0, []))
+        left = len(prompt.turns) - start
+        home: str | None = None  # the server keeping room for the next turn (it answered the last)
+        try:
+            for turn in range(start, len(prompt.turns)):
+                if self.stopping.is_set():
+                    return "stopped"  # not sent: the next run goes on here
+                request = await self._counted(prompt, turn_request(history, prompt.turns[turn]), turn)
+                keep = AFFINITY and turn + 1 < len(prompt.turns)
+                answer = await self._ask(request, prompt, sample, turn, (home, keep))
+                home = None  # used by this turn, or given back (_ask)
+                self._pay(1)
+                left -= 1
+                if isinstance(answer, str):
+                    return self._ended(answer, turn)
+                history, home = answer
+            self.stats.conversations["complete"] += 1
+            return "complete"
+        finally:
+            self._pay(left)  # the turns it will not send
+            self.path.pool.unhome(home)
+
+    def _ended(self, end: End, turn: int) -> End:
+        if end == "ended":
+            self.stats.conversations["ended_early"] += 1
+            self.stats.ended_at_turn[turn] += 1
+        return end
+
+    async def _counted(self, prompt: Prompt, messages: Messages, turn: int) -> Prompt | str:
+        """Turn `turn`'s request as a prompt with its exact count (turn 0's the reader made), or why it
+        cannot be counted (the template refuses it)."""
+        if turn == 0:
+            return prompt
+        request = dataclasses.replace(prompt, messages=messages, at_least=False)
+        chat = [conversation(request)]
+        if sum(len(str(m.get("content"))) for m in messages) < INLINE_CHARS:
+            count = self.counter.count(chat)[0]  # a millisecond: less than the hop to a thread and back
+        else:
+            count = (await asyncio.get_running_loop().run_in_executor(self._count_thread, self.counter.count, chat))[0]
+        if isinstance(count, str):
+            return count
+        request.input_tokens = count
+        return request
+
+    async def _ask(
+        self, request: Prompt | str, prompt: Prompt, sample: int, turn: int, place: tuple[str | None, bool]
+    ) -> tuple[Messages, str | None] | End:
+        """Send one turn and write its answer: the history with it and the server that keeps room for the next
+        turn, if any; or how the conversation stops here (its ledger entry written). `place`: the server that
+        keeps room for this turn (its home, given back here when not used), and whether to keep room for the
+        next on the server that answers."""
+        home, keep = place
+        if isinstance(request, str):
+            self.path.pool.unhome(home)
+            detail = f"turn {turn} cannot be rendered: {request}"
+            return self._fail(Failure(prompt.id, prompt.line, "bad_input", detail), sample, turn)
+        path = self.path
+        budget = dispatch_budget(
+            path.config,
+            path.context_length,
+            request.input_tokens,
+            prompt.max_tokens,
+            path.learner.offset,
+            request.at_least,
+        )
+        if isinstance(budget, str):
+            self.path.pool.unhome(home)
+            detail = f"turn {turn}: {budget}; the conversation ends after turn {turn - 1}"
+            over = Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=request.input_tokens)
+            return self._fail(over, sample, turn)
+        track = Track(prefer=home, home=home is not None, keep=keep)
+        answer = await path.send(request, budget, self.dispatch.turn_fields(prompt, sample, turn), track)
+        if track.home:  # never given a slot
+            self.path.pool.unhome(home)
+        if isinstance(answer, Failure):
+            return self._fail(answer, sample, turn)
+        result, sent_budget = answer
+        done = self.dispatch.completion(request, result, sent_budget, track, sample, result)
+        done.turn, done.key = turn, place_key(prompt.key, sample, turn)
+        done.extra["turns"] = len(prompt.turns or ())  # export tells a complete conversation by it
+        outcome = Sent([done])
+        outcome.count(result)
+        self.recorder.sent(request, outcome)
+        return [
+            *request.messages,
+            answer_turn(result.content, result.reasoning_content),
+        ], track.server if keep else None
+
+    def _fail(self, failure: Failure, sample: int, turn: int) -> End:
+        self.recorder.failure(dataclasses.replace(failure, sample=sample, turn=turn))
+        return "waiting" if failure.reason in TRANSIENT_REASONS else "ended"

@@ -1,0 +1,213 @@
+"""Reading for a run: rows a batch at a time, validated, resume-filtered, within --limit, with
+--system-prompt, counted in a worker thread (the tokenizer thread)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Iterator
+
+from ..config import RunConfig
+from ..inputs.rows import BadRow, RowError
+from ..inputs.source import PromptSource, Skipped, skipped
+from ..progress.stats import RunStats
+from ..records import Prompt
+from ..resume.cursor import Mark, Resumed, mark_of
+from ..rundir.store import ResumeState
+from ..samples import pending, row_reason
+from ..send.turns import TurnHistory, owed, split_turns
+from ..tokens import TokenCounter
+from ..tokens.conversation import ChatInput, Conversation
+from ..tokens.oversize import SizeFloor
+
+log = logging.getLogger("gen_pipeline")
+
+
+MAX_BATCH_ITEMS = 16384  # skipped rows one read tallies before it hands over
+
+
+class BatchReader:
+    """Reads, validates, resume-filters and counts rows a batch at a time, in a worker thread.
+
+    With a `resumed` input cursor it starts at the cursor's mark, handing over the rows before it as
+    one tally per reason.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        counter: TokenCounter,
+        resume: ResumeState,
+        stats: RunStats,
+        resumed: Resumed | None = None,
+        context_length: int | None = None,
+        mine: Callable[[int], bool] | None = None,  # a claimer's held shards (None: every row)
+    ) -> None:
+        start = resumed.start if resumed else None
+        self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
+        self.carried = dict(resumed.tallies) if resumed else {}
+        self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
+        self.limit, self.config = config.limit, config
+        self.items: Iterator[Prompt | BadRow | Skipped] = first_lines(self.source, self.limit)
+        self.counter = counter
+        self.resume = resume
+        self.retry = config.retry_failed
+        self.samples = config.samples
+        self.batch = config.tokenize_batch
+        self.name = config.input.name
+        self.stats = stats
+        # rows whose size alone puts them over this many input tokens are over_length without a count
+        self.fit = context_length - config.safety_margin - config.min_tokens if context_length else None
+        self.floor = SizeFloor(counter)
+        self.history = TurnHistory(config.out / name for name in resume.files)
+
+    def hold_cursor(self) -> None:
+        """A row failed for a transient reason: the input cursor stops short of it."""
+        self.source.logging = False
+
+    def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
+        """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
+        counting the rows skipped on the way (a resume skips 650k rows without handing over each); and
+        the input position after them."""
+        out: list[Prompt | BadRow] = []
+        prompts: list[Prompt] = []
+        tally, self.carried = self.carried, {}
+        n_skipped = 0
+        for item in self.items:
+            settled = self._settle(item)
+            if isinstance(settled, Skipped):
+                tally[settled.reason] = tally.get(settled.reason, 0) + 1
+                n_skipped += 1
+                if n_skipped >= MAX_BATCH_ITEMS:
+                    break  # a long settled stretch: hand it over, so progress moves
+                continue
+            out.append(settled)
+            if isinstance(settled, Prompt):
+                prompts.append(shaped(settled, self.config))
+                if len(prompts) >= self.batch:
+                    break
+        self.stats.repeats = self.source.repeats
+        self.stats.input_fraction = self.source.fraction()
+        self.stats.unfinished_line = self.source.unfinished or self.stats.unfinished_line
+        self.stats.input_error = self.source.read_error or self.stats.input_error
+        failed = self._count(prompts)
+        counted: list[Prompt | BadRow | Skipped] = []
+        for x in out:
+            if id(x) in failed:
+                assert isinstance(x, Prompt)
+                self.source.note_bad(x.line, x.key)
+                bad = self._settle(BadRow(x.line, failed[id(x)], x.id))
+                if isinstance(bad, Skipped):  # ledgered by an earlier run: not written twice
+                    tally[bad.reason] = tally.get(bad.reason, 0) + 1
+                    continue
+                x = bad
+            counted.append(x)
+        self._note_progress(sum(tally.values()) + len(counted))
+        return [*(Skipped(reason, n) for reason, n in tally.items()), *counted], mark_of(self.source)
+
+    def _note_progress(self, rows: int) -> None:
+        """Tell the stats how many rows were handed over and how much of the input that was (for the ETA)."""
+        fraction = self.source.fraction()  # of the compressed bytes, for a compressed file
+        if self.limit is not None:
+            fraction = max(fraction, self.source.lines / self.limit)
+        self.stats.note_input(rows, 1.0 if rows == 0 else min(fraction, 1.0))
+
+    def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
+        """A bad row an earlier run already ledgered is skipped (the source skips settled ids itself);
+        a prompt gets the samples it still owes, and is skipped when it owes none."""
+        if isinstance(item, BadRow):
+            seen = (self.name, item.line) in self.resume.bad_lines
+            return skipped("bad_input") if seen and "bad_input" not in self.retry else item
+        if isinstance(item, Prompt):
+            k = item.samples or self.samples
+            if self.config.turns == "all":
+                return self._settle_turns(item, k)
+            item.pending = pending(self.resume, item.key, k, self.retry)
+            if not item.pending:
+                return skipped(row_reason(self.resume, item.key, k, self.retry) or "done")
+        return item
+
+    def _settle_turns(self, item: Prompt, k: int) -> Prompt | BadRow | Skipped:
+        """--turns all: the row's segments, and per sample the turn its conversation goes on at (with the
+        history recorded before it); skipped when every conversation is complete or ended."""
+        try:
+            item.turns = split_turns(item.messages)
+        except RowError as exc:
+            self.source.note_bad(item.line, item.key)
+            return self._settle(BadRow(item.line, str(exc), item.id))
+        item.messages = item.turns[0]  # what is counted here and planned by check: the first turn
+        found, reason = owed(self.resume, item, k, self.retry)
+        for s, t in sorted(found.start.items()):
+            history = self.history.history(item, s, t) if t > 0 else []
+            if history is None:
+                log.warning("id %r sample %d: turn %d is done but its line was not found; left as it is", item.id, s, t)
+                continue
+            item.pending += (s,)
+            if t > 0:
+                item.resume[s] = (t, history)
+        return item if item.pending else skipped(reason)
+
+    def _too_long(self, p: Prompt) -> bool:
+        """Whether the row's size alone proves it over_length; then its input_tokens is that floor."""
+        floor = self.floor.tokens_over(conversation(p), self.fit) if self.fit is not None else None
+        if floor is None:
+            return False
+        p.input_tokens, p.at_least = floor, True
+        return True
+
+    def _count(self, prompts: list[Prompt]) -> dict[int, str]:
+        """Set each prompt's input_tokens; return why counting failed, by id() of the prompt."""
+        failed: dict[int, str] = {}
+        prompts = [p for p in prompts if not self._too_long(p)]
+        counts = self.counter.count([conversation(p) for p in prompts]) if prompts else []
+        for p, n in zip(prompts, counts, strict=True):
+            if isinstance(n, int):
+                p.input_tokens = n
+            else:
+                failed[id(p)] = n
+        return failed
+
+
+def first_lines(source: PromptSource, limit: int | None) -> Generator[Prompt | BadRow | Skipped, None, None]:
+    """The source's items from its first `limit` lines (--limit; all of them when None)."""
+    items = iter(source)
+    if limit is None:
+        yield from items
+        return
+    try:
+        for item in items:
+            if source.lines > limit:
+                break
+            yield item
+            if source.lines >= limit:
+                break
+    finally:
+        items.close()  # type: ignore[attr-defined]  # PromptSource.__iter__ is a generator
+
+
+def shaped(prompt: Prompt, config: RunConfig) -> Prompt:
+    """The row as it is counted and sent: --system-prompt put first, and the run's tools and
+    chat_template_kwargs where the row has none of its own (a row's own value replaces the run's); the
+    tool_choice it is sent with noted for the count."""
+    with_system_prompt(prompt, config.system_prompt)
+    if prompt.turns:
+        prompt.turns[0] = prompt.messages  # --turns all: the system prompt opens the conversation
+    if prompt.tools is None:
+        prompt.tools = config.tools
+    if prompt.template_kwargs is None:
+        prompt.template_kwargs = config.chat_template_kwargs
+    prompt.tool_choice = (prompt.sampling or {}).get("tool_choice", config.sampling.get("tool_choice"))
+    return prompt
+
+
+def conversation(prompt: Prompt) -> ChatInput:
+    """What the template renders for a row: its messages, with its tools and template kwargs if any."""
+    if prompt.tools is None and not prompt.template_kwargs:
+        return prompt.messages
+    return Conversation(prompt.messages, prompt.tools, prompt.template_kwargs or {}, prompt.tool_choice)
+
+
+def with_system_prompt(prompt: Prompt, text: str | None) -> Prompt:
+    """The row with `text` put first as a system turn, unless it has one already (--system-prompt)."""
+    if text is not None and not any(m.get("role") == "system" for m in prompt.messages):
+        prompt.messages = [{"role": "system", "content": text}, *prompt.messages]
+    return prompt

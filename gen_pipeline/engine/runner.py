@@ -1,0 +1,420 @@
+"""One process's `generate` run: prompts file -> validated rows -> token counts -> budgets -> balanced
+requests -> one line in the output or the ledger. The Runner drives it; `run_single` is the single-process
+mode (one writer holding the run directory's lock); claimrun.py reuses the Runner as a claimer, and
+modes.py chooses between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..config import RunConfig
+from ..errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
+from ..fleet.balancer import ServerPool
+from ..fleet.discovery import FleetInfo
+from ..fleet.prober import watch_servers
+from ..http import Client, open_transport
+from ..inputs.rows import BadRow
+from ..inputs.source import Skipped
+from ..progress import cost
+from ..progress.alerts import Watch
+from ..progress.stats import RunStats, snapshot, watch_run
+from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt
+from ..resume import cursor
+from ..resume.cursor import InputCursor, Mark, MarkTracker
+from ..rundir.layout import RunDir
+from ..rundir.locks import refuse_shard_writers
+from ..rundir.store import DirLock, RunWriter, repair_all, write_json_atomic
+from ..runtime import install_run_handlers
+from ..send.dispatch import SampleDispatch, Sent, thinking_fields
+from ..send.refusals import RefusalJudge
+from ..send.requests import RequestPath
+from ..send.usage import usage_warnings
+from ..tokens import TokenCounter
+from ..tokens.budget import OffsetLearner, dispatch_budget
+from ..tokens.findings import drift_warning, over_length_advice, server_cut_warning
+from .converse import TurnDispatch
+from .metrics import exporting
+from .reader import BatchReader
+from .recorder import Recorder
+from .setup import build_pool, resume_point, settle_manifest
+from .summary import Outcome, run_summary, write_status
+
+log = logging.getLogger("gen_pipeline")
+
+
+class Feed(Protocol):
+    """Where a Runner's rows come from, read in its tokenizer thread: reader.BatchReader (one pass over the
+    input) or claimfeed.ClaimFeed (a claimer's claims, one pass over the input each)."""
+
+    @property
+    def started(self) -> dict[str, int] | None:
+        """Where reading began (summary.json's input_cursor); None: from the top."""
+
+    def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
+        """The next rows and where the read stands after them; an empty batch once there are no more."""
+
+    def hold_cursor(self) -> None:
+        """A row failed for a transient reason: an input cursor stops short of it (the next run reads it)."""
+
+
+class Sink(Protocol):
+    """Where a Runner's outcomes go: store.RunWriter (one directory's files) or claimfeed.ClaimWriter
+    (each record to its shard's files)."""
+
+    def write_completion(self, completion: Completion) -> None:
+        """Append one completion line."""
+
+    def write_failure(self, failure: Failure) -> None:
+        """Append one ledger entry."""
+
+    def sync(self) -> None:
+        """Flush and fsync what was written (a signal handler calls it)."""
+
+    def close(self) -> None:
+        """Close the files."""
+
+
+class Tracker(Protocol):
+    """Hears what was read and what is settled: cursor.MarkTracker moves the input cursor's mark,
+    claimfeed.ClaimTracker settles a claim once its prompts are all done."""
+
+    def batch(self, end: Mark, lines: list[int]) -> Any:
+        """A batch ending at `end` was read, with prompts at these lines; returns its record."""
+
+    def sealed(self, record: Any) -> None:
+        """The batch of `record` was handed to the workers."""
+
+    def settled(self, line: int, ok: bool = True) -> None:
+        """The prompt at `line` is written or ledgered (not `ok`: for a transient reason)."""
+
+
+@dataclass
+class Runner:
+    """Drives one run from an open run directory to its summary: rows from its `feed`, outcomes to its
+    `sink`, what is settled to its `tracker` (the three Protocols above)."""
+
+    config: RunConfig
+    counter: TokenCounter
+    path: RequestPath
+    pool: ServerPool
+    sink: Sink
+    stats: RunStats
+    feed: Feed
+    tracker: Tracker = field(default_factory=MarkTracker)
+    cursor: InputCursor | None = None  # None: no input cursor is written
+    client: Client | None = None
+    dispatch: SampleDispatch | None = None  # None: a plain SampleDispatch over `path`
+    status_path: Path | None = None  # where write_status writes (None: the run directory's status.json)
+    status_extra: Callable[[], dict[str, Any]] | None = None  # more fields for each status snapshot
+    turns: TurnDispatch | None = None  # --turns all: each prompt's conversations (use_turns)
+    recorder: Recorder = field(init=False)
+    judge: RefusalJudge = field(init=False)  # holds back 400s until it is clear they are the rows' fault
+    warnings: list[str] = field(default_factory=list)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_reason: str = ""
+    stop_code: int = 0  # the exit code the stop asks for
+    watch: Watch = field(init=False)  # the alerts status.json and the progress line show
+    alerts: list[str] = field(default_factory=list)  # the alerts that held at the last look
+
+    def __post_init__(self) -> None:
+        self.recorder = Recorder(
+            self.config, self.sink, self.stats, self.counter.name, self.request_stop, self.warnings
+        )
+        self.judge = RefusalJudge(len(self.pool.servers), self._release, lambda r: self.request_stop(r, EXIT_OUTAGE))
+        self.watch = Watch(self.config.stall_minutes * 60, self.config.on_stall, str(self.config.out))
+        if self.config.turns == "all":
+            self.use_turns()
+
+    def use_turns(self) -> None:
+        """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
+        dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
+        self.turns = TurnDispatch(dispatch, self.counter, self.recorder, self.stopping)
+
+    def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
+        """Stop dispatching; in-flight requests get the grace period to finish."""
+        if not self.stopping.is_set():
+            self.stop_reason, self.stop_code = reason, exit_code
+            self.stopping.set()
+
+    async def run(self) -> None:
+        async with exporting(self.config, self.stats, self.pool) as exporter:
+            await self._run()
+            if exporter is not None and self.stop_code == EXIT_INTERRUPTED:
+                exporter.linger = 0.0  # a Ctrl-C does not wait for a last scrape
+
+    async def _run(self) -> None:
+        workers = self.pool.worker_count()
+        queue: asyncio.Queue[Prompt | None] = asyncio.Queue(maxsize=workers * 2)
+        tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
+        monitor = asyncio.create_task(watch_run(self))
+        prober = asyncio.create_task(watch_servers(self.pool, self.client)) if self.client else monitor
+        producer = asyncio.create_task(self._produce(queue, workers))
+        try:
+            await self._until_done_or_stopped(producer, tasks)
+            if not self.stopping.is_set():
+                self.judge.finish()
+        finally:
+            for t in [monitor, prober, producer, *tasks]:
+                t.cancel()
+            await asyncio.gather(monitor, prober, producer, *tasks, return_exceptions=True)
+            if self.turns is not None:
+                self.turns.close()
+
+    async def _until_done_or_stopped(self, producer: asyncio.Task[None], tasks: list[Any]) -> None:
+        stop = asyncio.create_task(self.stopping.wait())
+        work: set[asyncio.Task[Any]] = {producer, *tasks}
+        try:
+            while work and not self.stopping.is_set():
+                done, work = await asyncio.wait(work | {stop}, return_when=asyncio.FIRST_COMPLETED)
+                work.discard(stop)
+                _raise_first_failure(done - {stop})
+            if work:
+                producer.cancel()
+                await self._drain(work)
+        finally:
+            stop.cancel()
+
+    async def _drain(self, work: set[asyncio.Task[Any]]) -> None:
+        """Give in-flight requests the grace period; nothing new is sent."""
+        deadline = time.monotonic() + self.config.grace_period
+        while self.stats.in_flight and time.monotonic() < deadline:
+            if all(t.done() for t in work):
+                break
+            await asyncio.sleep(0.05)
+        _raise_first_failure({t for t in work if t.done()})
+
+    async def _produce(self, queue: asyncio.Queue[Prompt | None], workers: int) -> None:
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
+            while not self.stopping.is_set():
+                batch, end = await loop.run_in_executor(pool, self.feed.next_batch)
+                record = self.tracker.batch(end, [p.line for p in batch if isinstance(p, Prompt)])
+                for item in batch:
+                    if isinstance(item, Prompt):
+                        self.stats.read += 1
+                        self.stats.undispatched += 1
+                        if self.turns is not None:
+                            self.turns.owe(item)
+                        await queue.put(item)
+                    else:
+                        self.recorder.unsent(item)
+                self.tracker.sealed(record)
+                if not batch:
+                    break
+        if self.turns is None:
+            self.pool.backlog = lambda: self.stats.undispatched  # the input is exhausted: the tail begins
+        for _ in range(workers):
+            await queue.put(None)
+        if self.turns is not None:  # conversations read are far from done: the tail begins with their last turns
+            await self.turns.until_tail(self.pool)
+
+    def _budget(self, p: Prompt) -> int | None:
+        path = self.path
+        budget = dispatch_budget(
+            self.config,
+            path.context_length,
+            p.input_tokens,
+            p.max_tokens,
+            path.learner.offset,
+            p.at_least,
+            path.max_input,
+        )
+        if isinstance(budget, str):
+            for s in p.pending or (0,):
+                failure = Failure(p.id, p.line, "over_length", budget, input_tokens=p.input_tokens, sample=s)
+                self.recorder.failure(failure)
+            return None
+        return budget
+
+    async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
+        dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
+        while (prompt := await queue.get()) is not None:
+            self.stats.undispatched -= 1
+            if self.stopping.is_set():
+                continue  # not sent: the next run picks it up
+            transient = await (self._converse(prompt) if self.turns is not None else self._send(prompt, dispatch))
+            if transient is not None:  # None: not settled here (the judge's to settle, or the next run's)
+                self._settle(prompt, transient)
+
+    def _settle(self, prompt: Prompt, transient: bool) -> None:
+        """A written prompt for the input cursor: passed, or (transient) held before."""
+        if transient:
+            self.feed.hold_cursor()
+        self.tracker.settled(prompt.line, ok=not transient)
+
+    def _release(self, prompt: Prompt, sent: Sent) -> None:
+        """Write and settle a prompt the refusal judge held back (its 400 was the row's fault)."""
+        self._settle(prompt, self.recorder.sent(prompt, sent))
+
+    async def _send(self, prompt: Prompt, dispatch: SampleDispatch) -> bool | None:
+        """The samples one prompt owes: True when one failed for a transient reason (None: not sent)."""
+        # Budgeted at dispatch, not at read time, so an offset learned meanwhile applies.
+        budget = self._budget(prompt)
+        if budget is None:
+            return False
+        sent = await dispatch.generate(prompt, budget, prompt.pending or (0,))
+        return None if self.judge.hold(prompt, sent) else self.recorder.sent(prompt, sent)
+
+    async def _converse(self, prompt: Prompt) -> bool | None:
+        """--turns all: the conversations one prompt owes, each budgeted turn by turn; None when the run
+        stopped before they settled."""
+        assert self.turns is not None
+        end = await self.turns.run(prompt)
+        return None if end == "stopped" else end == "waiting"
+
+    def save_cursor(self) -> None:
+        """Record how far the input is settled (the next run starts reading there)."""
+        if self.cursor is not None and self.recorder.fatal is None:
+            self.cursor.save()
+
+    def write_status(self, state: str) -> None:
+        """Replace the status file with a snapshot (a failure to write it never stops the run)."""
+        doc = snapshot(self.stats, self.pool.servers, state, self.pool.clock(), self.alerts)
+        if self.status_extra is not None:
+            doc.update(self.status_extra())
+        with contextlib.suppress(OutputError):
+            write_status(self.status_path or RunDir(self.config.out).writer().status, doc)
+
+
+def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
+    """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
+    warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
+    warnings += usage_warnings(runner.pool.servers)
+    warnings += [w for w in [runner.stats.same_samples.warning()] if w is not None]
+    summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
+    summary.update(
+        stop_reason=runner.stop_reason or None,
+        input_cursor=runner.feed.started,
+        samples=runner.config.samples,
+        learned_offset=runner.path.learner.offset,
+    )
+    summary.update(cost.run_cost(summary, runner.stats.elapsed(), len(runner.pool.servers), runner.config))
+    return summary
+
+
+def _raise_first_failure(done: set[asyncio.Task[Any]]) -> None:
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+def final_exit_code(runner: Runner) -> int:
+    """The exit code a finished or stopped Runner ends with."""
+    if runner.recorder.fatal is not None:
+        return EXIT_OUTPUT
+    if runner.stopping.is_set():
+        return runner.stop_code
+    if runner.stats.input_error is not None:
+        return EXIT_ERROR  # every readable row is settled; the rest of the input cannot be read
+    incomplete = TRANSIENT_REASONS & runner.stats.failed.keys() or runner.stats.unfinished_line is not None
+    return EXIT_INCOMPLETE if incomplete else EXIT_OK
+
+
+def run_error(runner: Runner) -> str | None:
+    """The one line for stderr: why the output could not be written, or the input not read to its end."""
+    fatal = runner.recorder.fatal
+    return str(fatal) if fatal is not None else runner.stats.input_error
+
+
+def input_warnings(config: RunConfig, stats: RunStats) -> list[str]:
+    """What the summary says about an input that could not be read whole."""
+    warnings = []
+    if stats.unfinished_line is not None:
+        warnings.append(
+            f"line {stats.unfinished_line} of {config.input.name} has no newline at its end and is not whole JSON: "
+            "left unread, as a producer may still be writing it; it is read by the next run once it ends in a "
+            "newline"
+        )
+    if stats.input_error is not None:
+        warnings.append(f"{stats.input_error}; every row before that point is settled")
+    return warnings
+
+
+async def run_single(config: RunConfig, counter: TokenCounter | None, handle_signals: bool) -> Outcome:
+    """The single-process mode: hold the run directory's lock, then run the whole input."""
+    lock = DirLock(config.out)
+    lock.acquire()
+    try:
+        await asyncio.to_thread(refuse_shard_writers, config.out)  # an older version's worker still writing
+        async with open_transport(config.api_key, auth=config.server_auth) as transport:
+            return await _run_locked(config, Client(transport), counter, handle_signals)
+    finally:
+        lock.release()
+
+
+async def _run_locked(
+    config: RunConfig, client: Client, counter: TokenCounter | None, handle_signals: bool = True
+) -> Outcome:
+    fleet, model, ctx, counter, point = await settle_manifest(config, client, counter, lambda: resume_point(config))
+    assert point is not None
+    resume, resumed = point
+    extra = thinking_fields(config, fleet)  # refused here, before anything is opened or sent
+    if torn := repair_all(config.out):
+        resume, resumed = resume_point(config)  # the scan read the torn tail as a corrupt line: again without it
+        resume.torn_bytes = torn
+    pool = build_pool(config, fleet)
+    stats = RunStats()
+    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats, fleet.input_limit())
+    found = resume.files.get(RunDir(config.out).writer().completions.name)
+    writer = RunWriter(config.out, config.fsync_interval, None, found)
+    reader = BatchReader(config, counter, resume, stats, resumed, ctx)
+    tracker = MarkTracker()
+    keeper = (
+        None
+        if config.limit is not None
+        else cursor.CursorKeeper(config.out, config.input, None, resumed, config.samples)
+    )
+    marks = None if keeper is None else InputCursor(keeper, tracker, reader.source)
+    warnings: list[str] = []
+    dispatch = SampleDispatch(path, extra, warnings.append)
+    runner = Runner(
+        config, counter, path, pool, writer, stats, reader, tracker, marks, client, dispatch, warnings=warnings
+    )
+    if resume.corrupt_lines:
+        runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
+    if resume.torn_bytes:
+        runner.warnings.append(f"moved a torn last line ({resume.torn_bytes} bytes) aside to *.torn")
+    if handle_signals:
+        restore_signals = install_run_handlers(runner.request_stop, runner.sink.sync, config.grace_period)
+    else:
+        restore_signals = no_handlers
+    try:
+        return await _run_loop(runner, fleet)
+    finally:
+        restore_signals()
+
+
+def no_handlers() -> None:
+    """No signal handlers to put back (the Python API installs none)."""
+
+
+async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
+    """Run until done or stopped, then write what the run leaves behind (cursor, status, summary)."""
+    config, writer, stats = runner.config, runner.sink, runner.stats
+    try:
+        await runner.run()
+    except OutputError:
+        pass  # recorded in runner.fatal; what is on disk stays valid
+    finally:
+        writer.close()
+        runner.save_cursor()
+    view = stats.drift_view()
+    warnings = drift_warning(view, stats.drift_shapes), over_length_advice(stats.failed, view)
+    for warning in (*warnings, server_cut_warning(stats.server_cut)):
+        if warning is not None:
+            runner.warnings.append(warning)
+    exit_code = final_exit_code(runner)
+    summary = runner_summary(runner, fleet, exit_code)
+    runner.write_status("finished")
+    with contextlib.suppress(OutputError):
+        write_json_atomic(RunDir(config.out).writer().summary, summary)
+    return Outcome(summary, exit_code, run_error(runner))

@@ -1,0 +1,241 @@
+"""Setting a run up: discover the fleet, resolve model, context and tokenizer, size the pool, settle
+the manifest, and find where the input resumes. `generate`, `check` and the parent of `--workers` share it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+
+from .._version import __version__
+from ..config import RunConfig
+from ..errors import ConfigError, PreflightError
+from ..fleet.affinity import PrefixModel
+from ..fleet.balancer import ServerPool
+from ..fleet.capacity import guess_warning, server_capacity
+from ..fleet.discovery import FleetInfo, discover
+from ..fleet.pacing import queue_margin
+from ..fleet.provenance import provenance_section, seed_warning
+from ..fleet.state import ServerState
+from ..http import Client
+from ..resume import cursor
+from ..resume.cursor import Resumed
+from ..rundir.layout import read_manifest
+from ..rundir.store import ResumeState, check_manifest, scan
+from ..runtime import open_file_limit
+from ..tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
+from ..tokens.conversation import SERVER_KINDS
+
+log = logging.getLogger("gen_pipeline")
+
+
+# File descriptors kept for everything but request sockets: output, ledger, input, index, tokenizer files,
+# the event loop's own, worker pipes.
+RESERVED_FILES = 64
+
+
+T = TypeVar("T")
+
+
+def chat_template_hash(counter: TemplateIdentity) -> str | None:
+    template = counter.chat_template
+    return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
+
+
+def template_inputs_hash(config: RunConfig) -> str | None:
+    """A SHA-256 of the run's tools and chat_template_kwargs (canonical JSON); None when it has neither."""
+    if config.tools is None and config.chat_template_kwargs is None:
+        return None
+    inputs = {"tools": config.tools, "chat_template_kwargs": config.chat_template_kwargs}
+    return hashlib.sha256(orjson.dumps(inputs, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def manifest_for(
+    config: RunConfig, model: str, ctx: int, counter: TemplateIdentity, server_kind: str | None = None
+) -> dict[str, Any]:
+    """The settings recorded with the run (never the API key)."""
+    return {
+        "model": model,
+        "tokenizer": counter.name,
+        "chat_template_sha256": chat_template_hash(counter),
+        "template_inputs_sha256": template_inputs_hash(config),
+        "server_kind": server_kind,
+        "context_length": ctx,
+        "sampling": config.sampling,
+        "max_tokens": config.max_tokens,
+        "min_tokens": config.min_tokens,
+        "safety_margin": config.safety_margin,
+        "samples": config.samples,
+        **({"turns": config.turns} if config.turns != "last" else {}),
+        "thinking_budget": config.thinking_budget,
+        "system_prompt": config.system_prompt,
+        "servers": list(config.servers),
+        "input": str(config.input),
+        "gen_pipeline_version": __version__,
+        **({"shards": config.shards} if config.shards is not None else {}),
+    }
+
+
+def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
+    """Model name, context length and tokenizer: the flags when given, else what the fleet says."""
+    model = config.model or next(iter(sorted(fleet.models())), None)
+    if not model:
+        raise ConfigError("the servers report no model id; pass --model")
+    contexts = fleet.context_lengths()
+    ctx = config.context_length or (min(contexts) if contexts else None)
+    if not ctx:
+        raise ConfigError("the servers report no context length; pass --context-length")
+    if config.context_length and contexts and config.context_length > min(contexts):
+        fleet.warnings.append(
+            f"--context-length {config.context_length} exceeds the smallest server context "
+            f"{min(contexts)}; expect context 400s"
+        )
+    tokenizer = config.tokenizer or next((s.tokenizer_path for s in fleet.servers if s.tokenizer_path), None)
+    if not tokenizer:
+        raise ConfigError("the servers report no tokenizer_path; pass --tokenizer")
+    return model, ctx, tokenizer
+
+
+def counting_kind(fleet: FleetInfo) -> str:
+    """The server kind whose message normalisation the count follows: the fleet's, else SGLang's (with a
+    warning when its servers are of several kinds: content parts may then count differently)."""
+    kinds = fleet.spread("kind")
+    if len(kinds) > 1:
+        fleet.warnings.append(f"servers of different kinds {kinds}: counting as {fleet.servers[0].kind} does")
+    kind = fleet.servers[0].kind if fleet.servers else None
+    return kind if kind in SERVER_KINDS else "sglang"
+
+
+def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = None) -> ServerPool:
+    """One slot per request each server runs at once; servers down at start begin out of service.
+
+    Every request in flight holds a socket: when the servers take more than this process's open-file limit
+    allows (`ulimit -n`, read when `open_files` is None), every server's share shrinks to fit, with a
+    warning, instead of failing connections that would then be blamed on the servers.
+    """
+    infos = {s.url: s for s in fleet.servers}
+    found = {url: server_capacity(config, infos.get(url)) for url in config.servers}
+    wanted = {url: config.capacity_for(c.requests) for url, c in found.items()}
+    capacities, warning = fit_open_files(wanted, open_file_limit() if open_files is None else open_files)
+    if warning is not None:
+        fleet.warnings.append(warning)
+        log.warning("%s", warning)
+    guessed = [url for url, c in found.items() if c.source == "default" and url not in fleet.down]
+    if (guess := guess_warning(guessed)) is not None:
+        fleet.warnings.append(guess)
+    margin = {url: _margin(config, found[url].reported, c, warning) for url, c in capacities.items()}
+    identity = {s.url: s.identity for s in fleet.servers}
+    pool = ServerPool(
+        ServerState(url, capacity, margin[url], capacity_source=found[url].source, identity=identity.get(url))
+        for url, capacity in capacities.items()
+    )
+    for server in pool.servers:
+        if (info := infos.get(server.url)) is not None:
+            server.prefixes = PrefixModel(info.max_total_num_tokens)
+        if server.url in fleet.down:
+            pool.mark_down(server)
+    return pool
+
+
+def _margin(config: RunConfig, reported: int | None, capacity: int, warning: str | None) -> int:
+    """Requests to queue beyond `capacity`: only where the server's own running slots set it (it queues the
+    rest), and none when open files are short."""
+    if warning is not None:
+        return 0
+    if config.queue_margin is not None:
+        return config.queue_margin
+    return 0 if config.concurrency or reported is None else queue_margin(capacity)
+
+
+def fit_open_files(capacities: dict[str, int], limit: int) -> tuple[dict[str, int], str | None]:
+    """Each server's share of in-flight requests scaled down to fit `limit` open files, and the warning
+    that says so (None when everything fits)."""
+    sockets = max(len(capacities), limit - RESERVED_FILES)
+    wanted = sum(capacities.values())
+    if wanted <= sockets:
+        return capacities, None
+    fitted = {url: max(1, c * sockets // wanted) for url, c in capacities.items()}
+    return fitted, (
+        f"the servers take {wanted} requests at once but the open-file limit (ulimit -n) is {limit}: "
+        f"keeping {sum(fitted.values())} in flight; raise the limit to use them all"
+    )
+
+
+def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
+    """Refuse, unless --force, a fleet `check` calls a PROBLEM; print the warnings now, not only at the end."""
+    problems = fleet.problems()
+    if problems and not config.force:
+        raise PreflightError(problems)
+    fleet.warnings.extend(f"PROBLEM ignored (--force): {p}" for p in problems)
+    if (seeded := seed_warning(fleet.identities(), config.sampling)) is not None:
+        fleet.warnings.append(seeded)
+    for warning in fleet.warnings:
+        log.warning("warning: %s", warning)
+
+
+async def settle_manifest(
+    config: RunConfig, client: Client, counter: TokenCounter | None = None, during_load: Callable[[], T] | None = None
+) -> tuple[FleetInfo, str, int, TokenCounter, T | None]:
+    """Discover the fleet, load the tokenizer, and refuse (or record) the run's settings.
+
+    `during_load()` (the resume scan) runs in another thread beside the tokenizer's load, and its result is
+    returned. They take turns rather than overlap: tokenizers 0.23 holds the GIL for the whole load (~0.75 s
+    for Qwen3's tokenizer.json; from_file, from_str and from_buffer alike), so only the scan's waits on the
+    disk run beside it.
+    """
+    fleet = await discover(client, config.servers, config.startup_timeout)
+    model, ctx, tokenizer = resolve(config, fleet)
+    start_findings(config, fleet)
+    kind = counting_kind(fleet)
+    background = asyncio.ensure_future(asyncio.to_thread(during_load)) if during_load is not None else None
+    try:
+        if counter is None:
+            counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
+        manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, counter, fleet.kind()))
+        check_manifest(config.out, manifest, config.force, write=True)
+        extra = await background if background is not None else None
+    except BaseException:
+        if background is not None:
+            background.cancel()
+        raise
+    return fleet, model, ctx, counter, extra
+
+
+async def settle_settings(config: RunConfig, client: Client) -> None:
+    """settle_manifest for the parent of `--workers K`: the tokenizer's vocabulary is left to the workers."""
+    fleet = await discover(client, config.servers, config.startup_timeout)
+    model, ctx, tokenizer = resolve(config, fleet)
+    start_findings(config, fleet)
+    identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
+    manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, identity, fleet.kind()))
+    check_manifest(config.out, manifest, config.force, write=True)
+
+
+def with_provenance(config: RunConfig, fleet: FleetInfo, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with the fleet's provenance merged into the run directory's (CheckpointChangedError:
+    the servers serve a checkpoint the run's rows were not written by, and --accept-checkpoint is not set)."""
+    old = read_manifest(config.out)
+    return {**manifest, "provenance": provenance_section(old, fleet.identities(), config.accept_checkpoint)}
+
+
+def resume_state(config: RunConfig) -> ResumeState:
+    """What earlier runs settled (read only: the run repairs torn tails itself, once it holds the directory)."""
+    state = scan(config.out, repair=False)
+    state.samples = config.samples
+    state.turns = config.turns == "all"
+    return state
+
+
+def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
+    """What earlier runs settled, and the input cursor when it still holds (where reading starts).
+
+    A --limit run reads from the top and keeps no cursor: its N lines are counted from the first.
+    """
+    state = resume_state(config)
+    if config.limit is not None:
+        return state, None
+    return state, cursor.load(config.out, config.input, None, config.retry_failed, state)

@@ -1,0 +1,114 @@
+"""Which server's prefix cache likely holds a prompt's leading messages: a client-side model of SGLang's radix
+cache, by whole messages.
+
+A prompt is a chain of digests, one per message boundary (the first message, the first two, ...), each with
+the characters up to it. A server is credited with every chain it was sent, in an LRU bounded in characters
+(its KV pool, in tokens, times CHARS_PER_TOKEN: what it can hold at most), as its radix cache evicts the
+least recently used prefixes. The match of a prompt on a server is the characters of the longest link it
+holds. This only steers the choice among servers with a free slot (balancer.py); nothing counted depends on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from .state import ServerState
+
+CHARS_PER_TOKEN = 4  # a generous figure: the model holds at most what the server can
+DEFAULT_POOL_TOKENS = 200_000  # a server that gives no KV pool size
+MIN_SHARED_CHARS = 200  # links shorter than this are left out of a chain
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The prefix of a prompt up to one message boundary."""
+
+    digest: bytes
+    chars: int
+
+
+def chain(messages: Sequence[Any] | None) -> tuple[Link, ...]:
+    """The links of a chat prompt (none for a completions prompt or a one-message prompt: only an identical
+    prompt could share it, and samples of one prompt have their own way to one server)."""
+    if not messages or len(messages) < 2:
+        return ()
+    out, h, chars = [], b"", 0
+    for m in messages:
+        raw = orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
+        h = hashlib.blake2b(h + raw, digest_size=16).digest()
+        chars += len(raw)
+        if chars >= MIN_SHARED_CHARS:  # a shorter prefix (a bare template header) is no reason to prefer
+            out.append(Link(h, chars))
+    return tuple(out)
+
+
+def nearest(servers: Iterable[ServerState], links: tuple[Link, ...]) -> ServerState | None:
+    """The first of `servers` holding the longest prefix of the prompt (None: none holds any)."""
+    return _nearest(servers, links)[0]
+
+
+def _nearest(servers: Iterable[ServerState], links: tuple[Link, ...]) -> tuple[ServerState | None, int]:
+    best, found = None, 0
+    for server in servers:
+        if (n := server.prefixes.match(links)) > found:
+            best, found = server, n
+    return best, found
+
+
+def steer(
+    candidates: list[ServerState], serving: list[ServerState], links: tuple[Link, ...], patient: bool
+) -> tuple[ServerState | None, bool]:
+    """Where a prompt should go among the servers that may take it now (`candidates`, the balancer's order),
+    and whether it should rather wait: (server, wait). A server with a free running slot that holds the
+    longest prefix any server in service (`serving`) holds takes it; when only a busy one holds that, a
+    `patient` prompt waits for a slot there (the balancer bounds how long), else it takes the free server
+    holding the most. With no free slot anywhere, it queues at the candidate holding the most (within the
+    queue margin every server has). (None, False): no preference."""
+    free = [s for s in candidates if s.taken() < s.capacity]
+    best_free, n_free = _nearest(free, links)
+    if not free:
+        return _nearest(candidates, links)[0], False
+    if best_free is not None and n_free >= _nearest(serving, links)[1]:
+        return best_free, False
+    if patient and _nearest(serving, links)[0] is not None:
+        return None, True
+    return best_free, False
+
+
+class PrefixModel:
+    """The prefixes one server was last sent, at most `capacity_chars` characters of them."""
+
+    def __init__(self, pool_tokens: int | None) -> None:
+        self.capacity_chars = (pool_tokens or DEFAULT_POOL_TOKENS) * CHARS_PER_TOKEN
+        self._held: OrderedDict[bytes, int] = OrderedDict()
+        self._chars = 0
+
+    def match(self, links: tuple[Link, ...]) -> int:
+        """The characters of the longest of `links` held (0: none)."""
+        for link in reversed(links):
+            if link.digest in self._held:
+                return link.chars
+        return 0
+
+    def note(self, links: tuple[Link, ...]) -> None:
+        """The server was sent this prompt: every link is held, the shortest most recently (so a longer prefix
+        leaves before the shorter ones it extends, as a radix tree's leaves do)."""
+        held = self._held
+        for i in range(len(links) - 1, -1, -1):
+            link = links[i]
+            if link.digest in held:
+                held.move_to_end(link.digest)
+                continue
+            added = link.chars - (links[i - 1].chars if i else 0)  # a link stores only its own message
+            held[link.digest] = added
+            self._chars += added
+        while self._chars > self.capacity_chars and len(held) > 1:
+            _, chars = held.popitem(last=False)
+            self._chars -= chars

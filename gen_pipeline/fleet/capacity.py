@@ -1,0 +1,66 @@
+"""How many requests to keep in flight on a server, and where that figure came from.
+
+Never a silent guess: the figure is --concurrency, or what the server says (fleet.py: its reported
+max_running_requests, else SGLang's /v1/loads or scheduler state), capped by its KV token pool, and only
+when it says nothing at all DEFAULT_CONCURRENCY, named "default" in `check` and the summary.
+
+The pool cap: SGLang admits a request only when its prompt plus its max_tokens (clipped at
+SGLANG_CLIP_MAX_NEW_TOKENS) fit in the `max_total_num_tokens` pool beside the running ones, so with long
+outputs the pool, not the running slots, decides how many run at once (../shared/reference/sglang-cpu.md,
+measured on 0.5.23: 2048 slots, a pool of 8192 tokens, 8 requests of max_tokens 1000 ran at once). The cap
+counts the run's max_tokens alone (prompts are unknown at start-up), so it is an upper bound: what does not
+fit waits in the server's queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import DEFAULT_CONCURRENCY, RunConfig
+from .discovery import ServerInfo
+
+# SGLang's estimate of an admitted request's output (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION's default).
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+# Where a server's capacity came from, as `check` and the summary name it.
+SOURCES = ("--concurrency", "reported", "loads endpoint", "scheduler state", "token pool", "default")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Requests in flight on one server (before worker processes share it), and the figure's source."""
+
+    requests: int
+    source: str
+    reported: int | None = None  # the server's own running slots (None: it gives none)
+
+
+def server_capacity(config: RunConfig, info: ServerInfo | None) -> Capacity:
+    """The capacity of one server (None: it did not answer discovery)."""
+    if config.concurrency:
+        return Capacity(config.concurrency, "--concurrency", info.max_running_requests if info else None)
+    if info is None:
+        return Capacity(DEFAULT_CONCURRENCY, "default")
+    slots = info.max_running_requests
+    pool = pool_requests(info.max_total_num_tokens, config.max_tokens)
+    if pool is not None and (slots is None or pool < slots):
+        return Capacity(pool, "token pool", slots)
+    if slots is not None:
+        return Capacity(slots, info.running_source or "reported", slots)
+    return Capacity(DEFAULT_CONCURRENCY, "default")
+
+
+def guess_warning(guessed: list[str]) -> str | None:
+    """The warning naming the servers whose capacity is the default (None: there are none)."""
+    if not guessed:
+        return None
+    return (
+        f"{len(guessed)} server(s) report no running slots and no KV pool: {DEFAULT_CONCURRENCY} requests in flight "
+        f"each is a guess (--concurrency sets it): {', '.join(guessed)}"
+    )
+
+
+def pool_requests(pool_tokens: int | None, max_tokens: int) -> int | None:
+    """How many requests of `max_tokens` a KV pool of `pool_tokens` admits at once (None: unknown pool)."""
+    if pool_tokens is None:
+        return None
+    return max(1, pool_tokens // min(max_tokens, SGLANG_CLIP_MAX_NEW_TOKENS))

@@ -1,0 +1,166 @@
+"""Alerts that need no dashboard: what `status` and the progress line flag while a run goes on.
+
+A Watch looks at the run's own counters (RunStats, the servers' states) each time the monitor asks, on the
+clock it is given, and keeps the little history its judgements need:
+- a server that got no request for IDLE_S while others were busy;
+- a server whose share of the work stays far below its share of the fleet's slots (SHARE_FLOOR), before the
+  run's tail (where the balancer keeps slow servers idle on purpose);
+- token-count drift that appears after the run's first rows agreed with the servers' counts;
+- a prefix-cache hit share that collapsed (the recent share under CACHE_FLOOR of the run's earlier one);
+- a stall: no completion for --stall-minutes. `--on-stall CMD` runs CMD once per stall (through the
+  shell, not waited for), with the alert in $GEN_PIPELINE_ALERT and the run directory in $GEN_PIPELINE_OUT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..config import API_KEY_ENV, SERVER_AUTH_ENV
+from .display import duration
+
+log = logging.getLogger("gen_pipeline")
+
+IDLE_S = 600.0  # a server without a request this long, while others are busy
+SAMPLE_S = 5.0  # seconds between the samples the windowed judgements are made of
+WINDOW_S = 300.0  # the recent window of the share and cache judgements
+MIN_WINDOW_S = 60.0  # judged only once the window spans this much
+SHARE_FLOOR = 0.25  # a server busy under this fraction of the fleet's busy share is flagged
+BUSY_FLEET = 0.5  # ...when the fleet's slots are at least this busy
+CLEAN_ROWS = 32  # drift "appears mid-run" when at least this many rows agreed before any differed
+CACHE_FLOOR = 0.25  # the recent cache-hit share under this fraction of the earlier one has collapsed
+MIN_CACHE_SHARE = 0.2  # ...of an earlier share at least this large
+DEFAULT_STALL_MINUTES = 10.0
+
+
+def run_command(command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start `command` through the shell, detached from the run's terminal and signals. It gets the run's
+    environment without the servers' secrets a `--workers` claimer is handed there (a hook needs none)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, SERVER_AUTH_ENV)}
+    return subprocess.Popen(
+        command, shell=True, env={**inherited, **env}, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def progress_text(alerts: list[str]) -> str:
+    """What the progress line adds: the first alert and how many more `status` shows ("" for none)."""
+    if not alerts:
+        return ""
+    more = f" (+{len(alerts) - 1} more: gen-pipeline status)" if len(alerts) > 1 else ""
+    return f" | ALERT: {alerts[0]}{more}"
+
+
+class Watch:
+    """The run's alerts, judged at each `check`; runs --on-stall's command once per stall."""
+
+    def __init__(
+        self,
+        stall_s: float = DEFAULT_STALL_MINUTES * 60,
+        on_stall: str | None = None,
+        out: str = "",
+        start: Callable[[str, dict[str, str]], Any] = run_command,
+    ) -> None:
+        self.stall_s, self.on_stall, self.out, self.start = stall_s, on_stall, out, start
+        self.started: float | None = None
+        self.completed, self.last_completion = -1, 0.0
+        self.stalled = False
+        self.clean_rows = 0  # rows compared, all agreeing, before the first that differed
+        self.samples: deque[tuple[float, dict[str, tuple[int, int]], int, int]] = deque()
+        self.children: list[Any] = []
+
+    def check(self, stats: Any, servers: list[Any], now: float, tail: bool = False) -> list[str]:
+        """The alerts that hold now (one line each). In the `tail` (the input read to its end) the balancer
+        keeps slow servers idle on purpose: shares are not judged."""
+        if self.started is None:
+            self.started = self.last_completion = now
+        self._sample(stats, servers, now)
+        shares = [] if tail else self._shares()
+        alerts = [*self._idle(servers, now), *shares, *self._drift(stats), *self._cache()]
+        stall = self._stall(stats, now)
+        self.children = [c for c in self.children if c.poll() is None]  # reap finished commands
+        return [*([stall] if stall else []), *alerts]
+
+    def _sample(self, stats: Any, servers: list[Any], now: float) -> None:
+        if self.samples and now - self.samples[-1][0] < SAMPLE_S:
+            return
+        load = {s.url: (s.in_flight, s.capacity) for s in servers}
+        self.samples.append((now, load, stats.cached_tokens, stats.input_tokens))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= WINDOW_S:
+            self.samples.popleft()
+
+    def _idle(self, servers: list[Any], now: float) -> list[str]:
+        assert self.started is not None
+        busy = [s for s in servers if s.in_flight > 0]
+        alerts = []
+        for s in servers:
+            idle = now - max(s.last_sent, self.started)
+            if idle >= IDLE_S and any(o is not s for o in busy):
+                alerts.append(f"{s.url} got no request for {duration(idle)} while others were busy")
+        return alerts
+
+    def _window(self) -> bool:
+        return len(self.samples) > 1 and self.samples[-1][0] - self.samples[0][0] >= MIN_WINDOW_S
+
+    def _shares(self) -> list[str]:
+        """Servers whose slots stayed far emptier than the fleet's over the recent window."""
+        if not self._window():
+            return []
+        used: dict[str, list[int]] = {}
+        for _, load, _, _ in self.samples:
+            for url, (flight, capacity) in load.items():
+                totals = used.setdefault(url, [0, 0])
+                totals[0] += flight
+                totals[1] += capacity
+        fleet = sum(u[0] for u in used.values()) / max(sum(u[1] for u in used.values()), 1)
+        if fleet < BUSY_FLEET:
+            return []
+        return [
+            f"{url} is {flight / capacity:.0%} busy while the fleet is {fleet:.0%}: its share is far below its capacity"
+            for url, (flight, capacity) in used.items()
+            if capacity and flight / capacity < SHARE_FLOOR * fleet
+        ]
+
+    def _drift(self, stats: Any) -> list[str]:
+        compared = sum(stats.drift.values())
+        differed = compared - stats.drift.get(0, 0)
+        if not differed:
+            self.clean_rows = compared
+            return []
+        if self.clean_rows < CLEAN_ROWS:
+            return []  # drift from the start: the end-of-run warning and `check` speak of that
+        return [f"token-count drift appeared mid-run: {differed} rows differed after {self.clean_rows} that agreed"]
+
+    def _cache(self) -> list[str]:
+        if not self._window():
+            return []
+        _, _, cached0, prompt0 = self.samples[0]
+        _, _, cached1, prompt1 = self.samples[-1]
+        before = cached0 / prompt0 if prompt0 else 0.0
+        recent_prompt = prompt1 - prompt0
+        if before < MIN_CACHE_SHARE or recent_prompt <= 0:
+            return []
+        recent = (cached1 - cached0) / recent_prompt
+        if recent >= CACHE_FLOOR * before:
+            return []
+        return [f"prefix-cache hits collapsed: {recent:.0%} of prompt tokens lately, {before:.0%} before"]
+
+    def _stall(self, stats: Any, now: float) -> str | None:
+        if stats.completed != self.completed:
+            self.completed, self.last_completion, self.stalled = stats.completed, now, False
+            return None
+        quiet = now - self.last_completion
+        if quiet < self.stall_s:
+            return None
+        alert = f"stalled: no completion for {duration(quiet)}"
+        if not self.stalled:
+            self.stalled = True
+            log.warning("ALERT %s", alert)
+            if self.on_stall:
+                self.children.append(
+                    self.start(self.on_stall, {"GEN_PIPELINE_ALERT": alert, "GEN_PIPELINE_OUT": self.out})
+                )
+        return alert

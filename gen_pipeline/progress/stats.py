@@ -1,0 +1,296 @@
+"""Counting what a run does, showing it while it runs, and summing it up at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import logging
+import math
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import EXIT_OUTAGE
+from .alerts import progress_text
+from .cost import cost_lines
+from .display import Progress
+from .identical import SameSamples
+
+log = logging.getLogger("gen_pipeline")
+
+STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
+# The ETA's rate is measured over this much recent history (all of it early in a run): long enough to
+# smooth the ups and downs of generation lengths, short enough to follow a server going down.
+ETA_WINDOW = 120.0
+RATE_SAMPLE = 1.0  # seconds between the samples the window is made of
+# Upper bounds (seconds) of the request-latency histogram (metrics.py's gen_pipeline_request_seconds).
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
+
+
+@dataclass
+class Latencies:
+    """How long requests took: a count per LATENCY_BUCKETS bound (the first it fits under) and the total."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    total_s: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total_s += seconds
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(bound, requests that took at most that long), as a Prometheus histogram lists them."""
+        return list(zip(LATENCY_BUCKETS, itertools.accumulate(self.counts), strict=True))
+
+
+@dataclass
+class RunStats:
+    """Counters for one run; the pipeline updates them, the reporter and the summary read them."""
+
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    started: float = -1.0  # clock() at creation unless given
+    read: int = 0
+    undispatched: int = 0  # prompts read and queued, not yet taken by a Runner worker
+    completed: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens, where the servers report it
+    valid_output_tokens: int = 0  # completion tokens of written rows (cost.py)
+    untruncated_output_tokens: int = 0  # of those, rows not cut at max_tokens
+    requests: int = 0
+    latency: Latencies = field(default_factory=Latencies)  # every request to a server
+    in_flight: int = 0
+    drift: Counter[int] = field(default_factory=Counter)  # server prompt_tokens - ours -> rows
+    # rows compared per request shape (tokens.conversation.SHAPES), and "<shape> drifted" for those that differed
+    drift_shapes: Counter[str] = field(default_factory=Counter)
+    server_cut: int = 0  # answers cut at the server's context before their max_tokens (finish_reason length)
+    repeats: int = 0
+    input_fraction: float = 0.0  # how much of the input file the reader has consumed
+    handed_over: int = 0  # rows the reader has passed on (ahead of `read` by up to a batch), with input_fraction
+    last_error: dict[str, str] = field(default_factory=dict)  # newest detail per ledger reason
+    truncated_in_reasoning: int = 0  # cut at max_tokens while still thinking (no answer)
+    unfinished_line: int | None = None  # the input's last line, left unread: no newline, not whole JSON yet
+    input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
+    reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
+    reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
+    conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
+    rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
+    progressed: tuple[float, int] = (-1.0, 0)  # (clock, worked()) when rate() last saw worked() grow
+
+    def __post_init__(self) -> None:
+        if self.started < 0:
+            self.started = self.clock()
+        self.rate_points.append((self.started, 0))
+        self.progressed = (self.started, 0)
+
+    def note_input(self, rows: int, fraction: float) -> None:
+        """The reader has passed on `rows` more rows, having consumed `fraction` of the input."""
+        self.handed_over += rows
+        self.input_fraction = fraction
+
+    def worked(self) -> int:
+        """Rows settled by this run (completed or ledgered), as opposed to skipped as settled before."""
+        return self.completed + sum(self.failed.values())
+
+    def unsettled(self) -> float | None:
+        """Rows not settled yet: in flight, queued, read ahead, and the unread rest of the input (estimated
+        from the share read so far); None before the reader has reported."""
+        if self.input_fraction <= 0:
+            return None
+        settled = self.worked() + sum(self.skipped.values())
+        return max(self.handed_over / self.input_fraction - settled, 0.0)
+
+    def queued(self) -> int:
+        """Rows read but not sent yet (the queue and the batch the reader has ready)."""
+        settled = self.worked() + sum(self.skipped.values())
+        return max(self.handed_over - settled - self.in_flight, 0)
+
+    def eta(self) -> float | None:
+        """Seconds left: the unsettled rows at the rate this run settles rows (over the last ETA_WINDOW s).
+
+        Early on the rate still carries the wait for the first answers, so in a run only a few request
+        latencies long the ETA starts high.
+        """
+        rate, left = self.rate(), self.unsettled()
+        return left / rate if rate and left is not None else None
+
+    def rate(self) -> float:
+        """Rows settled per second over the last ETA_WINDOW seconds (since the start, early on)."""
+        now, worked = self.clock(), self.worked()
+        if worked != self.progressed[1]:
+            self.progressed = (now, worked)
+        if now - self.rate_points[-1][0] >= RATE_SAMPLE:
+            self.rate_points.append((now, worked))
+        while len(self.rate_points) > 2 and now - self.rate_points[1][0] >= ETA_WINDOW:
+            self.rate_points.popleft()  # the oldest kept is the last one at least a window old
+        since, then = self.rate_points[0]
+        return (worked - then) / (now - since) if now > since else 0.0
+
+    def idle(self) -> float:
+        """Seconds since a row was last settled (since the start, before the first one), as seen by rate()'s
+        callers (status.json every STATUS_INTERVAL s)."""
+        self.rate()
+        return self.clock() - self.progressed[0]
+
+    def elapsed(self) -> float:
+        return max(self.clock() - self.started, 1e-9)
+
+    def reasoning_view(self) -> dict[str, int] | None:
+        """Reasoning and answer tokens of the answers whose usage split them (None: none did)."""
+        if not self.reasoned_output_tokens and not self.reasoning_tokens:
+            return None
+        answer = self.reasoned_output_tokens - self.reasoning_tokens
+        return {"reasoning": self.reasoning_tokens, "answer": answer, "of_output": self.reasoned_output_tokens}
+
+    def note_drift(self, offset: int, shapes: Iterable[str]) -> None:
+        """One row compared with the server's count: its offset, under each of its request shapes."""
+        self.drift[offset] += 1
+        for shape in shapes:
+            self.drift_shapes[shape] += 1
+            if offset:
+                self.drift_shapes[f"{shape} drifted"] += 1
+
+    def drift_view(self) -> dict[str, Any]:
+        """How often the server's prompt count differed from ours, and by how much."""
+        compared = sum(self.drift.values())
+        differed = {str(k): v for k, v in sorted(self.drift.items()) if k != 0}
+        return {"compared": compared, "differed": sum(differed.values()), "by_offset": differed}
+
+
+def progress_line(stats: RunStats, extra: str = "") -> str:
+    """The one line the progress bar or log shows: counts and rates, then `extra` (servers, alerts)."""
+    t = stats.elapsed()
+    parts = [
+        f"done {stats.completed}",
+        f"skipped {sum(stats.skipped.values())}",
+        f"failed {sum(stats.failed.values())}",
+        f"in flight {stats.in_flight}",
+        f"{stats.completed / t:.1f} req/s",
+        f"{stats.output_tokens / t:.0f} out tok/s",
+    ]
+    return " | ".join(parts + ([extra] if extra else []))
+
+
+def show(progress: Progress, stats: RunStats, extra: str = "") -> None:
+    """Refresh the progress display from the run's counters."""
+    progress.update(stats.worked() + sum(stats.skipped.values()), progress_line(stats, extra))
+
+
+def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
+    """The status.json document (schema in gen_pipeline/status.py)."""
+    t = stats.elapsed()
+    eta = stats.eta()
+    updated = time.time()
+    return {
+        "updated": updated,
+        "last_settled": round(updated - stats.idle(), 1),  # a row's end; the start before the first
+        "pid": os.getpid(),
+        "state": state,
+        "counts": {
+            "done": stats.completed,
+            "skipped": sum(stats.skipped.values()),
+            "failed": dict(stats.failed),
+            "in_flight": stats.in_flight,
+            "queued": stats.queued(),
+        },
+        "rates": {"req_per_s": round(stats.completed / t, 2), "out_tok_per_s": round(stats.output_tokens / t, 1)},
+        "eta_s": round(eta, 1) if eta is not None else None,
+        "servers": {
+            s.url: {
+                "in_flight": s.in_flight,
+                "capacity": s.capacity,
+                "healthy": now >= s.down_until,
+                "requests": s.requests,
+                "failures": dict(s.failures),
+            }
+            for s in servers
+        },
+        "last_error": dict(stats.last_error),
+        "alerts": list(alerts),
+    }
+
+
+def _samples_lines(summary: dict[str, Any]) -> list[str]:
+    """The samples and reasoning lines of the summary (none for a plain run)."""
+    lines = [f"samples per prompt {summary['samples']}"] if summary.get("samples", 1) > 1 else []
+    if summary.get("truncated_in_reasoning"):
+        lines.append(
+            f"truncated while reasoning (finish_reason length, no answer): {summary['truncated_in_reasoning']}"
+        )
+    if reasoning := summary.get("reasoning_tokens"):
+        lines.append(f"output tokens: reasoning {reasoning['reasoning']}, answer {reasoning['answer']}")
+    return lines
+
+
+def _cache_note(view: dict[str, Any]) -> str:
+    """A server's prefix-cache hits, where it reports them (SGLang --enable-cache-report)."""
+    cached, prompt = view.get("cached_tokens"), view.get("prompt_tokens")
+    if cached is None or not prompt:
+        return ""
+    return f", prefix cache {cached} of {prompt} prompt tokens ({100 * cached / prompt:.0f}%)"
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The end-of-run summary as a few readable lines."""
+    lines = [f"stopped: {summary['stop_reason']}"] if summary.get("stop_reason") else []
+    lines += [
+        f"completed {summary['completed']} | skipped {sum(summary['skipped'].values())} "
+        f"{dict(summary['skipped']) or ''} | failed {sum(summary['failed'].values())} "
+        f"{dict(summary['failed']) or ''}",
+        f"tokens in {summary['input_tokens']} out {summary['output_tokens']} | "
+        f"{summary['requests_per_s']} req/s, {summary['output_tokens_per_s']} out tok/s "
+        f"over {summary['elapsed_s']} s",
+        f"finish_reason {summary['finish_reasons']}",
+    ]
+    lines += _samples_lines(summary)
+    lines += cost_lines(summary)
+    if cursor := summary.get("input_cursor"):
+        lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")
+    drift = summary["token_drift"]
+    lines.append(f"token count drift: {drift['differed']} of {drift['compared']} rows differed")
+    if summary.get("learned_offset"):
+        lines.append(f"learned count offset: {summary['learned_offset']} tokens")
+    for url, view in summary["servers"].items():
+        lines.append(
+            f"  {url}: {view['completions']} done, failures {view['failures'] or 0}, "
+            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s, "
+            f"capacity {view.get('capacity')} ({view.get('capacity_source')}){_cache_note(view)}"
+        )
+    lines.extend(f"WARNING: {w}" for w in summary["warnings"])
+    return "\n".join(lines)
+
+
+async def watch_run(runner: Any) -> None:
+    """While a Runner runs: the progress display, status.json every STATUS_INTERVAL, the input cursor when
+    due, and the stop after --outage-timeout with no usable server."""
+    progress = Progress(runner.config.progress)
+    last_status = 0.0
+    try:
+        while True:
+            if time.monotonic() - last_status >= STATUS_INTERVAL:
+                last_status = time.monotonic()
+                runner.write_status("stopping" if runner.stopping.is_set() else "running")
+            if runner.cursor is not None and runner.cursor.due():
+                runner.save_cursor()
+            outage = runner.pool.outage_seconds()
+            up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
+            extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
+            tail = runner.pool.backlog is not None  # the input is read: slow servers are left idle on purpose
+            runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock(), tail)
+            extra += progress_text(runner.alerts)
+            show(progress, runner.stats, extra)
+            if outage > runner.config.outage_timeout:
+                runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
+            await asyncio.sleep(0.5)
+    finally:
+        show(progress, runner.stats)
+        progress.close()

@@ -1,0 +1,319 @@
+"""The request path for one prompt, one concern per layer:
+
+send           -> budget retries: a context 400 re-computes max_tokens from the server's numbers
+_with_retries  -> transport retries (tenacity): back off, move to another server
+_on_server     -> lease a server slot, send once, record the outcome on the server
+client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names another model is not a completion
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import RunConfig
+from ..errors import (
+    AuthError,
+    CheckpointMovedError,
+    ContextOverflowError,
+    EmptyCompletionError,
+    EndpointError,
+    FleetError,
+    RequestError,
+    ServerError,
+    WrongModelError,
+)
+from ..fleet import affinity
+from ..fleet.balancer import ServerPool
+from ..fleet.state import ServerState
+from ..http import ChatResult, Client
+from ..progress.stats import RunStats
+from ..records import TEMPLATE_FIELDS, Completion, Failure, Prompt
+from ..tokens.budget import OffsetLearner, rebudget, room_needed
+from .retry import with_transport_retries
+from .usage import usage_problem
+
+log = logging.getLogger("gen_pipeline")
+
+
+def request_body(sampling: dict[str, Any], prompt: Prompt, model: str, max_tokens: int) -> dict[str, Any]:
+    """Global sampling, then the row's own sampling, then what the template renders (the row's tools and
+    chat_template_kwargs, top-level as SGLang and vLLM take them), then the fixed fields."""
+    body: dict[str, Any] = {**sampling, **(prompt.sampling or {})}
+    if prompt.tools is not None:
+        body["tools"] = prompt.tools
+    if prompt.template_kwargs:
+        body["chat_template_kwargs"] = prompt.template_kwargs
+    body.update(model=model, messages=prompt.messages, max_tokens=max_tokens)
+    return body
+
+
+# Request fields that say nothing about what the model saw: the model, the prompt itself (the line's
+# messages), the budget (its max_tokens) and n (how the samples were batched).
+NOT_SHAPING = frozenset({"model", "messages", "max_tokens", "n"})
+
+
+def shaping_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """What a request carried beside its messages that shapes the answer, for its output line: `tools` and
+    `chat_template_kwargs` as sent, every other field (temperature, a sample's seed, ...) under `sampling`."""
+    out = {k: body[k] for k in TEMPLATE_FIELDS if body.get(k) is not None}
+    sampling = {k: v for k, v in body.items() if k not in NOT_SHAPING and k not in TEMPLATE_FIELDS}
+    return {**out, "sampling": sampling} if sampling else out
+
+
+# Reasons of answers refused by check_answer: a row's failure keeps one only when every attempt got it.
+REFUSED_ANSWERS = frozenset({EmptyCompletionError.reason, WrongModelError.reason})
+
+
+def check_answer(result: ChatResult, model: str, server: str) -> ChatResult:
+    """The result when it is a completion of `model` (text, thinking or tool calls); else the error that
+    counts against the server."""
+    if result.model is not None and result.model != model:
+        raise WrongModelError(f"the answer names model {result.model!r}, not {model!r}", server=server, status=200)
+    if not result.content and not result.reasoning_content and not result.tool_calls:
+        raise EmptyCompletionError(
+            f"200 with no content and no reasoning (finish_reason {result.finish_reason!r}, "
+            f"{result.completion_tokens} completion tokens)",
+            server=server,
+            status=200,
+        )
+    return result
+
+
+def check_checkpoint(result: ChatResult, server: ServerState) -> None:
+    """CheckpointMovedError when the answer reports another weight_version than its server did at start."""
+    expected = server.identity.weight_version if server.identity is not None else None
+    if result.weight_version is None or expected is None or result.weight_version == expected:
+        return
+    raise CheckpointMovedError(
+        f"{server.url} answered from weight_version {result.weight_version!r}, not {expected!r} as at start "
+        "(redeployed mid-run): taken out for the rest of the run, the row goes elsewhere",
+        server=server.url,
+        status=200,
+    )
+
+
+@dataclass
+class Track:
+    """What happened to one prompt so far."""
+
+    attempts: int = 0
+    exclude: frozenset[str] = frozenset()
+    server: str = ""
+    latency: float = 0.0
+    prefer: str | None = None  # the server to use when it has a free slot (its prefix cache holds the prompt)
+    home: bool = False  # `prefer` kept room for this request (a conversation's next turn: ServerPool.pick)
+    keep: bool = False  # on success, the server keeps room for the conversation's next turn
+    refused: int = 0  # attempts whose 200 check_answer refused
+    checkpoint: str | None = None  # the fingerprint of the identity of the server that answered
+    weight_version: str | None = None  # the weight_version its answer reported
+    body: dict[str, Any] = dataclasses.field(default_factory=dict)  # the request last sent (its shaping fields)
+    input_tokens: int = 0  # our count of the prompt, for judging the server's
+    broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
+    other_failures: bool = False  # an attempt failed otherwise (a timeout, a refused connection, a 503...)
+
+    def failed(self, server: str, error: RequestError) -> None:
+        """Note one failed attempt on `server`."""
+        if isinstance(error, ServerError) and (error.status or 0) >= 500:
+            self.broke.add(server)
+        else:
+            self.other_failures = True
+
+
+class RequestPath:
+    """Turns one budgeted prompt into a Completion or a Failure."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        client: Client,
+        pool: ServerPool,
+        model: str,
+        context_length: int,
+        learner: OffsetLearner,
+        stats: RunStats,
+        max_input: int | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.pool = pool
+        self.model = model
+        self.context_length = context_length
+        self.max_input = max_input  # the servers refuse prompts of this many tokens or more (FleetInfo.input_limit)
+        self.learner = learner
+        self.stats = stats
+
+    def payload(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+        """The request body for this prompt."""
+        return request_body(self.config.sampling, prompt, self.model, max_tokens)
+
+    async def send(
+        self, prompt: Prompt, max_tokens: int, extra: dict[str, Any], track: Track
+    ) -> tuple[ChatResult, int] | Failure:
+        """Send the prompt with `extra` request fields (n, a sample's seed); on a context 400, shrink the
+        budget to what the server says fits. What the server answered and the max_tokens that got it."""
+        error: RequestError | None = None
+        track.input_tokens = prompt.input_tokens
+        for _ in range(self.config.retry.budget_attempts):
+            try:
+                track.body = {**self.payload(prompt, max_tokens), **extra}
+                result = await self._with_retries(track.body, track)
+            except ContextOverflowError as exc:
+                error = exc
+                self.learner.observe(prompt.input_tokens, exc.counts)
+                budget = self._rebudget(exc, max_tokens, prompt)
+                if budget is None:
+                    break
+                max_tokens = budget
+                continue
+            except AuthError as exc:
+                raise FleetError(f"{exc.server} refused the API key: {exc}") from exc
+            except EndpointError as exc:  # a wrong --servers entry, not this row's fault: no ledger entry
+                raise FleetError(str(exc)) from exc
+            except RequestError as exc:
+                error = exc
+                break
+            return result, max_tokens
+        assert error is not None
+        failure = self._failure(prompt, error, max_tokens, track)
+        if failure.reason == "server_error" and await self._breaks_servers(track):
+            failure.reason = "poison"
+        return failure
+
+    def _rebudget(self, exc: ContextOverflowError, sent: int, prompt: Prompt) -> int | None:
+        return rebudget(
+            exc.counts,
+            sent_max_tokens=sent,
+            context_length=self.context_length,
+            margin=self.config.safety_margin,
+            min_tokens=room_needed(self.config, prompt.max_tokens),
+            counted=None if prompt.at_least else prompt.input_tokens + self.learner.offset,
+        )
+
+    async def _with_retries(self, payload: dict[str, Any], track: Track) -> ChatResult:
+        return await with_transport_retries(self.config.retry, lambda: self._on_server(payload, track))
+
+    async def _on_server(self, payload: dict[str, Any], track: Track) -> ChatResult:
+        timeout = self.config.timeout_for(payload["max_tokens"])
+        links = affinity.chain(payload.get("messages"))
+        lease = self.pool.lease(track.exclude, track.prefer, payload["max_tokens"], track.home, track.keep, links)
+        async with lease as server:
+            track.home = False  # the room kept for it is taken or given back (ServerPool._take)
+            track.attempts += 1
+            track.server = server.url
+            self.stats.requests += 1
+            self.stats.in_flight += 1
+            started = time.monotonic()
+            try:
+                result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track, server)
+                result = self._judged(result, payload, track, server)
+            except RequestError as exc:
+                track.failed(server.url, exc)
+                self.pool.record_failure(server, exc, lease.started)
+                track.exclude = frozenset({server.url})
+                if isinstance(exc, CheckpointMovedError):
+                    self._retire(server, exc)
+                raise
+            finally:
+                self.stats.in_flight -= 1
+                track.latency = time.monotonic() - started
+                self.stats.latency.add(track.latency)
+            used = 0 if result.usage_problem else result.completion_tokens or 0
+            self.pool.record_success(server, track.latency, used, lease.started)
+            if not result.usage_problem:
+                server.note_usage(result.prompt_tokens, result.cached_tokens)
+            return result
+
+    def _judged(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
+        """The result, its usage flagged (and counted on its server, warned about once) when impossible."""
+        n = payload.get("n", 1)
+        problem = usage_problem(result, payload["max_tokens"], n, track.input_tokens, self.context_length)
+        if problem is None:
+            return result
+        server.bad_usage += 1
+        if server.bad_usage == 1:
+            server.bad_usage_first = problem
+            log.warning("%s reported impossible usage: %s (left out of the figures)", server.url, problem)
+        return dataclasses.replace(result, usage_problem=problem)
+
+    def _checked(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
+        """check_answer and check_checkpoint, counting the attempts they refuse; what made the answer."""
+        try:
+            check_answer(result, payload["model"], track.server)
+            check_checkpoint(result, server)
+        except RequestError:
+            track.refused += 1
+            raise
+        track.checkpoint = server.identity.fingerprint if server.identity is not None else None
+        track.weight_version = result.weight_version
+        return result
+
+    def _retire(self, server: ServerState, exc: CheckpointMovedError) -> None:
+        """Take a redeployed server out for good; with none left, stop the run (FleetError) before its
+        rows are written as the old checkpoint's or wait for an outage."""
+        self.pool.retire(server)
+        if self.pool.all_retired():
+            raise FleetError(
+                f"every server was redeployed mid-run (last: {exc}); nothing they answered since was written. "
+                "Run again with --accept-checkpoint to go on with the new checkpoint (each line names its own)"
+            ) from exc
+
+    def completion(self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track) -> Completion:
+        """The output line of a choice the server answered for `prompt` with `max_tokens`."""
+        return Completion(
+            id=prompt.id,
+            messages=prompt.messages,
+            completion=result.content,
+            finish_reason=result.finish_reason,
+            input_tokens=prompt.input_tokens,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            max_tokens=max_tokens,
+            server=track.server,
+            attempts=track.attempts,
+            latency_s=track.latency,
+            model=self.model,
+            meta=prompt.meta,
+            key=prompt.key,
+            reasoning_content=result.reasoning_content,
+            checkpoint=track.checkpoint,
+            weight_version=track.weight_version,
+            tool_calls=result.tool_calls,
+            request=shaping_fields(track.body),
+        )
+
+    async def _breaks_servers(self, track: Track) -> bool:
+        """Whether the row, not the fleet, is at fault: every attempt was answered 5xx, by at least two servers
+        (or the only one), and each of them answers a request of our own (a sick server fails that too)."""
+        if track.other_failures or len(track.broke) < min(2, len(self.pool.servers)):
+            return False
+        return all(await asyncio.gather(*(self._serves(url) for url in sorted(track.broke))))
+
+    async def _serves(self, url: str) -> bool:
+        """Whether `url` completes a one-token request that no row can spoil."""
+        probe = {"model": self.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1}
+        try:
+            await self.client.chat(url, probe, self.config.timeout_for(1))
+        except RequestError:
+            return False
+        return True
+
+    def _failure(self, prompt: Prompt, error: RequestError, max_tokens: int, track: Track) -> Failure:
+        reason = error.reason
+        if reason in REFUSED_ANSWERS and track.refused < track.attempts:
+            reason = "server_error"  # other attempts failed otherwise: not every answer was refused
+        return Failure(
+            id=prompt.id,
+            line=prompt.line,
+            reason=reason,
+            detail=str(error)[:1000],
+            status=error.status,
+            attempts=track.attempts,
+            input_tokens=prompt.input_tokens,
+            server=error.server or track.server,
+            max_tokens=max_tokens,
+        )

@@ -1,0 +1,214 @@
+"""`gen-pipeline export`: run directories become a training dataset.
+
+    gen-pipeline export runs/nightly --out datasets/nightly --drop-truncated \\
+        --columns id,finish_reason,prompt_tokens,completion_tokens,model,meta.source_id
+
+One row per completion (per sample of a prompt, with its `sample` column): `messages` (the prompt turns
+plus the new assistant turn) and the chosen columns; `--group-samples` makes one row per prompt with the
+list of its completions (see grouped.py). Written as Parquet shards under OUT/data/ (the hub's layout)
+or, with --save-to-disk, as a `datasets` folder; OUT/README.md is a dataset card with the counts and the
+generation settings. Nothing in the run directory is changed; a torn last line is skipped, and an
+(id, sample) seen twice from the same checkpoint is exported once: the answers of different checkpoints to
+the same ids (two runs over the same prompts, an A/B of two teachers) are all kept, side by side, with the
+`checkpoint` column naming each row's (export refuses runs of several checkpoints without that column;
+`--group-samples` groups within a checkpoint). A claimed-shard run (claims.py) is checked as a whole: it is
+refused while shards are open (unless --partial), and a key found twice in its shard files is an error
+that names the keys (the claim protocol writes each key once; two copies mean the protocol was broken).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import ExportCheckError
+from ..fleet.provenance import checkpoint_key, unnamed_checkpoints
+from ..records import id_key
+from ..samples import place_key, record_place
+from .card import dataset_card
+from .exportconfig import (
+    COLUMN_TYPES,
+    REQUEST_COLUMNS,
+    ExportConfig,
+    ExportStats,
+    is_completion,
+)
+from .formats import jsonl_rows
+from .rundata import completion_files, read_manifest
+from .trainrow import server_kind, training_row, turn_features
+
+
+def check_settled(config: ExportConfig) -> None:
+    """Refuse a claimed-shard run whose shards are not all settled (unless --partial)."""
+    from .claimstatus import open_shards
+
+    for run in config.runs:
+        manifest = read_manifest(run)
+        if manifest.get("shards") is None or config.partial:
+            continue
+        if left := open_shards(run, manifest):
+            raise ExportCheckError(
+                f"{run}: {left} of {manifest['shards']} shards are not settled; finish the run "
+                "(the same generate command, or more claimers), or export what is there with --partial"
+            )
+
+
+def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
+    """Every exportable completion line of every run, once per (id, sample), counted into `stats`."""
+    for run in config.runs:
+        whole = read_manifest(run).get("shards") is not None  # a claimed-shard run: each key once, checked
+        seen: dict[int, Path] = {}
+        for f in completion_files(run):
+            yield from _kept(config, stats, f, seen if whole else None)
+
+
+def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterator[dict[str, Any]]:
+    """kept_completions for one file; `seen`: the keys of this claimed-shard run so far and their files."""
+    for obj in jsonl_rows(f):
+        place = record_place(obj) if is_completion(obj) else None
+        if place is None:
+            stats.unreadable += 1
+            continue
+        key = place_key(id_key(obj["id"]), *place)
+        if seen is not None:
+            if key in seen:
+                turn = f" turn {place[1]}" if "turn" in obj else ""
+                stats.twice.append(f"id {obj['id']!r} sample {place[0]}{turn} ({seen[key]} and {f})")
+            seen.setdefault(key, f)
+        mixed = checkpoint_key(key, obj)
+        if mixed in stats.kept:
+            stats.duplicates += 1
+        elif _dropped(config, obj):
+            stats.truncated += 1
+        else:
+            stats.kept.add(mixed)
+            stats.add(obj)
+            yield obj
+
+
+def _dropped(config: ExportConfig, obj: dict[str, Any]) -> bool:
+    """Whether --drop-truncated (any cut) or --drop-truncated-reasoning (a cut while thinking) leaves it out."""
+    if config.drop_truncated and obj.get("finish_reason") == "length":
+        return True
+    return config.drop_truncated_reasoning and obj.get("truncated_in") == "reasoning"
+
+
+def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
+    """Every exportable completion as a training row (or, with group_samples, every prompt's group; of a
+    --turns all run, every conversation)."""
+    if config.turns:
+        from .turnexport import conversation_rows
+
+        yield from conversation_rows(config, stats, kept_completions(config, stats))
+        return
+    if config.group_samples:
+        from .grouped import grouped_rows
+
+        yield from grouped_rows(kept_completions(config, stats), config.columns, server_kind(config))
+        return
+    kind = server_kind(config)
+    for obj in kept_completions(config, stats):
+        yield training_row(obj, config.columns, kind)
+
+
+def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> Any:
+    """The dataset, streamed to Arrow files under `cache_dir` (never the whole run in memory)."""
+    import datasets
+
+    if config.turns:
+        from .turnexport import conversation_features
+
+        features = conversation_features(config.columns, COLUMN_TYPES)
+    elif config.group_samples:
+        from .grouped import grouped_features
+
+        features = grouped_features(config.columns, COLUMN_TYPES)
+    else:
+        features = datasets.Features(
+            {
+                "messages": [turn_features()],
+                **dict.fromkeys(REQUEST_COLUMNS, datasets.Value("string")),
+                **{c: datasets.Value(COLUMN_TYPES.get(c, "string")) for c in config.columns},
+            }
+        )
+    kwargs = {"config": config, "stats": stats}
+    try:
+        return datasets.Dataset.from_generator(
+            training_rows, gen_kwargs=kwargs, features=features, cache_dir=str(cache_dir)
+        )
+    except ValueError:
+        if stats.rows:
+            raise
+        # datasets refuses to build an empty split from a generator
+        return datasets.Dataset.from_dict({k: [] for k in features}, features=features)
+
+
+def write_dataset(ds: Any, out: Path, config: ExportConfig) -> None:
+    """Parquet shards under out/data/, or a save_to_disk folder."""
+    if config.save_to_disk:
+        ds.save_to_disk(str(out))
+        return
+    shards = max(1, -(-len(ds) // config.shard_rows))
+    (out / "data").mkdir(parents=True)
+    for i in range(shards):
+        part = ds.shard(shards, i, contiguous=True)
+        part.to_parquet(str(out / "data" / f"train-{i:05d}-of-{shards:05d}.parquet"))
+
+
+def export(config: ExportConfig) -> ExportStats:
+    """Build the dataset and its card in a temporary folder, then move it to `config.out`."""
+    check_settled(config)
+    if (refused := unnamed_checkpoints([read_manifest(run) for run in config.runs], config.columns)) is not None:
+        raise ExportCheckError(refused)
+    config.out.parent.mkdir(parents=True, exist_ok=True)
+    stats = ExportStats()
+    with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
+        if config.format == "openai-batch":
+            _stage_batch(config, stats, Path(tmp) / "out")
+            return stats
+        ds = build_dataset(config, stats, Path(tmp) / "cache")
+        if stats.twice:
+            del ds
+            _refuse_twice(stats)
+        staged = Path(tmp) / "out"
+        write_dataset(ds, staged, config)
+        (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
+        if config.push_to_hub:
+            push(ds, staged / "README.md", config)
+        del ds
+        if config.out.exists():
+            shutil.rmtree(config.out)
+        staged.rename(config.out)
+    return stats
+
+
+def _refuse_twice(stats: ExportStats) -> None:
+    shown = "; ".join(stats.twice[:5]) + (f"; and {len(stats.twice) - 5} more" if len(stats.twice) > 5 else "")
+    raise ExportCheckError(f"{len(stats.twice)} keys are in the run's shard files more than once: {shown}")
+
+
+def _stage_batch(config: ExportConfig, stats: ExportStats, staged: Path) -> None:
+    """--format openai-batch: the output and error files, staged, then moved to `config.out`."""
+    from .batchexport import write_batch
+
+    stats.ledgered = write_batch(config, staged, kept_completions(config, stats))
+    if stats.twice:
+        _refuse_twice(stats)
+    if config.out.exists():
+        shutil.rmtree(config.out)
+    staged.rename(config.out)
+
+
+def push(ds: Any, card: Path, config: ExportConfig) -> None:
+    """Push the dataset and its card to the hub (needs a token and network)."""
+    from huggingface_hub import HfApi
+
+    assert config.push_to_hub is not None
+    ds.push_to_hub(config.push_to_hub, private=config.private)
+    api = HfApi()
+    api.upload_file(
+        path_or_fileobj=str(card), path_in_repo="README.md", repo_id=config.push_to_hub, repo_type="dataset"
+    )

@@ -1,0 +1,76 @@
+"""A status.json snapshot as text lines, shared by `status` and its claimed-shard view (claimstatus.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ..progress.display import duration
+
+CHUNK = 1 << 20
+# Seconds without a row settled before a running run is shown as stalled (an outage, a hung fleet): its
+# rates (run averages) and ETA would go on showing how it was doing before.
+STALLED_AFTER = 60.0
+
+
+def _server_line(url: str, s: dict[str, Any]) -> str:
+    health = "healthy" if s.get("healthy", True) else "OUT OF SERVICE"
+    return (
+        f"  {url}  in flight {s.get('in_flight', 0)}/{s.get('capacity', '?')}  {health}  "
+        f"requests {s.get('requests', 0)}  failures {s.get('failures') or {}}"
+    )
+
+
+def ago(status: dict[str, Any], now: float) -> str:
+    """How long ago a status snapshot was written, as a duration."""
+    return duration(max(0.0, now - float(status.get("updated", now))))
+
+
+def render_status(status: dict[str, Any], now: float | None = None) -> str:
+    """A status.json snapshot as readable lines."""
+    now = time.time() if now is None else now
+    head = f"{status.get('state', 'running')} (pid {status.get('pid')}), updated {ago(status, now)} ago"
+    return "\n".join([head, *status_lines(status)])
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    """Everything below the first line: counts, rates, servers, last errors."""
+    counts, rates = status.get("counts") or {}, status.get("rates") or {}
+    failed = counts.get("failed") or {}
+    eta = status.get("eta_s")
+    servers = status.get("servers") or {}
+    healthy = sum(bool(s.get("healthy", True)) for s in servers.values())
+    lines = [
+        f"done {counts.get('done', 0)} | skipped {counts.get('skipped', 0)} | "
+        f"failed {f'{sum(failed.values())} {failed}' if failed else 0} | "
+        f"in flight {counts.get('in_flight', 0)}" + (f" | queued {counts['queued']}" if "queued" in counts else ""),
+        stalled(status)
+        or f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
+        f"ETA {duration(eta) if eta is not None else 'unknown'}",
+        f"servers: {healthy} of {len(servers)} healthy",
+    ]
+    lines += [_server_line(url, s) for url, s in servers.items()]
+    lines += [f"last {reason}: {text}" for reason, text in (status.get("last_error") or {}).items()]
+    lines += [f"ALERT: {alert}" for alert in status.get("alerts") or []]
+    return lines
+
+
+def stalled(status: dict[str, Any]) -> str | None:
+    """The rates line of a run that has settled no row for STALLED_AFTER seconds (None: it has lately)."""
+    if status.get("last_settled") is None or status.get("state", "running") != "running":
+        return None
+    idle = float(status.get("updated", 0)) - float(status["last_settled"])
+    if idle < STALLED_AFTER:
+        return None
+    since = time.strftime("%H:%M:%S", time.localtime(float(status["last_settled"])))
+    return f"STALLED: no row settled for {duration(idle)} (since {since}) | rate and ETA unknown"
+
+
+def count_lines(path: Path) -> int:
+    """Newlines in a file, read in chunks (completions files are large)."""
+    n = 0
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            n += chunk.count(b"\n")
+    return n
