@@ -14,16 +14,28 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
-
-if TYPE_CHECKING:
-    from .state import ServerState
 
 CHARS_PER_TOKEN = 4  # a generous figure: the model holds at most what the server can
 DEFAULT_POOL_TOKENS = 200_000  # a server that gives no KV pool size
 MIN_SHARED_CHARS = 200  # links shorter than this are left out of a chain
+
+
+class Holder(Protocol):
+    """What steering reads of a server (state.ServerState): its prefix model, its slots and those taken."""
+
+    @property
+    def prefixes(self) -> PrefixModel: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    def taken(self) -> int: ...
+
+
+S = TypeVar("S", bound=Holder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,22 +61,21 @@ def chain(messages: Sequence[Any] | None) -> tuple[Link, ...]:
     return tuple(out)
 
 
-def nearest(servers: Iterable[ServerState], links: tuple[Link, ...]) -> ServerState | None:
+def nearest(servers: Iterable[S], links: tuple[Link, ...]) -> S | None:
     """The first of `servers` holding the longest prefix of the prompt (None: none holds any)."""
     return _nearest(servers, links)[0]
 
 
-def _nearest(servers: Iterable[ServerState], links: tuple[Link, ...]) -> tuple[ServerState | None, int]:
-    best, found = None, 0
+def _nearest(servers: Iterable[S], links: tuple[Link, ...]) -> tuple[S | None, int]:
+    best: S | None = None
+    found = 0
     for server in servers:
         if (n := server.prefixes.match(links)) > found:
             best, found = server, n
     return best, found
 
 
-def steer(
-    candidates: list[ServerState], serving: list[ServerState], links: tuple[Link, ...], patient: bool
-) -> tuple[ServerState | None, bool]:
+def steer(candidates: list[S], serving: list[S], links: tuple[Link, ...], patient: bool) -> tuple[S | None, bool]:
     """Where a prompt should go among the servers that may take it now (`candidates`, the balancer's order),
     and whether it should rather wait: (server, wait). A server with a free running slot that holds the
     longest prefix any server in service (`serving`) holds takes it; when only a busy one holds that, a
