@@ -6,7 +6,9 @@ import asyncio
 from typing import Any
 
 import aiohttp
+from e2e import run_sim
 
+from gen_pipeline.progress import format_summary
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.sim.radix import RadixCache
 
@@ -116,3 +118,16 @@ def test_requests_arriving_together_prefill_one_at_a_time_and_share_the_prefix()
 
     none, shared = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert none == 0 and shared > 500
+
+
+def test_each_servers_prefill_paid_is_in_the_summary(write_jsonl, tmp_path):
+    """summary.json gives each server's prefill_tokens (prompt tokens its cache did not serve): what the
+    simulated servers paid, added up."""
+    rows = [{"id": i, "messages": [SYSTEM, {"role": "user", "content": f"Question {i}?"}]} for i in range(12)]
+    sim = {"n_ports": 2, "prefix_cache_tokens": 50_000}
+    outcome, fleet = run_sim(write_jsonl(rows), tmp_path / "out", sim=sim)
+    views = outcome.summary["servers"].values()
+    paid = sum(v["prefill_tokens"] or 0 for v in views)  # None: a server that got no request (one holds them)
+    assert paid == sum(s.prefill_tokens for s in fleet.stats.values())
+    assert 0 < paid < sum(v["prompt_tokens"] for v in views)
+    assert "prefill paid" in format_summary(outcome.summary)

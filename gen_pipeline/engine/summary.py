@@ -142,7 +142,9 @@ SUMMARY_RULES: dict[str, Any] = {
         {
             **dict.fromkeys(("requests", "completions", "output_tokens", "prompt_tokens", "capacity"), SUM),
             "queue_margin": SUM,
-            "cached_tokens": Rule(lambda v: None if all(x is None for x in v) else total(v)),
+            **dict.fromkeys(
+                ("cached_tokens", "prefill_tokens"), Rule(lambda v: None if all(x is None for x in v) else total(v))
+            ),
             "failures": TALLY,
             "capacity_source": Rule(_joined),
             "impossible_usage": Rule(total, optional=True),

@@ -99,6 +99,8 @@ class ServerState:
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            # the prompt tokens its prefix cache did not hold: the prefill it paid (None: it reports no cache)
+            "prefill_tokens": None if self.cached_tokens is None else self.prompt_tokens - self.cached_tokens,
             # tokens per second of request time: the server's speed as this client saw it
             "output_tokens_per_request_s": round(self.output_tokens / busy, 1) if busy else None,
             "out_of_service_s": round(self.out_of_service(now), 1),

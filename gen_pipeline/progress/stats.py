@@ -236,7 +236,8 @@ def _cache_note(view: dict[str, Any]) -> str:
     cached, prompt = view.get("cached_tokens"), view.get("prompt_tokens")
     if cached is None or not prompt:
         return ""
-    return f", prefix cache {cached} of {prompt} prompt tokens ({100 * cached / prompt:.0f}%)"
+    share = f"{100 * cached / prompt:.0f}%"
+    return f", prefix cache {cached} of {prompt} prompt tokens ({share}), prefill paid {prompt - cached}"
 
 
 def format_summary(summary: dict[str, Any]) -> str:
