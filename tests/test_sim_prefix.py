@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 from e2e import run_sim
 
-from gen_pipeline.progress import format_summary
+from gen_pipeline.progress.stats import format_summary
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.sim.radix import RadixCache
 
