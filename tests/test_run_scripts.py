@@ -28,6 +28,13 @@ LAUNCH = RUN / "launch_sglang.sh"
 STOP = RUN / "stop_sglang.sh"
 TMUX_GENERATE = RUN / "tmux_generate.sh"
 SCRIPTS = [LAUNCH, STOP, TMUX_GENERATE]
+# The test-infrastructure setup scripts and the prelude they share (sourced, so shellcheck runs with -x).
+SETUP_SCRIPTS = [
+    RUN / "llama" / "build.sh",
+    RUN / "vllm" / "setup.sh",
+    RUN / "sglang" / "setup.sh",
+    RUN / "lib" / "setup-prelude.sh",
+]
 
 # Variables the scripts read from the environment; a developer's shell must not leak into tests.
 CONFIG_KEYS = [
@@ -175,20 +182,33 @@ def numactl_prefix(gpus: str, nodes: str) -> str:
 # --- static checks -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", SCRIPTS + SETUP_SCRIPTS, ids=lambda p: str(p.relative_to(RUN)))
 def test_scripts_parse_with_bash_n(script: Path) -> None:
     """Every script is valid bash syntax."""
     proc = run(["bash", "-n", str(script)], clean_env(None))
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", SCRIPTS + SETUP_SCRIPTS, ids=lambda p: str(p.relative_to(RUN)))
 def test_scripts_pass_shellcheck(script: Path) -> None:
     """Every script passes shellcheck."""
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    proc = run(["shellcheck", str(script)], clean_env(None))
+    proc = run(["shellcheck", "-x", str(script)], clean_env(None))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("tag", ["vllm/setup", "sglang/setup"])
+def test_setup_scripts_log_through_the_shared_prelude(tag: str, tmp_path: Path) -> None:
+    """A setup script without a tokenizer dies with its own tag, via the prelude, before touching its cache."""
+    cache = tmp_path / "cache"
+    proc = run(
+        ["bash", str(RUN / f"{tag}.sh"), str(tmp_path / "no-tokenizer")], clean_env(None, GEN_PIPELINE_CACHE=str(cache))
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr == f"[{tag}] ERROR: no tokenizer.json in {tmp_path / 'no-tokenizer'}\n"
+    assert not cache.exists()
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # Build llama.cpp's `llama-server` once, for integration tests, from the llama.cpp copy vendored in the
 # llama-cpp-python sdist on PyPI (the only source reachable from CI), and keep the Qwen2/Qwen3 vocab GGUF
 # (+ its .inp/.out test vectors), the real Qwen3 chat template and all of llama.cpp's chat templates next to it.
@@ -37,8 +38,10 @@ PYTHON="${PYTHON:-python3}"
 JOBS="${LLAMA_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 NATIVE="${LLAMA_NATIVE:-OFF}"
 
-log() { printf '[llama/build] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+HERE="$(cd "$(dirname "$0")" && pwd)"
+LOG_PREFIX=llama/build
+# shellcheck source=../lib/setup-prelude.sh
+source "$HERE/../lib/setup-prelude.sh"
 
 TEMPLATES_DONE="$MODELS/templates/.complete"  # written after the last template is in place
 
@@ -56,13 +59,8 @@ if complete; then
     exit 0
 fi
 
-mkdir -p "$CACHE"
 # Serialise concurrent builds (e.g. parallel CI jobs sharing a cache); the second one waits, then finds the result.
-exec 9>"$CACHE/.build.lock"
-if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
-    log "another build holds $CACHE/.build.lock; waiting"
-    flock 9
-fi
+cache_lock .build.lock "another build holds $CACHE/.build.lock; waiting"
 if complete; then
     echo "$BIN"
     exit 0

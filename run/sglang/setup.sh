@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # A real SGLang server on CPU for the `realserver` tests, set up once into a cache:
 #   ${GEN_PIPELINE_CACHE:-$HOME/.cache/gen-pipeline}/sglang/venv       sglang + torch (CPU), ~2.7 GB
 #   ${GEN_PIPELINE_CACHE:-$HOME/.cache/gen-pipeline}/sglang/tiny-qwen3 a tiny random-weight Qwen3 model (~39 MB)
@@ -29,13 +30,12 @@ RUNTIME_DEPS=(
     jsonschema xgrammar soundfile "torchvision==0.28.0"
 )
 
-log() { printf '[sglang/setup] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+LOG_PREFIX=sglang/setup
+# shellcheck source=../lib/setup-prelude.sh
+source "$HERE/../lib/setup-prelude.sh"
 
 [[ -f "$TOKENIZER/tokenizer.json" ]] || die "no tokenizer.json in $TOKENIZER"
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.setup.lock"
-command -v flock >/dev/null 2>&1 && flock 9
+cache_lock .setup.lock
 
 if [[ ! -f "$VENV/.installed" ]]; then
     log "installing sglang==$SGLANG_VERSION and torch==$TORCH_VERSION (CPU) into $VENV (4-5 minutes)"

