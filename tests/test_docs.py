@@ -40,3 +40,20 @@ def test_readme_concurrency_default_is_the_servers_own():
     """--concurrency defaults to each server's max_running_requests, else DEFAULT_CONCURRENCY."""
     cell = readme_defaults()["--concurrency"]
     assert "max_running_requests" in cell and str(DEFAULT_CONCURRENCY) in cell
+
+
+def test_run_readme_lists_every_script_in_run():
+    """run/README.md sorts every user script and piece of test infrastructure in run/, and README points to it."""
+    run = README.parent / "run"
+    listed = (run / "README.md").read_text()
+    skip = {"README.md", "slurm", "lib", "__pycache__"}
+    entries = [p for p in run.iterdir() if p.name not in skip] + list((run / "slurm").iterdir())
+    entries += list((run / "lib").iterdir())
+    for entry in entries:
+        name = entry.relative_to(run).as_posix() + ("/" if entry.is_dir() else "")
+        assert f"`{name}`" in listed, f"run/README.md does not list {name}"
+    assert "(llama/README.md)" in listed
+    readme = README.read_text()
+    for section in ("## Makefile", "## Tests against a real inference server"):
+        body = readme.split(section, 1)[1].split("\n## ", 1)[0]
+        assert "run/README.md" in body, f"README's {section!r} section does not point to run/README.md"
