@@ -129,6 +129,29 @@ def test_check_passes_against_the_real_fleet(servers, tokenizer, write_jsonl, tm
     assert all((s["capacity"], s["capacity_source"]) == (8, "reported") for s in report["fleet"]), report["fleet"]
 
 
+def test_whole_conversations_are_regenerated_with_exact_counts(servers, tokenizer, write_jsonl, tmp_path):
+    """--turns all on llama.cpp: every turn of every conversation answered once, counted exactly (the
+    history holds the server's own earlier answers), each turn asked with the answers written before it."""
+    from e2e import conversation_rows
+
+    from gen_pipeline.send.turns import answer_turn, split_turns
+
+    rows = conversation_rows(12)
+    out = tmp_path / "out"
+    config = _config(write_jsonl(rows), out, servers, tokenizer, turns="all", samples=2)
+    outcome = asyncio.run(asyncio.wait_for(run_async(config), 300))
+    assert outcome.exit_code == 0, outcome.summary
+    lines = {(r["id"], r["sample"], r["turn"]): r for r in read_jsonl(out / "completions.jsonl")}
+    turns = sum(len(split_turns(r["messages"])) for r in rows) * 2
+    assert len(lines) == turns == outcome.summary["completed"]
+    assert all(r["prompt_tokens"] == r["input_tokens"] for r in lines.values())  # the server's count is ours
+    for (rid, s, t), r in lines.items():
+        if t:
+            before = lines[(rid, s, t - 1)]
+            history = [*before["messages"], answer_turn(before["completion"], before.get("reasoning_content"))]
+            assert r["messages"][: len(history)] == history
+
+
 # Last: it kills one of the module's servers.
 def test_killed_server_is_routed_around_and_readmitted(servers, tokenizer, write_jsonl, tmp_path):
     """A server SIGKILLed mid-run and restarted costs no prompt; the run completes exactly once."""
@@ -155,26 +178,3 @@ def test_killed_server_is_routed_around_and_readmitted(servers, tokenizer, write
     assert check_invariant([r["id"] for r in rows], out) == {"done": 600, "ledger": 0}
     view = outcome.summary["servers"][victim.url]
     assert sum(view["failures"].values()) >= 1 and view["out_of_service_s"] > 0
-
-
-def test_whole_conversations_are_regenerated_with_exact_counts(servers, tokenizer, write_jsonl, tmp_path):
-    """--turns all on llama.cpp: every turn of every conversation answered once, counted exactly (the
-    history holds the server's own earlier answers), each turn asked with the answers written before it."""
-    from e2e import conversation_rows
-
-    from gen_pipeline.send.turns import answer_turn, split_turns
-
-    rows = conversation_rows(12)
-    out = tmp_path / "out"
-    config = _config(write_jsonl(rows), out, servers, tokenizer, turns="all", samples=2)
-    outcome = asyncio.run(asyncio.wait_for(run_async(config), 300))
-    assert outcome.exit_code == 0, outcome.summary
-    lines = {(r["id"], r["sample"], r["turn"]): r for r in read_jsonl(out / "completions.jsonl")}
-    turns = sum(len(split_turns(r["messages"])) for r in rows) * 2
-    assert len(lines) == turns == outcome.summary["completed"]
-    assert all(r["prompt_tokens"] == r["input_tokens"] for r in lines.values())  # the server's count is ours
-    for (rid, s, t), r in lines.items():
-        if t:
-            before = lines[(rid, s, t - 1)]
-            history = [*before["messages"], answer_turn(before["completion"], before.get("reasoning_content"))]
-            assert r["messages"][: len(history)] == history
