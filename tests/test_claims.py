@@ -165,7 +165,8 @@ def test_a_transient_failure_keeps_only_its_shard_open(write_jsonl, tmp_path):
 
     rows = prompts(120)
     path, out = write_jsonl(rows), tmp_path / "out"
-    flaky, _ = run_sim(path, out, {"n_ports": 2, "p500": 0.05, "seed": 3}, retry=_policy(1), shards=32)
+    # the fault stream is seeded by seed + port (ports are free ones): at 5% a run saw no failure at all once
+    flaky, _ = run_sim(path, out, {"n_ports": 2, "p500": 0.15, "seed": 3}, retry=_policy(1), shards=32)
     failed = {shard_of(r["id"], None, 32) for p in RunDir(out).failure_files() for r in read_jsonl(p)}
     assert flaky.exit_code == 3 and 0 < len(failed) < 32, failed
     assert {s for s in range(32) if not RunDir(out).shard(s).settled.exists()} == failed
