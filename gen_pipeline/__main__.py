@@ -3,17 +3,27 @@
 `generate` owns the stop signals before anything else is imported: the command line, the pipeline and
 their dependencies take most of start-up (0.6-1 s on a busy node), and a SIGTERM, SIGHUP or Ctrl-C then
 must exit 130 with one line, as it does later (the README promises it "also during start-up").
+
+A wrapper that supervises this process names itself in GEN_PIPELINE_SUPERVISOR_PID: the process then
+dies with it (runtime.die_with). The variable is taken out of the environment, so that a process this one
+starts (a `--workers` claimer) does not take this one for its supervisor.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+
+SUPERVISOR_VARIABLE = "GEN_PIPELINE_SUPERVISOR_PID"
 
 
 def main() -> int:
     """Entry point: the stop handlers of `generate` first, then the command line (cli.main)."""
-    from .runtime import install_stop_handlers, restore_handlers
+    from .runtime import die_with, install_stop_handlers, restore_handlers
 
+    supervisor = os.environ.pop(SUPERVISOR_VARIABLE, "")
+    if supervisor.isdigit():
+        die_with(int(supervisor))
     argv = sys.argv[1:]
     command = next((a for a in argv if not a.startswith("-")), None)
     previous = install_stop_handlers() if command == "generate" else {}

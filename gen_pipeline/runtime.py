@@ -143,6 +143,27 @@ def install_run_handlers(
     return restore
 
 
+# prctl's option that has the kernel signal this process when its parent dies (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with(supervisor: int) -> bool:
+    """Be killed when the process `supervisor` (our parent) dies, and exit now if it already has.
+
+    A wrapper (run/nightly.sh) starts its child with a parent-death signal so that a kill -9 of the wrapper
+    never leaves the child running unsupervised. Set before exec (setpriv), that signal is lost when the
+    wrapper dies between the fork and the setting; checking the parent after setting it closes that gap.
+    True when the signal is set (Linux), False where the platform has none."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            armed = ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    if os.getppid() != supervisor:
+        say(f"gen-pipeline: the process that started this one ({supervisor}) is gone; stopping")
+        os._exit(EXIT_INTERRUPTED)
+    return armed
+
+
 # glibc gives each thread that allocates its own malloc arena; the tokenizer thread and the Rust encode
 # threads fragment theirs under long prompts (RSS +90 MB over a 654k-row run). Two arenas keep it flat.
 MALLOC_ARENAS = 2

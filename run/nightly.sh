@@ -48,7 +48,8 @@ log() { printf '%s nightly: %s\n' "$(date '+%F %T')" "$*"; }
 # process group of its own, so a Ctrl-C reaches it once (from us), not twice (a second one exits at once).
 # That group also keeps it out of a kill of ours, so the kernel kills it when this shell dies, even by
 # kill -9 (setpriv's parent-death signal); and it never holds the nightly lock (fd 9), so a child that
-# outlived us anyway could not keep the next night out.
+# outlived us anyway could not keep the next night out. setpriv loses the signal if we die before it has
+# set it; GEN_PIPELINE_SUPERVISOR_PID has gen-pipeline set it again and check that we are still there.
 CHILD=""
 DIE_WITH_US=()
 if setpriv --help 2>/dev/null | grep -q -- --pdeathsig; then
@@ -65,7 +66,7 @@ done
 run_child() {
     local rc
     set -m
-    "${DIE_WITH_US[@]}" "$@" 9>&- &
+    GEN_PIPELINE_SUPERVISOR_PID=$$ "${DIE_WITH_US[@]}" "$@" 9>&- &
     CHILD=$!
     set +m
     # wait returns early when a trap ran; go on waiting while the child still runs

@@ -158,8 +158,12 @@ def generate_child(pid: int, timeout: float) -> int:
 
 def open_files(pid: int) -> set[Path]:
     """The files process `pid` has open (Linux /proc)."""
-    fds = Path(f"/proc/{pid}/fd")
-    return {Path(os.readlink(fd)) for fd in fds.iterdir() if os.readlink(fd).startswith("/")}
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a descriptor closed while we look (an exec)
+            if (target := os.readlink(fd)).startswith("/"):
+                found.add(Path(target))
+    return found
 
 
 @pytest.mark.slow
@@ -189,6 +193,7 @@ def test_a_killed_nightly_leaves_no_generate_behind(tmp_path, target):
             assert wait_gone(pids[1:], timeout=10) == [], "generate runs on after its nightly was killed"
         finally:
             kill_all(pids)
+            proc.wait(timeout=10)
     with sim_fleet(1) as fast:
         again = nightly(*night, env=clean_env(NIGHTLY_SERVERS=fast))
     assert again.returncode == 0, again.stdout + again.stderr
