@@ -230,6 +230,8 @@ class Failure:
     turn: int | None = None  # --turns all: the turn that failed (the conversation ends or waits there)
     # when it was written (epoch s): with several ledger shards, "newest entry per id" compares this
     time: float = field(default_factory=time.time)
+    # not written: the id that placed an entry without `id` in its claimed shard (inputs.rows.BadRow)
+    shard_id: RowId | None = None
 
     def to_line(self) -> bytes:
         return (

@@ -194,6 +194,27 @@ def test_a_line_over_the_size_limit_is_ledgered_once_by_its_own_shard(write_json
     assert check_invariant([r["id"] for r in rows], out) == {"done": 60, "ledger": 0}
 
 
+def test_a_row_reusing_another_rows_id_is_ledgered_once_in_that_ids_shard(write_jsonl, tmp_path):
+    """A row repeating an id with other content is ledgered under no id (it must not stand for that id), in
+    the shard the id placed it in: the claimer holding that shard read it (a claimer crashed with KeyError
+    looking for its line number's shard, which it did not hold), and a rerun ledgers it no second time."""
+    rows = prompts(60)
+    conflicts = [{"id": r["id"], "prompt": f"other {r['id']}"} for r in rows[:40:10]]
+    path, out = write_jsonl([*rows, *conflicts]), tmp_path / "out"
+    outcome, _ = run_sim(path, out, {"n_ports": 2}, shards=8)
+    assert outcome.exit_code == 0 and outcome.summary["failed"] == {"bad_input": 4}
+    ledger = [(s, f) for s in range(8) for f in read_jsonl(RunDir(out).shard(s).writer.failures)]
+    placed = sorted((shard_of(c["id"], None, 8), 61 + i) for i, c in enumerate(conflicts))
+    assert sorted((s, f["line"]) for s, f in ledger) == placed
+    assert all(f["id"] is None and "different content" in f["detail"] for _, f in ledger)
+    with path.open("ab") as f:
+        f.write(orjson.dumps({"id": "new", "prompt": "a new row"}) + b"\n")
+    again, _ = run_sim(path, out, {"n_ports": 2}, shards=8)
+    assert again.exit_code == 0
+    assert sum(len(read_jsonl(RunDir(out).shard(s).writer.failures)) for s in range(8)) == 4
+    assert check_invariant([*(r["id"] for r in rows), "new"], out) == {"done": 61, "ledger": 0}
+
+
 def test_a_look_at_a_free_shard_does_not_turn_a_claimer_away(tmp_path):
     """`status` or another claimer looking whether a shard is held takes its lock shared for an instant: a
     claim in that instant waits it out (it passed the shard by, and a last shard could be left open with no

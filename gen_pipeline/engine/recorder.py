@@ -66,7 +66,7 @@ class Recorder:
             self.stats.skipped[item.reason] += item.count
         else:
             self.stats.read += 1
-            self.failure(Failure(item.id, item.line, "bad_input", item.detail))
+            self.failure(Failure(item.id, item.line, "bad_input", item.detail, shard_id=item.shard_id))
 
     def sent(self, prompt: Prompt, sent: Sent) -> bool:
         """Write what one prompt's requests came to; True when a sample failed for a transient reason."""

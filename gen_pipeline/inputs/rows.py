@@ -35,6 +35,9 @@ class BadRow:
     line: int
     detail: str
     id: RowId | None = None
+    # the id whose shard the row's ledger entry goes to when the row may not stand for it (a conflicting
+    # repeat of another row's id): it was placed by that id, and its entry must stay with that shard
+    shard_id: RowId | None = None
 
 
 class RowError(ValueError):

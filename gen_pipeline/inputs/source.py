@@ -289,4 +289,4 @@ class PromptSource:
         self.note_bad(line)
         # ledgered without the id: this row is not that id's, so its entry must never stand for the id
         # ("the newest entry per id decides") and make a done or pending row read as failed
-        return BadRow(line, f"id {rid!r} was seen before with different content")
+        return BadRow(line, f"id {rid!r} was seen before with different content", shard_id=rid)

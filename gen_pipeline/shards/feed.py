@@ -55,7 +55,7 @@ class ClaimWriter:
 
     def write_failure(self, failure: Failure) -> None:
         """Append to the failure's shard's ledger; a transient one keeps its shard open."""
-        s, writer = self._for(failure.id, failure.line)
+        s, writer = self._for(failure.id if failure.id is not None else failure.shard_id, failure.line)
         writer.write_failure(failure)
         if failure.reason in TRANSIENT_REASONS:
             self.unsettled.add(s)
