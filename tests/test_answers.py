@@ -87,10 +87,24 @@ def generate(path: Path, out: Path, answers: list[dict[str, Any]], good: int = 1
     return asyncio.run(asyncio.wait_for(go(), 60))
 
 
-@pytest.mark.parametrize("answer", [EMPTY, BLANK, WRONG], ids=["null", "blank", "wrong-model"])
-def test_odd_answers_count_against_the_server_and_go_elsewhere(write_jsonl, tmp_path, answer):
+def nested(levels: int) -> Any:
+    """A JSON value `levels` lists deep."""
+    value: Any = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+# tool-call arguments nested deeper than orjson writes: read fine, but a line holding them cannot be written
+DEEP_CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": nested(300)}}
+DEEP = {"message": {"content": "fine", "tool_calls": [DEEP_CALL]}}
+ODD_ANSWERS = [(EMPTY, "empty_completion"), (BLANK, "empty_completion"), (WRONG, "wrong_model"), (DEEP, "server_error")]
+
+
+@pytest.mark.parametrize(("answer", "want"), ODD_ANSWERS, ids=["null", "blank", "wrong-model", "too-deep"])
+def test_odd_answers_count_against_the_server_and_go_elsewhere(write_jsonl, tmp_path, answer, want):
     """Beside a good server, every row completes there; the odd server's answers are never written and
-    are counted against it."""
+    are counted against it (an answer too deep to be written ended the whole run with a traceback)."""
     rows = prompts(30)
     out = tmp_path / "out"
     outcome = generate(write_jsonl(rows), out, [answer])
@@ -99,7 +113,6 @@ def test_odd_answers_count_against_the_server_and_go_elsewhere(write_jsonl, tmp_
     assert all(r["completion"] for r in lines)
     odd_url = list(outcome.summary["servers"])[-1]
     assert not any(r["server"] == odd_url for r in lines)
-    want = "wrong_model" if answer is WRONG else "empty_completion"
     assert outcome.summary["servers"][odd_url]["failures"].get(want, 0) > 0
     check_invariant([r["id"] for r in rows], out)
 
@@ -173,3 +186,30 @@ def test_mixed_failures_end_as_transient(write_jsonl, tmp_path):
     assert outcome.exit_code == 3 and outcome.summary["failed"] == {"server_error": 1}
     [entry] = read_jsonl(out / "failures.jsonl")
     assert entry["attempts"] == 2
+
+
+def test_a_completion_that_cannot_be_written_is_ledgered_and_the_run_goes_on(tmp_path):
+    """The recorder's last guard: a completion no line can hold (past the client's check) goes to the
+    ledger as a transient server_error for its id and sample, and the next one is still written."""
+    from gen_pipeline.engine.recorder import Recorder
+    from gen_pipeline.progress.stats import RunStats
+    from gen_pipeline.records import Completion, Prompt
+    from gen_pipeline.rundir.store import RunWriter
+    from gen_pipeline.send.dispatch import Sent
+
+    out = tmp_path / "out"
+    out.mkdir()
+    writer = RunWriter(out, 1.0)
+    config = RunConfig(input=tmp_path / "in.jsonl", out=out, servers=("http://127.0.0.1:1",))
+    recorder = Recorder(config, writer, RunStats(), "tok", lambda *_: None, [])
+
+    def done(i: int, meta: Any) -> Completion:
+        return Completion(i, [{"role": "user", "content": "q"}], "a", "stop", 5, 5, 1, 8, "s", 1, 0.1, MODEL, meta)
+
+    prompt = Prompt(0, 1, [{"role": "user", "content": "q"}])
+    assert recorder.sent(prompt, Sent([done(0, {"deep": nested(300)})])) is True
+    assert recorder.sent(Prompt(1, 2, [{"role": "user", "content": "q"}]), Sent([done(1, {})])) is False
+    writer.close()
+    assert [r["id"] for r in read_jsonl(out / "completions.jsonl")] == [1]
+    (entry,) = read_jsonl(out / "failures.jsonl")
+    assert (entry["id"], entry["reason"]) == (0, "server_error") and "cannot be written" in entry["detail"]

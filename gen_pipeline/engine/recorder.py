@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import orjson
+
 from ..config import RunConfig
 from ..errors import EXIT_ERROR, EXIT_OUTPUT, OutputError
 from ..inputs.rows import BadRow
@@ -76,9 +78,10 @@ class Recorder:
             if isinstance(outcome, Failure):
                 self.failure(outcome)
                 transient = transient or outcome.reason in TRANSIENT_REASONS
-            else:
-                self._write(self.writer.write_completion, outcome)
+            elif self._written(outcome):
                 self._count(outcome, kinds)
+            else:
+                transient = True
         self.stats.output_tokens += sent.output_tokens
         self.stats.cached_tokens += sent.cached_tokens
         valid, untruncated = useful_tokens(sent.outcomes, sent.output_tokens)
@@ -138,6 +141,29 @@ class Recorder:
             return
         say(f"PROBLEM: {problem}")
         self.stop(f"PROBLEM: {problem}", EXIT_ERROR)
+
+    def _written(self, done: Completion) -> bool:
+        """Write one completion; a completion that cannot be made a line (the client refuses such answers
+        as malformed, so this is the last guard) is ledgered in its place, and the run goes on."""
+        try:
+            self._write(self.writer.write_completion, done)
+            return True
+        except orjson.JSONEncodeError as exc:
+            detail = f"the answer cannot be written as a line: {exc}"
+            self.failure(
+                Failure(
+                    done.id,
+                    None,
+                    "server_error",
+                    detail,
+                    server=done.server,
+                    sample=done.sample,
+                    turn=done.turn,
+                    attempts=done.attempts,
+                    max_tokens=done.max_tokens,
+                )
+            )
+            return False
 
     def _write(self, write: Any, record: Any) -> None:
         try:

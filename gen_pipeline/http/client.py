@@ -144,7 +144,26 @@ def _choice(choice: dict[str, Any]) -> ChatResult:
     for text in (result.finish_reason, result.reasoning_content):
         if text is not None and not isinstance(text, str):
             raise TypeError(f"finish_reason or reasoning_content {text!r:.80}")
+    for nested in (result.tool_calls, result.logprobs):
+        if nested is not None:
+            _check_writable(nested)
     return result
+
+
+# The output line (and an exported row) holds an answer's tool calls and logprobs a few levels down; orjson
+# reads 1024 levels but writes only 254, so what a server sent deeper than this could never be written.
+WRITE_DEPTH_MARGIN = 4
+
+
+def _check_writable(value: Any) -> None:
+    """TypeError when `value` cannot be written `WRITE_DEPTH_MARGIN` levels down a JSON line."""
+    wrapped = value
+    for _ in range(WRITE_DEPTH_MARGIN):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError as exc:
+        raise TypeError(f"an answer that cannot be written ({exc})") from exc
 
 
 def _decode(raw: bytes) -> Any:
