@@ -4,12 +4,21 @@ stops and settles nothing; a 400 only some rows get is theirs (`bad_request`). A
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from e2e import check_invariant, prompts, read_jsonl, run_sim
 
+from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.modes import run_async
 from gen_pipeline.records import Completion, Failure, Prompt
 from gen_pipeline.send.dispatch import Sent
 from gen_pipeline.send.refusals import END_EVIDENCE, REFUSAL_STREAK, RefusalJudge
+from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+from gen_pipeline.tokens import TINY_TOKENIZER
 
 BROKEN = "Chat template error: jinja2 is not installed"
 
@@ -24,7 +33,8 @@ def test_a_fleet_refusing_every_row_the_same_way_stops_the_run(write_jsonl, tmp_
     assert broken.exit_code == 4, broken.summary
     assert BROKEN in broken.summary["stop_reason"] and "misconfigured" in broken.summary["stop_reason"]
     assert broken.summary["failed"] == {} and not read_jsonl(out / "failures.jsonl")
-    assert sum(s.requests for s in fleet.stats.values()) < n or n < REFUSAL_STREAK  # stopped early
+    # stopped early: fewer rows asked than the input holds (each refused row is asked of two servers)
+    assert sum(s.requests for s in fleet.stats.values()) < 2 * n or n < REFUSAL_STREAK
     mended, _ = run_sim(path, out, {"n_ports": 3})
     assert mended.exit_code == 0 and mended.summary["completed"] == n
     assert check_invariant([r["id"] for r in rows], out) == {"done": n, "ledger": 0}
@@ -39,6 +49,55 @@ def test_a_row_every_server_refuses_is_still_a_bad_request(write_jsonl, tmp_path
     [entry] = read_jsonl(out / "failures.jsonl")
     assert (entry["id"], entry["reason"], entry["status"]) == (7, "bad_request", 400)
     assert check_invariant([r["id"] for r in rows], out) == {"done": 39, "ledger": 1}
+
+
+def test_one_misconfigured_server_among_good_ones_settles_no_row(write_jsonl, tmp_path):
+    """One server of three answers every row 400 (its chat template fails): each row it refuses is asked
+    of another server, which serves it. Every row completes, none is ledgered bad_request for good (a third
+    of them were, and the run exited 0), and the refusing server's 400s count against it."""
+    rows = prompts(60)
+    path, out = write_jsonl(rows), tmp_path / "out"
+
+    async def go() -> Any:
+        broken = TestServer(broken_app(), host="127.0.0.1")
+        await broken.start_server()
+        try:
+            async with await start_fleet(SimConfig(ports=tuple(free_ports(2)), health_delay=0.0)) as sim:
+                urls = (*sim.urls, str(broken.make_url("")).rstrip("/"))
+                config = RunConfig(input=path, out=out, servers=urls, retry=RetryPolicy.testing(), progress="off")
+                return await run_async(config), urls[-1]
+        finally:
+            await broken.close()
+
+    outcome, bad = asyncio.run(asyncio.wait_for(go(), 60))
+    assert outcome.exit_code == 0 and outcome.summary["completed"] == 60, outcome.summary
+    assert outcome.summary["failed"] == {} and not read_jsonl(out / "failures.jsonl")
+    assert not any(r["server"] == bad for r in read_jsonl(out / "completions.jsonl"))
+    assert outcome.summary["servers"][bad]["failures"].get("bad_request", 0) > 0
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 60, "ledger": 0}
+
+
+def broken_app() -> web.Application:
+    """A server that passes discovery (the simulator's model and tokenizer) and refuses every chat 400."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "sim-model", "max_model_len": 8192}]})
+
+    async def model_info(_: web.Request) -> web.Response:
+        return web.json_response({"tokenizer_path": str(TINY_TOKENIZER)})
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def chat(_: web.Request) -> web.Response:
+        return web.json_response({"object": "error", "message": BROKEN, "type": "BadRequestError", "code": 400},
+                                 status=400)  # fmt: skip
+
+    app = web.Application()
+    for path, handler in (("/v1/models", models), ("/model_info", model_info), ("/server_info", ok), ("/health", ok)):
+        app.router.add_get(path, handler)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
 
 
 def _prompt(i: int) -> Prompt:

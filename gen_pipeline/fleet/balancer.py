@@ -372,11 +372,20 @@ class ServerPool:
         cost = health.failure_cost(error, held, server.mean_latency)
         if cost is Cost.NONE or self._stale(server, started):
             return
+        self._judge(server, error.reason, cost, held, now)
+
+    def record_contradicted(self, server: ServerState) -> None:
+        """A row the server refused (400) was served by another: a failure of the server's, not the row's
+        (already counted by reason), judged as an instant failure is."""
+        self._judge(server, "bad_request", Cost.CHEAP, None, self.clock())
+
+    def _judge(self, server: ServerState, reason: str, cost: Cost, held: float | None, now: float) -> None:
+        """Add a failure's cost to the server's window; take it out when its health says so."""
         server.window.add(now, wasted_s=health.wasted_seconds(cost, held))
         server.expensive_in_a_row += cost is Cost.EXPENSIVE
         young = server.window.young(now, server.mean_latency or self._latencies()[server.url], 2 * server.limit)
         if health.should_take_out(cost, server.expensive_in_a_row, server.window, server.trial, young):
-            self._take_out(server, error.reason, cost)
+            self._take_out(server, reason, cost)
 
     def mark_down(self, server: ServerState) -> None:
         """Take a server out of rotation until a probe answers (found dead at discovery)."""

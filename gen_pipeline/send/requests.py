@@ -18,6 +18,7 @@ from typing import Any
 from ..config import RunConfig
 from ..errors import (
     AuthError,
+    BadRequestError,
     CheckpointMovedError,
     ContextOverflowError,
     EmptyCompletionError,
@@ -114,6 +115,9 @@ class Track:
     body: dict[str, Any] = dataclasses.field(default_factory=dict)  # the request last sent (its shaping fields)
     input_tokens: int = 0  # our count of the prompt, for judging the server's
     broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
+    refusers: set[str] = field(
+        default_factory=set
+    )  # servers whose 400 (not its length) another server was asked to judge
     other_failures: bool = False  # an attempt failed otherwise (a timeout, a refused connection, a 503...)
 
     def failed(self, server: str, error: RequestError) -> None:
@@ -158,7 +162,9 @@ class RequestPath:
         budget to what the server says fits. What the server answered and the max_tokens that got it."""
         error: RequestError | None = None
         track.input_tokens = prompt.input_tokens
-        for _ in range(self.config.retry.budget_attempts):
+        budgets = self.config.retry.budget_attempts
+        while budgets > 0:
+            budgets -= 1
             try:
                 track.body = {**self.payload(prompt, max_tokens), **extra}
                 result = await self._with_retries(track.body, track)
@@ -174,15 +180,36 @@ class RequestPath:
                 raise FleetError(f"{exc.server} refused the API key: {exc}") from exc
             except EndpointError as exc:  # a wrong --servers entry, not this row's fault: no ledger entry
                 raise FleetError(str(exc)) from exc
+            except BadRequestError as exc:
+                error = exc
+                if not self._second_opinion(exc, track):
+                    break
+                budgets += 1  # asking another server is not a budget attempt
+                continue
             except RequestError as exc:
                 error = exc
                 break
+            self._contradicted(track)
             return result, max_tokens
         assert error is not None
         failure = self._failure(prompt, error, max_tokens, track)
         if failure.reason == "server_error" and await self._breaks_servers(track):
             failure.reason = "poison"
         return failure
+
+    def _second_opinion(self, exc: BadRequestError, track: Track) -> bool:
+        """Whether to send a refused row once more, to another server: one misconfigured server (a chat
+        template that fails) refuses every row, and only a second server tells its 400 from the row's."""
+        if track.refusers or len(self.pool.servers) < 2:
+            return False
+        track.refusers.add(exc.server or track.server)
+        return True
+
+    def _contradicted(self, track: Track) -> None:
+        """Another server served a row that `track.refusers` refused: their 400 counts against their health."""
+        for server in self.pool.servers:
+            if server.url in track.refusers:
+                self.pool.record_contradicted(server)
 
     def _rebudget(self, exc: ContextOverflowError, sent: int, prompt: Prompt) -> int | None:
         return rebudget(
