@@ -338,6 +338,7 @@ TOOL_TURNS = [
 # ("bad_content"), and rows whose carried columns generate refuses, which prepare wrote.
 DISPUTED = [
     ({"messages": TOOL_TURNS, "tools": [{"type": "function", "function": {"name": "get_weather"}}]}, None),
+    ({"messages": TOOL_TURNS[:3], "tools": [{"type": "function", "function": {"name": "get_weather"}}]}, None),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}, None),
     ({"prompt": "hi", "max_tokens": 0}, "bad_max_tokens"),
     ({"prompt": "hi", "sampling": "hot"}, "bad_sampling"),
@@ -372,3 +373,14 @@ def test_prepare_writes_exactly_the_rows_generate_takes(raw, reason, tmp_path, w
         with pytest.raises(RowError) as info:
             parse_row(orjson.dumps({"id": "x", **raw}), 1)
         assert info.value.tag == reason
+
+
+def test_a_tool_call_and_its_result_after_the_last_user_turn_stay_in_the_prompt():
+    """The model's answer to a tool's result is asked with the call and the result: they are the prompt,
+    and the answer after them is the reference (they were cut away, leaving the bare user turn)."""
+    from gen_pipeline.views.formats import split_prompt
+
+    final = {"role": "assistant", "content": "Sunny in Oslo."}
+    assert split_prompt([*TOOL_TURNS[:3], final]) == (TOOL_TURNS[:3], "Sunny in Oslo.")
+    assert split_prompt(TOOL_TURNS[:3]) == (TOOL_TURNS[:3], None)
+    assert split_prompt([*TOOL_TURNS, final]) == (TOOL_TURNS, "Sunny in Oslo.")

@@ -108,11 +108,16 @@ def _turns(items: Any, role_key: str, text_key: str, roles: dict[str, str] | Non
     return messages
 
 
+# The turns that ask the model for its next answer: a user's, or a tool's result after the model's call.
+ASKING_ROLES = ("user", "tool")
+
+
 def split_prompt(messages: Messages) -> tuple[Messages, str | None]:
-    """The turns up to the last user turn, and the first assistant answer after it (if any)."""
-    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-    if last < 0:
+    """The turns up to the last user or tool turn (a tool call and its result after the last user turn are
+    the prompt too: the model answers them), and the first assistant answer after it (if any)."""
+    if not any(m["role"] == "user" for m in messages):
         raise InvalidRowError("no_user_turn")
+    last = max(i for i, m in enumerate(messages) if m["role"] in ASKING_ROLES)
     answer = next((m["content"] for m in messages[last + 1 :] if m["role"] == "assistant"), None)
     return messages[: last + 1], answer
 
