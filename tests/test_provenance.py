@@ -401,6 +401,38 @@ def test_a_server_down_at_start_comes_in_only_with_the_runs_checkpoint(write_jso
         assert served == 0 and view["retired"]
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
+def test_a_server_restarted_on_another_checkpoint_while_out_is_retired(write_jsonl, tmp_path):
+    """A server goes down mid-run and comes back on another model_path with the same weight_version (SGLang
+    says "default" unless told): it is asked again when it answers, and retired; it wrote rows under the
+    identity it had before (51 of them in the reproduction)."""
+    same = {"weight_version": "default", "max_running": 4, "token_latency": 0.005}  # 400 rows take ~8 s
+    a, b = _sim(1, model_path="/ckpt/step-1000", **same), free_ports(1)[0]
+    before = SimConfig(ports=(b,), health_delay=0.0, model_path="/ckpt/step-1000", **same)
+    after = SimConfig(ports=(b,), health_delay=0.0, model_path="/ckpt/step-2000", **same)
+    out = tmp_path / "run"
+
+    async def scenario() -> tuple[Any, int]:
+        async with await start_fleet(a) as first:
+            second = await start_fleet(before)
+            urls = (*first.urls, f"http://127.0.0.1:{b}")
+            config = RunConfig(input=write_jsonl(prompts(400)), out=out, servers=urls, max_tokens=16, progress="off",
+                               retry=RetryPolicy.testing())  # fmt: skip
+            run = asyncio.create_task(run_async(config))
+            await asyncio.to_thread(wait_for_lines, out / "completions.jsonl", 20, 60)
+            await second.__aexit__(None, None, None)
+            async with await start_fleet(after) as redeployed:
+                outcome = await run
+                return outcome, redeployed.stats[b].requests
+
+    outcome, served = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert outcome.exit_code == 0 and outcome.summary["completed"] == 400
+    assert served == 0, "the redeployed server got rows"
+    [fingerprint] = {c["fingerprint"] for c in checkpoints(out).values()}
+    assert {r["checkpoint"] for r in read_jsonl(out / "completions.jsonl")} == {fingerprint}
+    assert outcome.summary["servers"][f"http://127.0.0.1:{b}"]["retired"]
+
+
 def test_export_of_two_checkpoints_conversations_keeps_both(write_jsonl, tmp_path):
     """--turns all runs of two checkpoints over the same conversations: each conversation once per checkpoint,
     complete, its turns all from that checkpoint."""

@@ -7,6 +7,9 @@ up, although `/v1/*` already serves), and fails with "connection refused" while 
 A server that was down at start has told nothing of what it serves: when it first answers, it is asked
 (fleet.probe), and it comes in only when it serves one of the identities the fleet's other servers reported
 (and the manifest lists); otherwise it is retired, so that no line names a checkpoint the manifest does not.
+A server that comes back from an outage is asked again: restarted on another checkpoint (a new
+`model_path` under the same served name, a `weight_version` left at SGLang's "default"), it is retired, so
+that none of its answers is written under the identity it had before.
 """
 
 from __future__ import annotations
@@ -32,14 +35,27 @@ async def probe_once(client: Client, server: ServerState, pool: ServerPool | Non
         await client.get_json(server.url, "/v1/models", PROBE_TIMEOUT)
     except RequestError:
         return False
-    return server.identity is not None or pool is None or await identify(client, server, pool)
+    return pool is None or await identify(client, server, pool)
 
 
 async def identify(client: Client, server: ServerState, pool: ServerPool) -> bool:
-    """Learn what a server down at start serves; one whose identity none of the fleet's servers has is retired."""
+    """Learn what a server coming (back) into service serves. One down at start must serve an identity of
+    the fleet's servers; one that had an identity must serve the same. Otherwise it is retired."""
     try:
         found = (await probe(client, server.url)).identity
     except RequestError:
+        return False
+    before = server.identity
+    if before is not None:
+        if found is None or before.same_checkpoint(found):
+            return True
+        log.warning(
+            "%s came back serving %s, not %s as before (redeployed while out of service): left out of the run",
+            server.url,
+            found.label(),
+            before.label(),
+        )
+        pool.retire(server)
         return False
     known = {s.identity.fingerprint for s in pool.servers if s.identity is not None}
     if found is None or not known or found.fingerprint in known:
