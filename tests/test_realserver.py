@@ -129,11 +129,18 @@ def test_check_passes_against_the_real_fleet(servers, tokenizer, write_jsonl, tm
     assert all((s["capacity"], s["capacity_source"]) == (8, "reported") for s in report["fleet"]), report["fleet"]
 
 
-# Known bug, kept visible: --turns all can deadlock when the conversations in flight exceed the places of the
-# servers in service (reproduced on the simulator with one dead server of three). Here, on a loaded machine with
-# both llama-servers up, it timed out in 2 of 4 runs of this module this session. Not strict: it passes when
-# it does not hang.
-@pytest.mark.xfail(strict=False, reason="--turns all deadlock with a server out of service (open issue)")
+def tokenized_alike(url: str, tokenizer: str, text: str) -> bool:
+    """Whether llama-server at `url` splits `text` into the tokens the model's Hugging Face tokenizer does."""
+    import urllib.request
+
+    from tokenizers import Tokenizer
+
+    request = urllib.request.Request(f"{url}/tokenize", orjson.dumps({"content": text}), method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        theirs = orjson.loads(answer.read())["tokens"]
+    return bool(theirs == Tokenizer.from_file(f"{tokenizer}/tokenizer.json").encode(text, add_special_tokens=False).ids)
+
+
 def test_whole_conversations_are_regenerated_with_exact_counts(servers, tokenizer, write_jsonl, tmp_path):
     """--turns all on llama.cpp: every turn of every conversation answered once, counted exactly (the
     history holds the server's own earlier answers), each turn asked with the answers written before it."""
@@ -149,7 +156,14 @@ def test_whole_conversations_are_regenerated_with_exact_counts(servers, tokenize
     lines = {(r["id"], r["sample"], r["turn"]): r for r in read_jsonl(out / "completions.jsonl")}
     turns = sum(len(split_turns(r["messages"])) for r in rows) * 2
     assert len(lines) == turns == outcome.summary["completed"]
-    assert all(r["prompt_tokens"] == r["input_tokens"] for r in lines.values())  # the server's count is ours
+    # the server's count is ours wherever it tokenizes the history's answers as the model's tokenizer does:
+    # the random model's text (split UTF-8 bytes, rare scripts) is where llama.cpp's own tokenizer differs from
+    # the Hugging Face one that SGLang and vLLM use (seen: 1-2 tokens, on 2-3 lines of 84)
+    answers = {r["completion"] for r in lines.values()}
+    alike = {a: tokenized_alike(servers[0].url, tokenizer, a) for a in answers}
+    exact = [r for r in lines.values() if all(alike.get(m["content"], True) for m in r["messages"])]
+    assert len(exact) >= len(lines) // 2, f"{len(exact)} of {len(lines)} lines with histories llama.cpp splits alike"
+    assert all(r["prompt_tokens"] == r["input_tokens"] for r in exact)
     for (rid, s, t), r in lines.items():
         if t:
             before = lines[(rid, s, t - 1)]

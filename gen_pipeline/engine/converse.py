@@ -55,7 +55,7 @@ class TurnDispatch:
     async def until_tail(self, pool: ServerPool) -> None:
         """Once the input is read, wait until the turns left fit the fleet at once, then begin the tail (the
         balancer then keeps requests off busy servers: ServerPool.backlog)."""
-        self._tail_at = pool.slots()
+        self._tail_at = pool.serving_slots()
         self._pay(0)
         await self._tail.wait()
         pool.backlog = lambda: self.owed

@@ -54,6 +54,11 @@ class ServerPool:
         """Requests the fleet takes at once: each server's running slots and queue margin."""
         return sum(s.limit for s in self.servers)
 
+    def serving_slots(self) -> int:
+        """The same over the servers in service now (a dead server's guessed capacity runs nothing)."""
+        now = self.clock()
+        return sum(s.limit for s in self.servers if now >= s.down_until)
+
     def pick(
         self,
         exclude: frozenset[str] = frozenset(),
@@ -86,7 +91,9 @@ class ServerPool:
         )
         if (held := self._preferred(prefer, avoid, now)) is not None:  # its prefix cache holds the prompt
             if home:
-                if held.available(now, own_home=True) and not (tail and held.taken(own_home=True) >= held.capacity):
+                # a next turn uses the room kept for it: in the tail it waits only while the capacity runs (kept
+                # room can fill the queue margin too, and counting it there refused every lease: a hang)
+                if held.available(now, own_home=True) and not (tail and held.in_flight >= held.capacity):
                     return held
             else:
                 return held if any(self.servers[i] is held for *_, i in candidates) else None  # else wait for it
