@@ -145,3 +145,20 @@ def check_invariant(input_ids: list[Any], out: Path) -> dict[str, Any]:
 
 def replace(cfg: Any, **kw: Any) -> Any:
     return dataclasses.replace(cfg, **kw)
+
+
+def assert_regenerated(rows: list[dict[str, Any]], out: Path, samples: int) -> dict[tuple[Any, int, int], Any]:
+    """A `--turns all` run's lines: every (id, sample, turn) once, each turn asked with the answers recorded
+    for the turns before it, and counted as the server counted it. The lines by key."""
+    from gen_pipeline.send.turns import answer_turn, split_turns
+
+    done = [r for path in RunDir(out).completion_files() for r in read_jsonl(path)]
+    lines = {(r["id"], r["sample"], r["turn"]): r for r in done}
+    assert len(lines) == len(done) == samples * sum(len(split_turns(r["messages"])) for r in rows)
+    for (rid, s, t), r in lines.items():
+        assert r["prompt_tokens"] == r["input_tokens"], (rid, s, t)
+        if t:
+            before = lines[(rid, s, t - 1)]
+            history = [*before["messages"], answer_turn(before["completion"], before.get("reasoning_content"))]
+            assert r["messages"][: len(history)] == history, (rid, s, t)
+    return lines

@@ -200,3 +200,28 @@ def test_a_prompt_over_the_servers_input_cap_is_over_length_unsent(write_jsonl, 
     assert sum(s.length_errors for s in fleet.stats.values()) == 0
     [skipped] = read_jsonl(tmp_path / "out" / "failures.jsonl")
     assert "the servers refuse inputs of 594 tokens or more" in skipped["detail"]
+
+
+CAPACITY_TABLE = [
+    ({"max_running_requests": 48}, {}, (48, "reported")),
+    ({"max_running_requests": 2048, "max_total_num_tokens": 8192}, {}, (8192 // 64, "token pool")),
+    ({"max_running_requests": 8, "max_total_num_tokens": 10**6}, {}, (8, "reported")),
+    ({"max_total_num_tokens": 100_000}, {"max_tokens": 10_000}, (100_000 // 4096, "token pool")),
+    ({}, {}, (64, "default")),
+    ({"max_running_requests": 48}, {"concurrency": 5}, (5, "--concurrency")),
+]
+
+
+@pytest.mark.parametrize(("reports", "settings", "want"), CAPACITY_TABLE)
+def test_capacity_table(tmp_path, reports, settings, want):
+    """Where each server's capacity comes from: --concurrency, what it reports (capped by its KV pool, whose
+    admitted requests each reserve max_tokens clipped at 4096), and the default only when it says nothing."""
+    from gen_pipeline.fleet.capacity import guess_warning, server_capacity
+    from gen_pipeline.fleet.discovery import ServerInfo
+
+    settings = {"max_tokens": 64, **settings}
+    config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path / "out", servers=("127.0.0.1:1",), **settings)
+    found = server_capacity(config, ServerInfo("s", "m", 8192, **reports))
+    assert (found.requests, found.source) == want
+    warning = guess_warning(["s"] if found.source == "default" else [])
+    assert (warning is not None) == (want[1] == "default") and (warning is None or "is a guess" in warning)

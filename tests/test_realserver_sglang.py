@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
-from e2e import WEATHER_TOOL, prompts, read_jsonl
+from e2e import WEATHER_TOOL, assert_regenerated, conversation_rows, prompts, read_jsonl
 from provenance_checks import OUTPUT_SETTINGS, assert_manifest_matches_servers
 
 from gen_pipeline.config import RetryPolicy, RunConfig
@@ -221,6 +221,19 @@ def test_samples_go_through_n(servers, write_jsonl, tmp_path):
     assert outcome.summary["token_drift"]["differed"] == 0
     done = read_jsonl(out / "completions.jsonl")
     assert sorted({r["sample"] for r in done}) == [0, 1, 2]
+
+
+def test_whole_conversations_are_regenerated_turn_by_turn(servers, write_jsonl, tmp_path):
+    """--turns all with two samples: every turn answered once by SGLang, asked with its own earlier answers,
+    counted exactly; the next turns hit the prefix cache of the server that answered the last."""
+    rows = conversation_rows(6)
+    out = tmp_path / "out"
+    outcome = _run(_config(write_jsonl(rows), out, servers, turns="all", samples=2))
+    assert outcome.exit_code == 0 and outcome.summary["failed"] == {}, outcome.summary
+    lines = assert_regenerated(rows, out, samples=2)
+    assert outcome.summary["token_drift"]["differed"] == 0
+    later = [r for (_, _, t), r in lines.items() if t]
+    assert sum(v["cached_tokens"] for v in outcome.summary["servers"].values()) > 0 and later
 
 
 def test_check_reports_the_real_limits(servers, write_jsonl):

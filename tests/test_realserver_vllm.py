@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from e2e import prompts, read_jsonl, shape_rows
+from e2e import assert_regenerated, conversation_rows, prompts, read_jsonl, shape_rows
 from provenance_checks import assert_manifest_matches_servers
 
 from gen_pipeline.config import DEFAULT_SAFETY_MARGIN, RetryPolicy, RunConfig
@@ -79,6 +79,17 @@ def test_every_request_shape_counts_exactly(server, write_jsonl, tmp_path):
     assert all(r["input_tokens"] + r["max_tokens"] <= CTX - DEFAULT_SAFETY_MARGIN for r in done)
     assert orjson.loads((out / "manifest.json").read_bytes())["server_kind"] == "vllm"
     assert_manifest_matches_servers(out, [server])  # its model path (the card's root) and /version, each line's
+
+
+def test_whole_conversations_are_regenerated_turn_by_turn(server, write_jsonl, tmp_path):
+    """--turns all with two samples on vLLM: every turn answered once, asked with its own earlier answers and
+    counted exactly as the server counts it."""
+    rows = conversation_rows(6)
+    out = tmp_path / "out"
+    outcome = _run(_config(write_jsonl(rows), out, server, turns="all", samples=2, max_tokens=8))
+    assert outcome.exit_code == 0 and outcome.summary["failed"] == {}, outcome.summary
+    assert_regenerated(rows, out, samples=2)
+    assert outcome.summary["token_drift"]["differed"] == 0
 
 
 def test_an_input_over_the_context_gets_vllms_400_with_its_numbers(server, write_jsonl, tmp_path):
