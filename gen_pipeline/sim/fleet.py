@@ -77,7 +77,7 @@ def light_counter(config: SimConfig, counter: HFTokenCounter) -> FastTokenCounte
         template = ChatTemplate(*parts)
     except Exception as exc:  # a template jinja cannot compile
         raise ConfigError(f"simulator: cannot compile the chat template of {config.tokenizer!r}: {exc}") from exc
-    return FastTokenCounter(counter.tokenizer.backend_tokenizer, template, config.tokenizer)
+    return FastTokenCounter(counter.tokenizer.backend_tokenizer, template, config.tokenizer, whole=True)
 
 
 def free_ports(n: int) -> list[int]:

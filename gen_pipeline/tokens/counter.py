@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, RequestShapeError
 from .conversation import ChatInput, ServerView, flat_tools, server_view
+from .pieces import PieceLengths
 from .render import ChatTemplate, compile_template
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ class HFTokenCounter:
         self.chat_template: Any = tokenizer.chat_template
         self.server = server
         self.content_format = content_format_of(self.chat_template)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.pieces = PieceLengths(backend, encoded_lengths) if backend is not None else None
 
     def count(self, conversations: Sequence[ChatInput]) -> list[int | str]:
         """Render every conversation, then encode all of them in one call."""
@@ -125,9 +128,8 @@ class HFTokenCounter:
         """Token counts of rendered prompts, without adding special tokens again."""
         if not texts:
             return []
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:  # the Rust tokenizer directly: half the cost of the Python wrapper
-            return encoded_lengths(backend, texts)
+        if self.pieces is not None:  # the Rust tokenizer directly: half the cost of the Python wrapper
+            return self.pieces(texts)
         ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
         return [len(x) for x in ids["input_ids"]]
 
@@ -135,15 +137,19 @@ class HFTokenCounter:
 class FastTokenCounter:
     """A `tokenizers.Tokenizer` from tokenizer.json plus the folder's chat template, no transformers."""
 
-    def __init__(self, tokenizer: Any, template: ChatTemplate, name: str) -> None:
+    def __init__(self, tokenizer: Any, template: ChatTemplate, name: str, whole: bool = False) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.chat_template: Any = template.source
         self.name = name
+        # `whole`: encode every text whole (the simulator, which must count as a server does, not as we do)
+        self.pieces: Callable[[list[str]], list[int]] = PieceLengths(tokenizer, encoded_lengths)
+        if whole:
+            self.pieces = lambda texts: encoded_lengths(tokenizer, texts)
 
     def count(self, conversations: Sequence[ChatInput]) -> list[int | str]:
-        """Render every conversation, then encode the rendered ones ENCODE_CHARS at a time."""
-        return count_rendered(conversations, self.template.render, lambda texts: encoded_lengths(self.tokenizer, texts))
+        """Render every conversation, then encode the rendered ones (a long one by its pieces: pieces.py)."""
+        return count_rendered(conversations, self.template.render, self.pieces)
 
 
 class TransformersFallback:
