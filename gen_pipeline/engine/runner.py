@@ -365,7 +365,7 @@ async def _run_locked(
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats, fleet.input_limit())
     found = resume.files.get(RunDir(config.out).writer().completions.name)
-    writer = RunWriter(config.out, config.fsync_interval, None, found)
+    writer = RunWriter(config.out, config.fsync_interval, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
     tracker = MarkTracker()
     keeper = (

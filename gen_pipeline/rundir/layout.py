@@ -42,7 +42,8 @@ SHARDS_DIR = "shards"
 CLAIMERS_DIR = "claimers"
 CLAIM_LOCK = ".claim"
 SETTLED = "settled.json"
-# completions-00003.jsonl, status-00003.json, ...: what worker 3 of `--workers K` writes
+# completions-00003.jsonl, status-00003.json, ...: what static worker 3 of an older version's `--workers K`
+# wrote; read on resume and by `status`, never written
 _WORKER_FILE = re.compile(r"(completions|failures|status|summary)-(\d{5})\.(jsonl|json)")
 
 
@@ -55,7 +56,16 @@ class Writer:
     status: Path
     summary: Path
     lock: Path  # held while the files are written
-    worker: int | None = None  # None: the run's only writer (or the parent of --workers)
+
+
+@dataclass(frozen=True)
+class OldWorker:
+    """What static worker `index` of an older version's `--workers K` left besides its output and ledger
+    (those are found by `completion_files` and `failure_files`): names to read, never to write."""
+
+    status: Path
+    summary: Path
+    lock: Path  # held while it wrote; nothing takes it now, but a run refuses to start while it is held
 
 
 @dataclass(frozen=True)
@@ -90,11 +100,17 @@ class RunDir:
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
 
-    def writer(self, worker: int | None = None) -> Writer:
-        """The files of the run's single writer, or of worker `worker` of `--workers K`."""
-        tag = "" if worker is None else f"-{worker:05d}"
-        c, f, st, su = (self.root / n.replace(".", f"{tag}.", 1) for n in (COMPLETIONS, FAILURES, STATUS, SUMMARY))
-        return Writer(c, f, st, su, self.root / f"{LOCK}{tag}", worker)
+    def writer(self) -> Writer:
+        """The files of the run's single writer (a claimed shard's are `shard(index).writer`)."""
+        return Writer(
+            self.root / COMPLETIONS, self.root / FAILURES, self.root / STATUS, self.root / SUMMARY, self.lock_path
+        )
+
+    def old_worker(self, index: int) -> OldWorker:
+        """The status, summary and lock names of static worker `index` of an older version (read only)."""
+        tag = f"-{index:05d}"
+        status, summary = (self.root / n.replace(".", f"{tag}.", 1) for n in (STATUS, SUMMARY))
+        return OldWorker(status, summary, self.root / f"{LOCK}{tag}")
 
     def shard(self, index: int) -> ShardDir:
         """The folder and files of claimed shard `index`."""

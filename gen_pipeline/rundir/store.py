@@ -218,11 +218,9 @@ def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool
 class RunWriter:
     """Appends completions and ledger entries, one flushed line per write, fsync on an interval (in a thread)."""
 
-    def __init__(
-        self, out: Path, fsync_interval: float, worker: int | None = None, found: FileKeys | None = None
-    ) -> None:
-        """The files of `worker` (None: the single writer); `found`: what the resume scan read of our
-        completions file, to keep its index current."""
+    def __init__(self, out: Path, fsync_interval: float, found: FileKeys | None = None) -> None:
+        """The single writer's files of run directory `out` (a claimed shard's writer passes the shard's
+        folder); `found`: what the resume scan read of our completions file, to keep its index current."""
         self.fsync_interval = fsync_interval
         self._files: dict[str, IO[bytes]] = {}
         self._last_sync = time.monotonic()
@@ -230,7 +228,7 @@ class RunWriter:
         self._out = out
         self._fsync_thread: ThreadPoolExecutor | None = None
         self._fsyncing: Future[None] | None = None
-        files = RunDir(out).writer(worker)
+        files = RunDir(out).writer()
         for name, path in ((COMPLETIONS, files.completions), (FAILURES, files.failures)):
             try:
                 self._files[name] = path.open("ab")

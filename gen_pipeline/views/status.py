@@ -181,12 +181,13 @@ def _gone(updated: float, last_known: str, now: float) -> list[str]:
     ]
 
 
-# generate --workers K
+# an older version's static `generate --workers K` (its files are read, never written)
 
 
 @dataclass(frozen=True)
 class Worker:
-    """One `generate --workers K` process, as its status-KKKKK.json and summary-KKKKK.json show it."""
+    """One static worker of an older version's `generate --workers K`, as its status-KKKKK.json and
+    summary-KKKKK.json show it."""
 
     index: int
     status: dict[str, Any]
@@ -198,12 +199,12 @@ class Worker:
 
 
 def read_workers(run: Path, now: float) -> list[Worker]:
-    """The workers of the newest --workers run, by index (none for a single-process run)."""
+    """The static workers of the newest --workers run of an older version, by index (none for any other run)."""
     workers = []
     rundir = RunDir(run)
     for index, path in sorted(rundir.worker_status_files().items()):
         if (status := read_json(path)) is not None:
-            files = rundir.writer(index)
+            files = rundir.old_worker(index)
             alive = is_held(files.lock)
             workers.append(Worker(index, status, run_state(status, _mtime(files.summary), now, alive)))
     # generate writes .lock when it starts; once one worker has reported since, older files are an earlier run's
