@@ -369,9 +369,7 @@ async def _run_locked(
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
     tracker = MarkTracker()
     keeper = (
-        None
-        if config.limit is not None
-        else cursor.CursorKeeper(config.out, config.input, None, resumed, config.samples)
+        None if config.limit is not None else cursor.CursorKeeper(config.out, config.input, resumed, config.samples)
     )
     marks = None if keeper is None else InputCursor(keeper, tracker, reader.source)
     warnings: list[str] = []
