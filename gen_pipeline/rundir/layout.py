@@ -3,11 +3,13 @@
     DIR/
       manifest.json             the settings that make two runs comparable; resuming with others is refused
       .lock                     held (flock) by the process that runs here (the parent under --workers)
-      .lock-KKKKK               held by worker K while it writes its files
       completions.jsonl         a single-process run's output: one line per finished prompt
       failures.jsonl            its ledger: one line per failure; the newest entry per id decides
       status.json summary.json  its live snapshot and its last figures
-      completions-KKKKK.jsonl   worker K of a static `generate --workers` run of an earlier version (read only)
+      completions-KKKKK.jsonl   an older version's files, read on resume and by `status`, never written: what
+      failures-KKKKK.jsonl      static worker K of its `generate --workers` wrote (output, ledger, status,
+      status-KKKKK.json ...     summary); .lock-KKKKK is the lock it held while it wrote (a run refuses to
+                                start while one is still held)
       shards/SSSSS/             claimed shard S (claims.py): .claim (its lock), completions.jsonl,
                                 failures.jsonl, settled.json (its marker, once every row in it is settled)
       claimers/ID.json          a claimer's live status; ID.lock held while it lives; ID-summary.json
