@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# How `generate` ends (cli.py's docstring says what each means; 3, 4, 5 and 130 leave a resumable directory).
+# How `generate` ends (cli/__init__.py's docstring says what each means; 3, 4, 5 and 130 leave a resumable directory).
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2

@@ -186,7 +186,7 @@ def show(progress: Progress, stats: RunStats, extra: str = "") -> None:
 
 
 def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
-    """The status.json document (schema in gen_pipeline/status.py)."""
+    """The status.json document (schema in views/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
     updated = time.time()

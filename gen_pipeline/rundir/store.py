@@ -1,6 +1,6 @@
 """The output file is the checkpoint: appending lines, reading them back on resume, the manifest check.
 
-Which files there are is rundir.py's (RunDir); who may write them, locks.py's. On open, existing lines
+Which files there are is layout.py's (RunDir); who may write them, locks.py's. On open, existing lines
 are scanned into compact key sets; a torn last line (a crash mid-write) is moved aside into `<file>.torn`,
 never parsed as data.
 """
