@@ -32,7 +32,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
         raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
     make_dir(config.out)
-    if claimed(config):  # claimed shards: many processes share the directory (claims.py)
+    if claimed(config):  # claimed shards: many processes share the directory (shards/claims.py)
         return await run_claimer(config, counter, handle_signals)
     return await run_single(config, counter, handle_signals)
 

@@ -27,7 +27,7 @@ STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
 # smooth the ups and downs of generation lengths, short enough to follow a server going down.
 ETA_WINDOW = 120.0
 RATE_SAMPLE = 1.0  # seconds between the samples the window is made of
-# Upper bounds (seconds) of the request-latency histogram (metrics.py's gen_pipeline_request_seconds).
+# Upper bounds (seconds) of the request-latency histogram (engine/metrics.py's gen_pipeline_request_seconds).
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
 
 

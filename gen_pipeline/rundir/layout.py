@@ -10,7 +10,7 @@
       failures-KKKKK.jsonl      static worker K of its `generate --workers` wrote (output, ledger, status,
       status-KKKKK.json ...     summary); .lock-KKKKK is the lock it held while it wrote (a run refuses to
                                 start while one is still held)
-      shards/SSSSS/             claimed shard S (claims.py): .claim (its lock), completions.jsonl,
+      shards/SSSSS/             claimed shard S (shards/claims.py): .claim (its lock), completions.jsonl,
                                 failures.jsonl, settled.json (its marker, once every row in it is settled)
       claimers/ID.json          a claimer's live status; ID.lock held while it lives; ID-summary.json
       .index/                   resume caches (deleting it is always safe)

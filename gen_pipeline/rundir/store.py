@@ -129,7 +129,7 @@ class ResumeState:
     files: dict[str, FileKeys] = field(default_factory=dict)  # output file name -> what it holds
     samples: int = 1  # the run's --samples: a row is settled when all of them are
     later_samples_ledgered: bool = False  # a ledger entry names a sample or turn > 0 (the cursor checks key 0 only)
-    turns: bool = False  # --turns all: a row's settledness needs its turns (the row parsed: reader._settle)
+    turns: bool = False  # --turns all: a row's settledness needs its turns (the row parsed: engine.reader._settle)
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None:
         """Why this (id, sample) key needs no request now ("done", or its permanent reason), or None."""

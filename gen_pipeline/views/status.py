@@ -1,6 +1,6 @@
 """`status.json` and `gen-pipeline status DIR`: how a run is doing, seen from another terminal.
 
-While it runs, the pipeline replaces DIR/status.json every few seconds (atomically, `summary.write_status`):
+While it runs, the pipeline replaces DIR/status.json every few seconds (atomically, `engine.summary.write_status`):
 
     {
       "updated": 1732900000.0,        # epoch seconds of this snapshot
@@ -24,7 +24,7 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
         }
       },
       "last_error": {"timeout": "http://10.0.0.1:30003: request timed out"},  # newest text per reason
-      "alerts": ["stalled: no completion for 12m 00s"]   # what alerts.py flags now (none: [])
+      "alerts": ["stalled: no completion for 12m 00s"]   # what progress/alerts.py flags now (none: [])
     }
 
 `gen-pipeline status DIR` prints it. Whether the process still runs is read from its lock: a status.json
@@ -213,7 +213,7 @@ def read_workers(run: Path, now: float) -> list[Worker]:
 
 
 def merge_workers(workers: list[Worker]) -> dict[str, Any]:
-    """The workers' status files as one status.json document (how each field adds up: summary.STATUS_RULES)."""
+    """The workers' status files as one status.json document (how each field adds up: engine.summary.STATUS_RULES)."""
     return merge_statuses([w.status for w in workers], [w.status for w in workers if w.state == "running"])
 
 
