@@ -39,7 +39,7 @@ from .progress.display import in_notebook
 
 def api_config(input: str | Path, out: str | Path, servers: str | Sequence[str], options: dict[str, Any]) -> RunConfig:
     """The RunConfig the command line would build from the same options (one process: no `workers`)."""
-    if options.get("workers", 1) != 1 or options.get("shard") is not None:
+    if options.get("workers", 1) != 1:
         raise ConfigError("workers: the Python API runs one process; use the command line (generate --workers K)")
     options.setdefault("api_key", os.environ.get(API_KEY_ENV) or None)
     return build_config(input, out, servers=servers, **options)

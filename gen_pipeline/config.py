@@ -194,7 +194,7 @@ class RunConfig:
         max_tokens: the default output budget; a row's own max_tokens caps it further.
         min_tokens: below this many tokens of room a prompt is not sent (ledger: over_length).
         safety_margin: tokens kept free beyond the exact count.
-        concurrency: requests in flight per server; None means what each server says (capacity.py: its
+        concurrency: requests in flight per server; None means what each server says (fleet/capacity.py: its
             running slots, capped by its KV token pool), else DEFAULT_CONCURRENCY.
         queue_margin: requests kept queued on a server beyond the running ones it reports, so a finished
             request is replaced without a round trip; None means the balancer's default (0 with --concurrency).
@@ -213,7 +213,7 @@ class RunConfig:
             "requests" (one request per sample, all on one server so its prefix cache serves the prompt).
         thinking_budget: the server's thinking-token budget to send (None: none sent).
         turns: "last" (answer each row's last user turn) or "all" (replay each row's conversation, every
-            user turn answered by the target with its own earlier answers as history; turns.py).
+            user turn answered by the target with its own earlier answers as history; send/turns.py).
         limit: read only the first `limit` lines of the input (None: all of it).
         system_prompt: a system turn put first in every row that has none (counted and sent like the rest).
         tools / chat_template_kwargs: the OpenAI tools list and template switches of every row that has
@@ -261,22 +261,22 @@ class RunConfig:
     grace_period: float = DEFAULT_GRACE_PERIOD
     fsync_interval: float = DEFAULT_FSYNC_INTERVAL
     progress: str = "auto"
-    # processes: `workers` > 1 starts that many claimer processes on this node (workers.py)
+    # processes: `workers` > 1 starts that many claimer processes on this node (shards/workers.py)
     workers: int = 1
-    # claimed shards (claims.py): `shards` = V of a new run directory, `join` = claim beside other processes,
+    # claimed shards (shards/claims.py): `shards` = V of a new run directory, `join` = claim beside other processes,
     # `share` = how many claimers of one node split each server's capacity (--workers K sets K)
     shards: int | None = None
     join: bool = False
     share: int = 1
-    # observing (metrics.py): /metrics on metrics_host:metrics_port, the textfile metrics_file; every series
+    # observing (engine/metrics.py): /metrics on metrics_host:metrics_port, the textfile metrics_file; every series
     # carries worker=metrics_worker (set by --workers K for each claimer)
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     metrics_file: Path | None = None
     metrics_worker: str = "0"
-    # cost (cost.py): GPUs behind each server, for GPU-hours in summary.json
+    # cost (progress/cost.py): GPUs behind each server, for GPU-hours in summary.json
     gpus_per_server: int = 1
-    # alerts (alerts.py): no completion for stall_minutes is a stall; on_stall runs once per stall
+    # alerts (progress/alerts.py): no completion for stall_minutes is a stall; on_stall runs once per stall
     stall_minutes: float = 10.0
     on_stall: str | None = None
 
@@ -331,7 +331,7 @@ class RunConfig:
             raise ConfigError(f"--sampling may not set {sorted(reserved & self.sampling.keys())}")
 
     def capacity_for(self, total: int) -> int:
-        """This process's part of a server's capacity of `total` requests (capacity.server_capacity): the
+        """This process's part of a server's capacity of `total` requests (fleet.capacity.server_capacity): the
         claimers of one node (--workers K) share it, each taking its part (rounded up)."""
         return -(-total // self.share)
 

@@ -17,7 +17,7 @@
         │   ├── RequestTimeout       no complete answer within the request timeout      -> "timeout"
         │   ├── OverloadedError      429, or 503 such as "The request queue is full."   -> "server_error"
         │   ├── ServerError          500, 502, 504 and any other 5xx; malformed 200     -> "server_error"
-        │   │                        ("poison" when every server that answers us fails this row: requests.py)
+        │   │                        ("poison" when every server that answers us fails this row: send/requests.py)
         │   │   └── ResponseTooLargeError  a body over the cap (MAX_RESPONSE_BYTES, 64 MiB)  -> "server_error"
         │   ├── EmptyCompletionError a 200 with no content and no reasoning             -> "empty_completion"
         │   └── WrongModelError      a 200 whose `model` names another model            -> "wrong_model"
@@ -32,14 +32,14 @@
 
 `reason` on each request error is the ledger reason a final failure of that kind is written under.
 EmptyCompletionError and WrongModelError count against the server and move the row elsewhere like a 5xx;
-their reasons are permanent only when every attempt of the row ended that way (requests.py).
+their reasons are permanent only when every attempt of the row ended that way (send/requests.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# How `generate` ends (cli.py's docstring says what each means; 3, 4, 5 and 130 leave a resumable directory).
+# How `generate` ends (cli/__init__.py's docstring says what each means; 3, 4, 5 and 130 leave a resumable directory).
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2

@@ -1,10 +1,10 @@
 """Which way `generate` runs, chosen here and nowhere else.
 
-- single: one process holds the run directory's lock and runs the whole input (pipeline.run_single);
+- single: one process holds the run directory's lock and runs the whole input (engine.runner.run_single);
 - claimer: one of any number of processes claiming the shards of a claimed-shard run directory
-  (claimrun.run_claimer): with --join, --shards, or in a directory made with shards;
+  (shards.run.run_claimer): with --join, --shards, or in a directory made with shards;
 - supervisor: `--workers K` starts K claimer processes on this node and merges what they report
-  (workers.run_workers); each of them is a claimer started with --parent-fd.
+  (shards.workers.run_workers); each of them is a claimer started with --parent-fd.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
         raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
     make_dir(config.out)
-    if claimed(config):  # claimed shards: many processes share the directory (claims.py)
+    if claimed(config):  # claimed shards: many processes share the directory (shards/claims.py)
         return await run_claimer(config, counter, handle_signals)
     return await run_single(config, counter, handle_signals)
 

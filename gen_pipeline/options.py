@@ -1,6 +1,6 @@
 """`generate`'s options as its flags and the Python API write them, turned into one RunConfig.
 
-The command line (cli.py) and `gen_pipeline.generate` both call `build_config`, so a flag and a keyword
+The command line (cli/generate.py) and `gen_pipeline.generate` both call `build_config`, so a flag and a keyword
 mean the same thing: server strings, JSON text or objects, "@FILE" system prompts, tools files.
 """
 

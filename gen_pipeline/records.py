@@ -102,7 +102,7 @@ def parsed_id(raw: bytes) -> RowId | None:
         row = orjson.loads(raw)
     except (orjson.JSONDecodeError, UnicodeDecodeError):
         return None
-    if isinstance(row, dict) and "custom_id" in row and "body" in row:  # an OpenAI Batch line (rows.is_batch_line)
+    if isinstance(row, dict) and "custom_id" in row and "body" in row:  # OpenAI Batch line (inputs.rows.is_batch_line)
         row = {"id": row["custom_id"]}
     rid = row.get("id") if isinstance(row, dict) else None
     return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
@@ -132,7 +132,7 @@ class Prompt:
     tools: list[Any] | None = None  # the OpenAI tools the template gets: the row's own, else the run's
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, likewise
     tool_choice: Any = None  # the tool_choice it is sent with (its sampling's, else the run's): SGLang renders by it
-    turns: list[Messages] | None = None  # --turns all: the segments, one per user turn (turns.split_turns)
+    turns: list[Messages] | None = None  # --turns all: the segments, one per user turn (send.turns.split_turns)
     resume: dict[int, tuple[int, Messages]] = field(default_factory=dict)  # sample -> (first turn, history)
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
@@ -161,7 +161,7 @@ class Completion:
     reasoning_content: str | None = None  # the server's separated thinking; written only when there is one
     tool_calls: list[Any] | None = None  # the answer's own tool calls; written only when it made some
     # what the request carried beside its messages that shapes the answer: tools, chat_template_kwargs,
-    # sampling (requests.shaping_fields); written right after the messages, each only when present
+    # sampling (send.requests.shaping_fields); written right after the messages, each only when present
     request: dict[str, Any] = field(default_factory=dict)
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
     turn: int | None = None  # --turns all: which user turn this answers (its key is samples.place_key)

@@ -148,7 +148,7 @@ def row_samples(row: dict[str, Any], sampling: dict[str, Any] | None) -> tuple[d
 
 
 class Settles(Protocol):
-    """What the resume state answers about one key (store.ResumeState)."""
+    """What the resume state answers about one key (rundir.store.ResumeState)."""
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None: ...
 

@@ -21,7 +21,7 @@ PY = sys.executable
 
 def old_worker_lock(out: Path, index: int, count: int) -> FileLock:
     """The lock a static worker of an older version held while it wrote completions-KKKKK.jsonl."""
-    return FileLock(RunDir(out).writer(index).lock, f" (shard {index}/{count})")
+    return FileLock(RunDir(out).old_worker(index).lock, f" (shard {index}/{count})")
 
 
 def env() -> dict[str, str]:

@@ -203,6 +203,7 @@ def test_run_config_takes_a_server_string_and_str_paths(tmp_path: Path) -> None:
     [
         ({"max_token": 10}, r"unknown option\(s\) \['max_token'\]"),
         ({"workers": 2}, "the Python API runs one process"),
+        ({"shard": (0, 2)}, r"unknown option\(s\) \['shard'\]"),  # the static shards of an older version
         ({"sampling": "{not json"}, "--sampling is not valid JSON"),
         ({"retry_failed": "timeouts"}, "unknown ledger reason"),
         ({"limit": 0}, "--limit must be at least 1"),

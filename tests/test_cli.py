@@ -62,6 +62,18 @@ def test_user_errors_are_one_line_and_exit_1(argv, message, capsys, tmp_path, mo
     assert err.startswith("error: ") and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flag", [["--shard", "0/2"], ["--shard=1/4"], ["--shard"]])
+def test_the_static_shard_flag_of_earlier_versions_is_refused_in_one_line(flag, capsys, tmp_path):
+    """`generate --shard i/K` started a static worker of an earlier version: it exits 2 with one line saying
+    what to use now (argparse took it for an abbreviation of --shards: "invalid int value: '0/2'")."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["generate", "--input", "x", "--out", str(tmp_path / "o"), *flag])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: --shard") and "--workers K" in err and "--shards V" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_unreachable_fleet_exits_1(write_jsonl, tmp_path, capsys):
     """No server answering within --startup-timeout is a clear error."""
     path = write_jsonl(prompts(2))

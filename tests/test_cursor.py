@@ -118,28 +118,26 @@ def test_a_pass_from_the_cursor_equals_a_pass_from_the_top(tmp_path, seed):
     path, out = tmp_path / NAME, tmp_path / "out"
     out.mkdir()
     write_rows(path, random_rows(rng, rng.randint(1, 120), ids))
-    shard = (1, 2) if seed % 2 else None  # odd seeds: worker 1 of 2, which reads every other id
-    mine = (lambda key: key % 2 == 1) if shard else None
     state, done = ResumeState(), set()
-    source = PromptSource(path, state.rows(frozenset()), mine)
+    source = PromptSource(path, state.rows(frozenset()))
     items, marks = read_pass(source)
     settled_prefix = settled_items(settle(items, rng, state, done))
     if settled_prefix == 0:
         pytest.skip("nothing settled before the first row")
     mark = marks[rng.randint(0, settled_prefix - 1)]
-    CursorKeeper(out, path, shard, None).save(mark, source)
+    CursorKeeper(out, path, None).save(mark, source)
     write_rows(path, random_rows(rng, rng.randint(0, 40), [*ids, "new1", "new2"]), "ab")
 
     for retry in (frozenset(), frozenset({"over_length"})):
-        top = PromptSource(path, state.rows(retry), mine)
+        top = PromptSource(path, state.rows(retry))
         want_tally, want_work = view(list(top), state, retry)
-        resumed = cursor.load(out, path, shard, retry, state)
+        resumed = cursor.load(out, path, retry, state)
         before = {i.key for i in items if hasattr(i, "key") and i.line <= mark.line}
         reopened = any(state.last_reason.get(k) in retry for k in before)
         assert (resumed is None) == reopened  # only a --retry-failed that reopens a row refuses it
         if resumed is None:
             continue
-        cur = PromptSource(path, state.rows(retry), mine, start=resumed.start)
+        cur = PromptSource(path, state.rows(retry), start=resumed.start)
         got_tally, got_work = view(list(cur), state, retry)
         got_tally.update(resumed.tallies)
         assert got_work == want_work
@@ -159,13 +157,13 @@ def saved(tmp_path):
     items = list(source)
     state.done = KeySet(i.key for i in items if not isinstance(i, BadRow))
     state.bad_lines = {(NAME, i.line) for i in items if isinstance(i, BadRow)}
-    CursorKeeper(out, path, None, None).save(mark_of(source), source)
+    CursorKeeper(out, path, None).save(mark_of(source), source)
     return path, out, state
 
 
 def test_a_valid_cursor_starts_after_the_settled_rows(saved):
     path, out, state = saved
-    resumed = cursor.load(out, path, None, frozenset(), state)
+    resumed = cursor.load(out, path, frozenset(), state)
     assert resumed is not None
     assert resumed.start.offset == path.stat().st_size and resumed.start.line == 50
     assert resumed.tallies == {"done": 48, "bad_input": 2}
@@ -188,7 +186,7 @@ def _flip_a_byte(path: Path) -> None:
         "lose_completions",
         "lose_ledger",
         "retry_bad_input",
-        "other_shard",
+        "an_old_workers_cursor",
         "corrupt_cursor",
     ],
 )
@@ -196,7 +194,7 @@ def test_any_change_the_cursor_cannot_vouch_for_means_reading_from_the_top(saved
     """The input's bytes, its identity, the output and the ledger are all checked; a cursor that does
     not hold is ignored, never trusted."""
     path, out, state = saved
-    retry, shard = frozenset(), None
+    retry = frozenset()
     if change == "edit_in_place":  # same inode, same size, one byte
         _flip_a_byte(path)
     elif change == "reorder_rows":  # rewritten by a script: same size, other order
@@ -211,12 +209,13 @@ def test_any_change_the_cursor_cannot_vouch_for_means_reading_from_the_top(saved
         state.bad_lines = set()
     elif change == "retry_bad_input":
         retry = frozenset({"bad_input"})
-    elif change == "other_shard":
-        shard = (0, 2)
+    elif change == "an_old_workers_cursor":  # an older version's static worker 0 of 2 kept its own
+        file = cursor.cursor_path(out, path)
+        file.rename(file.with_name(file.name.replace(".all.", ".0of2.")))
     else:
-        file = cursor.cursor_path(out, path, None)
+        file = cursor.cursor_path(out, path)
         file.write_bytes(file.read_bytes()[:-3])
-    assert cursor.load(out, path, shard, retry, state) is None
+    assert cursor.load(out, path, retry, state) is None
 
 
 def test_the_tracker_passes_a_batch_only_when_all_its_prompts_are_settled():
@@ -245,7 +244,7 @@ def test_resume_from_the_cursor_end_to_end(write_jsonl, tmp_path):
     path, out = write_jsonl(rows), tmp_path / "out"
     first, _ = run_sim(path, out)
     assert first.exit_code == 0 and first.summary["completed"] == 60
-    assert cursor.cursor_path(out, path, None).exists()
+    assert cursor.cursor_path(out, path).exists()
     write_rows(path, [*prompts(10, start=60), prompts(1)[0], {"id": 5, "prompt": "another conflict"}], "ab")
     second, fleet = run_sim(path, out)
     assert second.summary["input_cursor"]["line"] == len(rows)
@@ -276,7 +275,7 @@ def test_a_transient_failure_holds_the_cursor_before_its_row(write_jsonl, tmp_pa
     failed = flaky.summary["failed"].get("server_error", 0)
     assert flaky.exit_code == 3 and failed > 0 and flaky.summary["input_cursor"]["line"] == 40
     first_failed = min(r["line"] for r in read_jsonl(out / "failures.jsonl"))
-    head = orjson.loads(cursor.cursor_path(out, path, None).read_bytes().split(b"\n")[0])
+    head = orjson.loads(cursor.cursor_path(out, path).read_bytes().split(b"\n")[0])
     assert 40 <= head["line"] < first_failed
     again, _ = run_sim(path, out, {"n_ports": 2})
     assert again.exit_code == 0 and again.summary["completed"] == failed
@@ -295,18 +294,18 @@ def test_cursors_chained_over_runs_and_saves(tmp_path, seed):
     write_rows(path, random_rows(rng, rng.randint(1, 60), ids))
     state, done = ResumeState(), set()
     for _run in range(3):
-        resumed = cursor.load(out, path, None, frozenset(), state)
+        resumed = cursor.load(out, path, frozenset(), state)
         source = PromptSource(path, state.rows(frozenset()), start=resumed.start if resumed else None)
-        keeper = CursorKeeper(out, path, None, resumed)
+        keeper = CursorKeeper(out, path, resumed)
         items, marks = read_pass(source)
         settled_prefix = settled_items(settle(items, rng, state, done))
         for i in sorted(rng.sample(range(settled_prefix), min(2, settled_prefix))):
             keeper.save(marks[i], source)
         write_rows(path, random_rows(rng, rng.randint(0, 30), [*ids, f"n{_run}"]), "ab")
     want_tally, want_work = view(list(PromptSource(path, state.rows(frozenset()))), state)
-    resumed = cursor.load(out, path, None, frozenset(), state)
+    resumed = cursor.load(out, path, frozenset(), state)
     if resumed is None:
-        assert not cursor.cursor_path(out, path, None).exists()  # no run ever settled its first row
+        assert not cursor.cursor_path(out, path).exists()  # no run ever settled its first row
         return
     cur = PromptSource(path, state.rows(frozenset()), start=resumed.start)
     got_tally, got_work = view(list(cur), state)
@@ -324,7 +323,7 @@ def test_the_cursor_is_saved_while_the_run_goes_on(write_jsonl, tmp_path, monkey
     monkeypatch.setattr(cursor, "INDEX_EVERY", 0.3)
     rows = prompts(300)
     path, out = write_jsonl(rows), tmp_path / "out"
-    file = cursor.cursor_path(out, path, None)
+    file = cursor.cursor_path(out, path)
     seen_lines: list[int] = []
 
     async def watch() -> Any:

@@ -127,7 +127,7 @@ def test_the_writer_keeps_the_index_of_its_file_current(tmp_path):
     path = tmp_path / COMPLETIONS
     path.write_bytes(completion("old").to_line())
     state = scan(tmp_path, repair=False)
-    writer = RunWriter(tmp_path, 1.0, None, state.files[COMPLETIONS])
+    writer = RunWriter(tmp_path, 1.0, state.files[COMPLETIONS])
     for i in range(5):
         writer.write_completion(completion(i))
     writer.close()
@@ -148,7 +148,7 @@ def test_the_writer_keeps_no_index_for_a_file_the_scan_did_not_see_whole(tmp_pat
     found = completion_keys(path, save=False)
     assert not found.complete
     for given in (found, None):  # None: a file that exists but was never scanned
-        writer = RunWriter(tmp_path, 1.0, None, given)
+        writer = RunWriter(tmp_path, 1.0, given)
         assert writer.index is None
         writer.close()
 

@@ -94,7 +94,7 @@ def test_compressed_input_resumes_from_its_cursor(write_jsonl, tmp_path):
     path.write_bytes(gzip.compress(lines_of(rows)))
     first, _ = run_sim(path, out)
     assert first.exit_code == 0 and first.summary["completed"] == 60
-    assert cursor.cursor_path(out, path, None).exists()
+    assert cursor.cursor_path(out, path).exists()
     more = [*prompts(10, start=60), rows[3]]
     with path.open("ab") as f:
         f.write(gzip.compress(lines_of(more)))

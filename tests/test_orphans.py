@@ -82,7 +82,7 @@ def test_a_resume_is_refused_while_an_older_versions_worker_still_writes(write_j
         "import sys; from pathlib import Path; from gen_pipeline.rundir.locks import FileLock\n"
         "FileLock(Path(sys.argv[1]), ' (shard 1/2)').acquire(); print('held', flush=True); sys.stdin.read()"
     )
-    lock = RunDir(out).writer(1).lock
+    lock = RunDir(out).old_worker(1).lock
     worker = subprocess.Popen([PY, "-c", hold, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout is not None and worker.stdout.readline() == "held\n"

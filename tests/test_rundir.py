@@ -7,24 +7,19 @@ from pathlib import Path
 from gen_pipeline.rundir.layout import RunDir, write_json_atomic
 
 
-def test_the_single_writer_and_each_worker_have_their_own_files(tmp_path: Path) -> None:
-    """Worker 3 writes completions-00003.jsonl and its siblings; the single writer the plain names."""
+def test_the_single_writer_has_the_plain_names_and_old_workers_are_named_by_number(tmp_path: Path) -> None:
+    """The single writer writes completions.jsonl and its siblings; an older version's static worker 3 left
+    status-00003.json, summary-00003.json and .lock-00003, which are only ever read."""
     run = RunDir(tmp_path)
-    single, third = run.writer(), run.writer(3)
+    single, third = run.writer(), run.old_worker(3)
     assert [p.name for p in (single.completions, single.failures, single.status, single.summary)] == [
         "completions.jsonl",
         "failures.jsonl",
         "status.json",
         "summary.json",
     ]
-    assert [p.name for p in (third.completions, third.failures, third.status, third.summary)] == [
-        "completions-00003.jsonl",
-        "failures-00003.jsonl",
-        "status-00003.json",
-        "summary-00003.json",
-    ]
+    assert [p.name for p in (third.status, third.summary)] == ["status-00003.json", "summary-00003.json"]
     assert (single.lock.name, third.lock.name) == (".lock", ".lock-00003")
-    assert (single.worker, third.worker) == (None, 3)
 
 
 def test_output_files_are_listed_single_writer_first_then_workers_by_number(tmp_path: Path) -> None:

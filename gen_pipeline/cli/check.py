@@ -1,4 +1,4 @@
-"""`gen-pipeline check`: generate's flags (--out optional) and the call into check.py."""
+"""`gen-pipeline check`: generate's flags (--out optional) and the call into views/check.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`gen-pipeline export`: its flags and the call into export.py."""
+"""`gen-pipeline export`: its flags and the call into views/export.py."""
 
 from __future__ import annotations
 

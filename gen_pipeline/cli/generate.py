@@ -26,6 +26,18 @@ from ..config import (
 from ..options import OPTIONS, build_config
 from .watch import add_watch_flags
 
+STATIC_SHARDS_GONE = (
+    "--shard i/K is gone with the static shards of earlier versions: use --workers K (claimers on this node), "
+    "or --shards V with claimers (--join) on several nodes"
+)
+
+
+class _StaticShardGone(argparse.Action):
+    """`--shard`: refused in one line (exit 2, a usage error), whatever follows it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.exit(2, f"error: {STATIC_SHARDS_GONE}\n")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `generate` flags."""
@@ -48,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="claim open shards beside the other processes writing this run directory (one per node)",
     )
     p.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # set by --workers K: K share a server
+    # an exact match wins over abbreviations: without it, `--shard 0/2` was read as --shards and failed on '0/2'
+    p.add_argument("--shard", nargs="?", action=_StaticShardGone, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
     add_watch_flags(p)
 

@@ -1,4 +1,4 @@
-"""`gen-pipeline prepare`: its flags and the call into prepare.py."""
+"""`gen-pipeline prepare`: its flags and the call into views/prepare.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`gen-pipeline report DIR`: its flags and the call into report.py."""
+"""`gen-pipeline report DIR`: its flags and the call into views/report.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`gen-pipeline status DIR`: its flags and the call into status.py."""
+"""`gen-pipeline status DIR`: its flags and the call into views/status.py."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 def add_watch_flags(p: argparse.ArgumentParser) -> None:
-    """--metrics-port/--metrics-host/--metrics-file (metrics.py), --gpus-per-server (cost.py),
-    --stall-minutes/--on-stall (alerts.py)."""
+    """--metrics-port/--metrics-host/--metrics-file (engine/metrics.py), --gpus-per-server (progress/cost.py),
+    --stall-minutes/--on-stall (progress/alerts.py)."""
     p.add_argument(
         "--metrics-port",
         type=int,

@@ -1,6 +1,6 @@
 """Sending one row's conversations under `--turns all`: each sample's turns in order, each on the
 server that answered the turn before when it is in service and has a free slot (its prefix cache holds
-the history), each answer written before the next turn is asked (turns.py has the shapes and keys).
+the history), each answer written before the next turn is asked (send/turns.py has the shapes and keys).
 
 Every turn is counted exactly (a long conversation in a thread of its own; the reader's thread counts the
 first turns) and budgeted like any prompt. A turn with too little room is ledgered `over_length` with its

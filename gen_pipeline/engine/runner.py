@@ -1,6 +1,6 @@
 """One process's `generate` run: prompts file -> validated rows -> token counts -> budgets -> balanced
 requests -> one line in the output or the ledger. The Runner drives it; `run_single` is the single-process
-mode (one writer holding the run directory's lock); claimrun.py reuses the Runner as a claimer, and
+mode (one writer holding the run directory's lock); shards/run.py reuses the Runner as a claimer, and
 modes.py chooses between them.
 """
 
@@ -53,7 +53,7 @@ log = logging.getLogger("gen_pipeline")
 
 class Feed(Protocol):
     """Where a Runner's rows come from, read in its tokenizer thread: reader.BatchReader (one pass over the
-    input) or claimfeed.ClaimFeed (a claimer's claims, one pass over the input each)."""
+    input) or shards.feed.ClaimFeed (a claimer's claims, one pass over the input each)."""
 
     @property
     def started(self) -> dict[str, int] | None:
@@ -67,7 +67,7 @@ class Feed(Protocol):
 
 
 class Sink(Protocol):
-    """Where a Runner's outcomes go: store.RunWriter (one directory's files) or claimfeed.ClaimWriter
+    """Where a Runner's outcomes go: rundir.store.RunWriter (one directory's files) or shards.feed.ClaimWriter
     (each record to its shard's files)."""
 
     def write_completion(self, completion: Completion) -> None:
@@ -84,8 +84,8 @@ class Sink(Protocol):
 
 
 class Tracker(Protocol):
-    """Hears what was read and what is settled: cursor.MarkTracker moves the input cursor's mark,
-    claimfeed.ClaimTracker settles a claim once its prompts are all done."""
+    """Hears what was read and what is settled: resume.cursor.MarkTracker moves the input cursor's mark,
+    shards.feed.ClaimTracker settles a claim once its prompts are all done."""
 
     def batch(self, end: Mark, lines: list[int]) -> Any:
         """A batch ending at `end` was read, with prompts at these lines; returns its record."""
@@ -365,13 +365,11 @@ async def _run_locked(
     stats = RunStats()
     path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats, fleet.input_limit())
     found = resume.files.get(RunDir(config.out).writer().completions.name)
-    writer = RunWriter(config.out, config.fsync_interval, None, found)
+    writer = RunWriter(config.out, config.fsync_interval, found)
     reader = BatchReader(config, counter, resume, stats, resumed, ctx)
     tracker = MarkTracker()
     keeper = (
-        None
-        if config.limit is not None
-        else cursor.CursorKeeper(config.out, config.input, None, resumed, config.samples)
+        None if config.limit is not None else cursor.CursorKeeper(config.out, config.input, resumed, config.samples)
     )
     marks = None if keeper is None else InputCursor(keeper, tracker, reader.source)
     warnings: list[str] = []

@@ -238,4 +238,4 @@ def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
     state = resume_state(config)
     if config.limit is not None:
         return state, None
-    return state, cursor.load(config.out, config.input, None, config.retry_failed, state)
+    return state, cursor.load(config.out, config.input, config.retry_failed, state)

@@ -161,7 +161,7 @@ SUMMARY_RULES: dict[str, Any] = {
     "learned_offset": Rule(lambda v: largest(v) or 0),
     "input_cursor": Rule(_earliest_cursor),
     "warnings": Rule(lambda v: sorted({w for ws in v for w in ws or []})),
-    # cost.py: each part's share of the fleet's GPU time, and the tokens that can go into a dataset
+    # progress/cost.py: each part's share of the fleet's GPU time, and the tokens that can go into a dataset
     "gpu_hours": Rule(_rounded(4), optional=True),
     "gpus_per_server": Rule(largest, optional=True),
     "valid_output_tokens": Rule(total, optional=True),

@@ -1,7 +1,7 @@
 """Choosing a server for each request: the earliest expected completion among healthy servers, never the one
 that just failed, and every server kept full, with a small queue beyond its running slots. All per-server
 bookkeeping happens in `ServerPool.lease`, so cancellation cannot leak a slot. Health decisions are in health.py,
-one server's state in serverstate.py.
+one server's state in state.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How many requests to keep in flight on a server, and where that figure came from.
 
-Never a silent guess: the figure is --concurrency, or what the server says (fleet.py: its reported
+Never a silent guess: the figure is --concurrency, or what the server says (discovery.py: its reported
 max_running_requests, else SGLang's /v1/loads or scheduler state), capped by its KV token pool, and only
 when it says nothing at all DEFAULT_CONCURRENCY, named "default" in `check` and the summary.
 

@@ -5,7 +5,7 @@ once on SGLang, vLLM and llama.cpp (SGLang's `/health` takes at least a second a
 up, although `/v1/*` already serves), and fails with "connection refused" while a server restarts.
 
 A server that was down at start has told nothing of what it serves: when it first answers, it is asked
-(fleet.probe), and it comes in only when it serves one of the identities the fleet's other servers reported
+(discovery.probe), and it comes in only when it serves one of the identities the fleet's other servers reported
 (and the manifest lists); otherwise it is retired, so that no line names a checkpoint the manifest does not.
 A server that comes back from an outage is asked again: restarted on another checkpoint (a new
 `model_path` under the same served name, a `weight_version` left at SGLang's "default"), it is retired, so

@@ -46,8 +46,8 @@ class ServerState:
     quiet_since: float = 0.0  # the last answer, or when it got work after being idle
     identity: ServerIdentity | None = None  # the checkpoint it served at start (None: not known)
     retired: bool = False  # its checkpoint changed mid-run: out for the rest of the run
-    last_sent: float = -math.inf  # when it was last given a request (alerts.py: a server left idle)
-    bad_usage: int = 0  # answers whose usage was impossible (usage.py), and the first one's reason
+    last_sent: float = -math.inf  # when it was last given a request (progress/alerts.py: a server left idle)
+    bad_usage: int = 0  # answers whose usage was impossible (send/usage.py), and the first one's reason
     bad_usage_first: str = ""
     prefixes: PrefixModel = field(default_factory=lambda: PrefixModel(None))  # what its prefix cache may hold
 

@@ -42,7 +42,7 @@ class ChatResult:
     choices: tuple[ChatResult, ...] = ()
     model: str | None = None  # the model the body says answered (SGLang and vLLM echo the request's)
     weight_version: str | None = None  # SGLang's metadata.weight_version: the weights that answered
-    usage_problem: str | None = None  # why its usage is impossible (set by the request path: usage.py)
+    usage_problem: str | None = None  # why its usage is impossible (set by the request path: send/usage.py)
     tool_calls: list[Any] | None = None  # the answer's own tool calls (the message's tool_calls), when it made any
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (SGLang --enable-cache-report)
 

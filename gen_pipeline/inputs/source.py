@@ -49,7 +49,7 @@ def skipped(reason: str) -> Skipped:
 
 
 class Settled(Protocol):
-    """What the resume state says about ids during one pass (store.SettledRows, or DictSettled)."""
+    """What the resume state says about ids during one pass (rundir.store.SettledRows, or DictSettled)."""
 
     def visit(self, key: int, offset: int) -> tuple[str | None, int | None]: ...
 

@@ -43,7 +43,7 @@ class Progress:
 
     def update(self, settled: int, line: str) -> None:
         """Refresh the display: rows settled so far (done, skipped as settled before, or ledgered) and the
-        progress line (progress.progress_line)."""
+        progress line (stats.progress_line)."""
         if self.bar is not None:
             self.bar.n = settled
             self.bar.set_postfix_str(line, refresh=True)

@@ -27,7 +27,7 @@ STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
 # smooth the ups and downs of generation lengths, short enough to follow a server going down.
 ETA_WINDOW = 120.0
 RATE_SAMPLE = 1.0  # seconds between the samples the window is made of
-# Upper bounds (seconds) of the request-latency histogram (metrics.py's gen_pipeline_request_seconds).
+# Upper bounds (seconds) of the request-latency histogram (engine/metrics.py's gen_pipeline_request_seconds).
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
 
 
@@ -186,7 +186,7 @@ def show(progress: Progress, stats: RunStats, extra: str = "") -> None:
 
 
 def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
-    """The status.json document (schema in gen_pipeline/status.py)."""
+    """The status.json document (schema in views/status.py)."""
     t = stats.elapsed()
     eta = stats.eta()
     updated = time.time()

@@ -1,8 +1,8 @@
 """The input cursor: where a resume may start reading the prompts file.
 
 Without it, resuming a 650,000-row run reads every input row again only to skip it (~5 s here). A run
-records in `DIR/.index/<input>.<shard>.cursor` the mark below which every input row of its shard was
-settled (completed, in the ledger, a repeat or a bad row), together with:
+records in `DIR/.index/<input>.<hash>.all.cursor` the mark below which every input row was settled
+(completed, in the ledger, a repeat or a bad row), together with:
 - the input's device and inode and the SHA-256 of the bytes before the mark;
 - the owners met there: (id key, byte offset) of the first row of each id, so that a later row with one
   of those ids is still told a repeat or a conflict;
@@ -70,11 +70,11 @@ class Resumed:
     bad: int
 
 
-def cursor_path(out: Path, input_path: Path, shard: tuple[int, int] | None) -> Path:
-    """One cursor per input file (by its absolute path) and worker shard."""
+def cursor_path(out: Path, input_path: Path) -> Path:
+    """One cursor per input file (by its absolute path). `all`: the whole input (an older version's static
+    workers kept one per shard, `.<i>of<K>.cursor`, which nothing reads)."""
     where = hashlib.sha256(str(input_path.resolve()).encode()).hexdigest()[:12]
-    part = f"{shard[0]}of{shard[1]}" if shard else "all"
-    return out / INDEX_DIR / f"{input_path.name}.{where}.{part}.cursor"
+    return out / INDEX_DIR / f"{input_path.name}.{where}.all.cursor"
 
 
 def _header(path: Path) -> tuple[dict[str, Any], int]:
@@ -103,18 +103,15 @@ def _hash_prefix(path: Path, size: int) -> Any:
     return h
 
 
-def load(
-    out: Path, input_path: Path, shard: tuple[int, int] | None, retry: frozenset[str], state: ResumeState
-) -> Resumed | None:
-    """The cursor for this input and shard, when it still holds against the input and `state`; else None."""
-    path = cursor_path(out, input_path, shard)
+def load(out: Path, input_path: Path, retry: frozenset[str], state: ResumeState) -> Resumed | None:
+    """The cursor for this input, when it still holds against the input and `state`; else None."""
+    path = cursor_path(out, input_path)
     try:
         head, body_at = _header(path)
         st = input_path.stat()
         same = (
             head.get("version") == CURSOR_VERSION
             and head.get("input") == str(input_path.resolve())
-            and head.get("shard") == (list(shard) if shard else None)
             and (head.get("dev"), head.get("inode")) == (st.st_dev, st.st_ino)
             and int(head["offset"]) > 0  # a position in the decompressed stream: _hash_prefix finds a short file
             and head.get("samples", 1) == state.samples  # more samples now: the rows before the mark owe some
@@ -223,13 +220,10 @@ class CursorKeeper:
     """Writes the cursor as the mark moves: on an interval and at the end of the run. Best effort: a
     cursor that cannot be written costs the next resume time, never this run."""
 
-    def __init__(
-        self, out: Path, input_path: Path, shard: tuple[int, int] | None, resumed: Resumed | None, samples: int = 1
-    ) -> None:
-        self.path = cursor_path(out, input_path, shard)
+    def __init__(self, out: Path, input_path: Path, resumed: Resumed | None, samples: int = 1) -> None:
+        self.path = cursor_path(out, input_path)
         self.samples = samples
         self.input = input_path
-        self.shard = shard
         # the file holds kept + drained pairs: those of the cursor this run started from, then this pass's
         self.kept = (resumed.owners, resumed.bad) if resumed else (0, 0)
         self.drained = (0, 0)
@@ -252,7 +246,6 @@ class CursorKeeper:
             head = {
                 "version": CURSOR_VERSION,
                 "input": str(self.input.resolve()),
-                "shard": list(self.shard) if self.shard else None,
                 "dev": st.st_dev,
                 "inode": st.st_ino,
                 "offset": mark.offset,

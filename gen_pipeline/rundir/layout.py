@@ -3,12 +3,14 @@
     DIR/
       manifest.json             the settings that make two runs comparable; resuming with others is refused
       .lock                     held (flock) by the process that runs here (the parent under --workers)
-      .lock-KKKKK               held by worker K while it writes its files
       completions.jsonl         a single-process run's output: one line per finished prompt
       failures.jsonl            its ledger: one line per failure; the newest entry per id decides
       status.json summary.json  its live snapshot and its last figures
-      completions-KKKKK.jsonl   worker K of a static `generate --workers` run of an earlier version (read only)
-      shards/SSSSS/             claimed shard S (claims.py): .claim (its lock), completions.jsonl,
+      completions-KKKKK.jsonl   an older version's files, read on resume and by `status`, never written: what
+      failures-KKKKK.jsonl      static worker K of its `generate --workers` wrote (output, ledger, status,
+      status-KKKKK.json ...     summary); .lock-KKKKK is the lock it held while it wrote (a run refuses to
+                                start while one is still held)
+      shards/SSSSS/             claimed shard S (shards/claims.py): .claim (its lock), completions.jsonl,
                                 failures.jsonl, settled.json (its marker, once every row in it is settled)
       claimers/ID.json          a claimer's live status; ID.lock held while it lives; ID-summary.json
       .index/                   resume caches (deleting it is always safe)
@@ -42,7 +44,8 @@ SHARDS_DIR = "shards"
 CLAIMERS_DIR = "claimers"
 CLAIM_LOCK = ".claim"
 SETTLED = "settled.json"
-# completions-00003.jsonl, status-00003.json, ...: what worker 3 of `--workers K` writes
+# completions-00003.jsonl, status-00003.json, ...: what static worker 3 of an older version's `--workers K`
+# wrote; read on resume and by `status`, never written
 _WORKER_FILE = re.compile(r"(completions|failures|status|summary)-(\d{5})\.(jsonl|json)")
 
 
@@ -55,7 +58,16 @@ class Writer:
     status: Path
     summary: Path
     lock: Path  # held while the files are written
-    worker: int | None = None  # None: the run's only writer (or the parent of --workers)
+
+
+@dataclass(frozen=True)
+class OldWorker:
+    """What static worker `index` of an older version's `--workers K` left besides its output and ledger
+    (those are found by `completion_files` and `failure_files`): names to read, never to write."""
+
+    status: Path
+    summary: Path
+    lock: Path  # held while it wrote; nothing takes it now, but a run refuses to start while it is held
 
 
 @dataclass(frozen=True)
@@ -90,11 +102,17 @@ class RunDir:
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
 
-    def writer(self, worker: int | None = None) -> Writer:
-        """The files of the run's single writer, or of worker `worker` of `--workers K`."""
-        tag = "" if worker is None else f"-{worker:05d}"
-        c, f, st, su = (self.root / n.replace(".", f"{tag}.", 1) for n in (COMPLETIONS, FAILURES, STATUS, SUMMARY))
-        return Writer(c, f, st, su, self.root / f"{LOCK}{tag}", worker)
+    def writer(self) -> Writer:
+        """The files of the run's single writer (a claimed shard's are `shard(index).writer`)."""
+        return Writer(
+            self.root / COMPLETIONS, self.root / FAILURES, self.root / STATUS, self.root / SUMMARY, self.lock_path
+        )
+
+    def old_worker(self, index: int) -> OldWorker:
+        """The status, summary and lock names of static worker `index` of an older version (read only)."""
+        tag = f"-{index:05d}"
+        status, summary = (self.root / n.replace(".", f"{tag}.", 1) for n in (STATUS, SUMMARY))
+        return OldWorker(status, summary, self.root / f"{LOCK}{tag}")
 
     def shard(self, index: int) -> ShardDir:
         """The folder and files of claimed shard `index`."""

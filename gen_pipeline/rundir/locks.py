@@ -1,7 +1,7 @@
 """Who writes where: exclusive flocks on files of a run directory, each naming its holder.
 
     .lock          the run directory: held by the `generate` that owns it (held shared by the claimers
-                   of a claimed-shard run: claims.py, which also locks each claimed shard)
+                   of a claimed-shard run: shards/claims.py, which also locks each claimed shard)
     .lock-KKKKK    held by a static worker of an older version while it wrote completions-KKKKK.jsonl;
                    nothing takes it now, but a run refuses to start while an old worker still holds it
 

@@ -1,6 +1,6 @@
 """The output file is the checkpoint: appending lines, reading them back on resume, the manifest check.
 
-Which files there are is rundir.py's (RunDir); who may write them, locks.py's. On open, existing lines
+Which files there are is layout.py's (RunDir); who may write them, locks.py's. On open, existing lines
 are scanned into compact key sets; a torn last line (a crash mid-write) is moved aside into `<file>.torn`,
 never parsed as data.
 """
@@ -129,7 +129,7 @@ class ResumeState:
     files: dict[str, FileKeys] = field(default_factory=dict)  # output file name -> what it holds
     samples: int = 1  # the run's --samples: a row is settled when all of them are
     later_samples_ledgered: bool = False  # a ledger entry names a sample or turn > 0 (the cursor checks key 0 only)
-    turns: bool = False  # --turns all: a row's settledness needs its turns (the row parsed: reader._settle)
+    turns: bool = False  # --turns all: a row's settledness needs its turns (the row parsed: engine.reader._settle)
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None:
         """Why this (id, sample) key needs no request now ("done", or its permanent reason), or None."""
@@ -218,11 +218,9 @@ def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool
 class RunWriter:
     """Appends completions and ledger entries, one flushed line per write, fsync on an interval (in a thread)."""
 
-    def __init__(
-        self, out: Path, fsync_interval: float, worker: int | None = None, found: FileKeys | None = None
-    ) -> None:
-        """The files of `worker` (None: the single writer); `found`: what the resume scan read of our
-        completions file, to keep its index current."""
+    def __init__(self, out: Path, fsync_interval: float, found: FileKeys | None = None) -> None:
+        """The single writer's files of run directory `out` (a claimed shard's writer passes the shard's
+        folder); `found`: what the resume scan read of our completions file, to keep its index current."""
         self.fsync_interval = fsync_interval
         self._files: dict[str, IO[bytes]] = {}
         self._last_sync = time.monotonic()
@@ -230,7 +228,7 @@ class RunWriter:
         self._out = out
         self._fsync_thread: ThreadPoolExecutor | None = None
         self._fsyncing: Future[None] | None = None
-        files = RunDir(out).writer(worker)
+        files = RunDir(out).writer()
         for name, path in ((COMPLETIONS, files.completions), (FAILURES, files.failures)):
             try:
                 self._files[name] = path.open("ab")

@@ -43,7 +43,7 @@ class ClaimWriter:
         """Open the files of newly claimed shards; `found`: what the resume scan read of them, by file."""
         for s, c in held.items():
             known = found.get(str(c.shard.writer.completions.relative_to(out)))
-            self.writers[s] = RunWriter(c.shard.root, self.fsync_interval, None, known)
+            self.writers[s] = RunWriter(c.shard.root, self.fsync_interval, known)
 
     def _for(self, row_id: RowId | None, line: int | None) -> tuple[int, RunWriter]:
         s = shard_of(row_id, line, self.count)

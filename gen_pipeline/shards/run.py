@@ -1,6 +1,6 @@
 """`generate` as a claimer of a claimed-shard run directory (the protocol: claims.py).
 
-One claimer is one Runner over all its claims (claimfeed.py): it claims a batch of free shards
+One claimer is one Runner over all its claims (feed.py): it claims a batch of free shards
 (batch_size: half of an even split of them over the live claimers, at most V/16, so the run's last shards
 go one at a time to whoever is free) and reads the input once for them; when
 that read is over and its rows are handed out, it claims the next batch while the last requests are

@@ -2,7 +2,7 @@
 
 The parent holds the run directory's shared lock, settles the manifest (V, the number of shards, is
 recorded there) and repairs torn tails, then starts `gen-pipeline generate ... --join --share K
---parent-fd N` K times. Each worker is a claimer (claimrun.py): it claims open shards of the run and
+--parent-fd N` K times. Each worker is a claimer (run.py): it claims open shards of the run and
 writes shards/SSSSS/, and takes 1/K of each server's capacity. When they have all ended, the parent
 adds up their summaries into summary.json. A run may be resumed with any K, or by claimers on other
 nodes. Signals go to the parent, which passes them on once (the workers run in their own process

@@ -1,6 +1,6 @@
 """What `check` calls a problem and `generate` acts on too, written once: tokenizer drift.
 
-The fleet's own disagreements (models, context lengths) are `fleet.FleetInfo.problems`.
+The fleet's own disagreements (models, context lengths) are `fleet.discovery.FleetInfo.problems`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from the hosted batch API reads them unchanged.
 OUT/output.jsonl has one line per prompt: {"id", "custom_id", "response": {"status_code": 200, "request_id",
 "body": <a chat.completion>}, "error": null}; the samples of a prompt (of one checkpoint) are the choices of
 one line, by their sample number, however they were written. OUT/errors.jsonl has one line per ledger entry that
-stands for a missing row (ledger.py): {"id", "custom_id", "response": {"status_code", "request_id", "body":
+stands for a missing row (resume/ledger.py): {"id", "custom_id", "response": {"status_code", "request_id", "body":
 {"error": ...}} or null when no server answered, "error": {"code": <ledger reason>, "message": <detail>}}.
 Ids are derived from (custom_id, sample), so an export is the same each time.
 """

@@ -4,7 +4,7 @@
 
 fleet      every server answers its model card and /health; one model and one max_model_len everywhere;
            each server's limits (SGLang: max_req_input_len, its KV pool), version, and the capacity
-           generate uses unless --concurrency, with where it came from (capacity.py);
+           generate uses unless --concurrency, with where it came from (fleet/capacity.py);
            what checkpoint each serves (kind and version, model_path, weight_version, the settings that
            change outputs, deterministic inference), with a warning when the servers disagree.
 tokenizer  a few chat requests with max_tokens 1, built from the first rows of the input, to every server

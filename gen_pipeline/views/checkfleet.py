@@ -1,5 +1,5 @@
 """`check`'s fleet part: each server up and healthy, its limits and the capacity `generate` will give it (with
-where it came from, capacity.py), and the fleet's disagreements."""
+where it came from, fleet/capacity.py), and the fleet's disagreements."""
 
 from __future__ import annotations
 

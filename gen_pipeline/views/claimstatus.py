@@ -1,4 +1,4 @@
-"""`gen-pipeline status DIR` for a claimed-shard run (claims.py): every claimer, the shards, the whole.
+"""`gen-pipeline status DIR` for a claimed-shard run (shards/claims.py): every claimer, the shards, the whole.
 
 Each claimer replaces DIR/claimers/ID.json (status.json's schema, plus "claimer": its host, its Slurm
 job and task, the shards it holds, when it started and the rows it completed over all its passes) and
@@ -9,7 +9,7 @@ holds DIR/claimers/ID.lock while it lives. `status` shows
     one whose lock is free before it finished is NOT RUNNING, one that holds it but has not written for
     STALE_AFTER seconds is flagged STALLED;
   - the shards: settled (a marker for this input), claimed (held by a running claimer), open (neither);
-  - the merged figures (summary.merge_statuses, one merge): counts over every claimer, load and rates
+  - the merged figures (engine.summary.merge_statuses, one merge): counts over every claimer, load and rates
     over the running ones; the ETA is what is left of the input (its lines times the samples, less the
     completions and permanent ledger entries on disk) at the running claimers' summed rate, because
     claimers share the remaining rows (the slowest claimer does not set the run's end).

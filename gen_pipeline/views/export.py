@@ -11,7 +11,7 @@ generation settings. Nothing in the run directory is changed; a torn last line i
 (id, sample) seen twice from the same checkpoint is exported once: the answers of different checkpoints to
 the same ids (two runs over the same prompts, an A/B of two teachers) are all kept, side by side, with the
 `checkpoint` column naming each row's (export refuses runs of several checkpoints without that column;
-`--group-samples` groups within a checkpoint). A claimed-shard run (claims.py) is checked as a whole: it is
+`--group-samples` groups within a checkpoint). A claimed-shard run (shards/claims.py) is checked as a whole: it is
 refused while shards are open (unless --partial), and a key found twice in its shard files is an error
 that names the keys (the claim protocol writes each key once; two copies mean the protocol was broken).
 """

@@ -10,7 +10,7 @@ Each row keeps its prompt (every turn up to and including the last user turn); t
 dropped, or kept as `reference` when asked. With `keep_turns` (`prepare --keep-turns`) a conversation
 keeps its system and user turns only, for `generate --turns all` to answer every one. A source id
 column becomes `source_id`, and every other column is carried as is (`generate` files them under `meta`).
-Whether a converted row is valid is not judged here: `prepare` checks each row it writes with `rows.parse_row`,
+Whether a converted row is valid is not judged here: `prepare` checks each row it writes with `inputs.rows.parse_row`,
 the one validator `generate` reads it with.
 
 `open_source` reads JSONL directly (orjson, one pass) and everything else through `datasets`: JSON,

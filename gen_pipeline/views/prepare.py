@@ -233,7 +233,7 @@ def _accept(
 
 
 def valid_line(row: dict[str, Any]) -> bytes:
-    """The row as the line `generate` will read, checked by the validator that reads it (rows.parse_row):
+    """The row as the line `generate` will read, checked by the validator that reads it (inputs.rows.parse_row):
     a row prepare writes is a row generate takes; InvalidRowError (the RowError's tag) otherwise."""
     try:
         line = orjson.dumps(row, default=str, option=_DUMP)

@@ -1,7 +1,7 @@
 """`gen-pipeline report DIR`: a run's summary as a table, plus plots in DIR/report/ (or --out).
 
 The table covers the whole directory (every completion line, the ledger) and the last run (summary.json);
-the plots are described in gen_pipeline/plots.py. Plots need matplotlib (`pip install
+the plots are described in plots.py. Plots need matplotlib (`pip install
 'gen-pipeline[report]'`); without it the table is printed alone.
 """
 

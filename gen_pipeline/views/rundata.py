@@ -1,5 +1,5 @@
 """What a run directory's files say, read for the views (status, report, plots, export): the columns of
-the completion lines and the JSON files (the ledger's reasons: ledger.py). Nothing here prints or writes."""
+the completion lines and the JSON files (the ledger's reasons: resume/ledger.py). Nothing here prints or writes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`status.json` and `gen-pipeline status DIR`: how a run is doing, seen from another terminal.
 
-While it runs, the pipeline replaces DIR/status.json every few seconds (atomically, `summary.write_status`):
+While it runs, the pipeline replaces DIR/status.json every few seconds (atomically, `engine.summary.write_status`):
 
     {
       "updated": 1732900000.0,        # epoch seconds of this snapshot
@@ -24,7 +24,7 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
         }
       },
       "last_error": {"timeout": "http://10.0.0.1:30003: request timed out"},  # newest text per reason
-      "alerts": ["stalled: no completion for 12m 00s"]   # what alerts.py flags now (none: [])
+      "alerts": ["stalled: no completion for 12m 00s"]   # what progress/alerts.py flags now (none: [])
     }
 
 `gen-pipeline status DIR` prints it. Whether the process still runs is read from its lock: a status.json
@@ -181,12 +181,13 @@ def _gone(updated: float, last_known: str, now: float) -> list[str]:
     ]
 
 
-# generate --workers K
+# an older version's static `generate --workers K` (its files are read, never written)
 
 
 @dataclass(frozen=True)
 class Worker:
-    """One `generate --workers K` process, as its status-KKKKK.json and summary-KKKKK.json show it."""
+    """One static worker of an older version's `generate --workers K`, as its status-KKKKK.json and
+    summary-KKKKK.json show it."""
 
     index: int
     status: dict[str, Any]
@@ -198,12 +199,12 @@ class Worker:
 
 
 def read_workers(run: Path, now: float) -> list[Worker]:
-    """The workers of the newest --workers run, by index (none for a single-process run)."""
+    """The static workers of the newest --workers run of an older version, by index (none for any other run)."""
     workers = []
     rundir = RunDir(run)
     for index, path in sorted(rundir.worker_status_files().items()):
         if (status := read_json(path)) is not None:
-            files = rundir.writer(index)
+            files = rundir.old_worker(index)
             alive = is_held(files.lock)
             workers.append(Worker(index, status, run_state(status, _mtime(files.summary), now, alive)))
     # generate writes .lock when it starts; once one worker has reported since, older files are an earlier run's
@@ -212,7 +213,7 @@ def read_workers(run: Path, now: float) -> list[Worker]:
 
 
 def merge_workers(workers: list[Worker]) -> dict[str, Any]:
-    """The workers' status files as one status.json document (how each field adds up: summary.STATUS_RULES)."""
+    """The workers' status files as one status.json document (how each field adds up: engine.summary.STATUS_RULES)."""
     return merge_statuses([w.status for w in workers], [w.status for w in workers if w.state == "running"])
 
 
