@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import orjson
 from e2e import run_sim
 
 from gen_pipeline.progress.stats import format_summary
@@ -131,3 +132,23 @@ def test_each_servers_prefill_paid_is_in_the_summary(write_jsonl, tmp_path):
     assert paid == sum(s.prefill_tokens for s in fleet.stats.values())
     assert 0 < paid < sum(v["prompt_tokens"] for v in views)
     assert "prefill paid" in format_summary(outcome.summary)
+
+
+def test_status_and_report_show_each_servers_cache_share_and_prefill(write_jsonl, tmp_path):
+    """`status` and `report` give each server's prefix-cache share and the prefill it paid, as the summary
+    does (where the server reports cached tokens): they showed neither."""
+    from gen_pipeline.views.report import render_table
+    from gen_pipeline.views.rundata import read_completions
+    from gen_pipeline.views.statustext import render_status
+
+    rows = [{"id": i, "messages": [SYSTEM, {"role": "user", "content": f"Question {i}?"}]} for i in range(12)]
+    out = tmp_path / "out"
+    outcome, _ = run_sim(write_jsonl(rows), out, sim={"n_ports": 2, "prefix_cache_tokens": 50_000})
+    status = orjson.loads((out / "status.json").read_bytes())
+    served = {u: v for u, v in outcome.summary["servers"].items() if v["prompt_tokens"]}
+    for url, view in served.items():
+        line = next(x for x in render_status(status).splitlines() if url in x)
+        share = 100 * view["cached_tokens"] / view["prompt_tokens"]
+        assert f"cached {share:.0f}%" in line and f"prefill {view['prefill_tokens']:,} tok" in line
+    table = render_table(out, read_completions(out), outcome.summary, None)
+    assert all(f"prefill {v['prefill_tokens']:,} tok" in table for v in served.values())

@@ -211,6 +211,10 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts
                 "healthy": now >= s.down_until,
                 "requests": s.requests,
                 "failures": dict(s.failures),
+                # requests waiting in the server's own queue (beyond its running slots), and its prefix cache
+                "queued": max(0, s.in_flight - s.capacity),
+                "prompt_tokens": s.prompt_tokens,
+                "cached_tokens": s.cached_tokens,
             }
             for s in servers
         },

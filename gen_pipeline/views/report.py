@@ -14,6 +14,7 @@ from typing import Any
 from ..progress.cost import cost_lines
 from ..resume.ledger import ledger_reasons
 from .rundata import Completions, distribution
+from .statustext import cache_text
 
 INSTALL_HINT = "plots need matplotlib: pip install 'gen-pipeline[report]'"
 
@@ -67,8 +68,10 @@ def _server_lines(rows: Completions, summary: dict[str, Any] | None) -> list[str
     width = max((len(u) for u in urls), default=6)
     lines = [f"{'server':<{width}}  {'done':>8}  {'share':>6}  failures (last run)"]
     for url in urls:
-        fails = (figures.get(url) or {}).get("failures") or {}
-        lines.append(f"{url:<{width}}  {rows.servers[url]:>8}  {_pct(rows.servers[url], len(rows)):>6}  {fails}")
+        view = figures.get(url) or {}
+        fails = view.get("failures") or {}
+        share = _pct(rows.servers[url], len(rows))
+        lines.append(f"{url:<{width}}  {rows.servers[url]:>8}  {share:>6}  {fails}{cache_text(view)}")
     return lines
 
 

@@ -17,9 +17,21 @@ STALLED_AFTER = 60.0
 def _server_line(url: str, s: dict[str, Any]) -> str:
     health = "healthy" if s.get("healthy", True) else "OUT OF SERVICE"
     return (
-        f"  {url}  in flight {s.get('in_flight', 0)}/{s.get('capacity', '?')}  {health}  "
-        f"requests {s.get('requests', 0)}  failures {s.get('failures') or {}}"
+        f"  {url}  in flight {s.get('in_flight', 0)}/{s.get('capacity', '?')}{_queued(s)}  {health}  "
+        f"requests {s.get('requests', 0)}{cache_text(s)}  failures {s.get('failures') or {}}"
     )
+
+
+def _queued(s: dict[str, Any]) -> str:
+    return f" (queued {s['queued']})" if s.get("queued") else ""
+
+
+def cache_text(s: dict[str, Any]) -> str:
+    """A server's prefix-cache share and the prefill it paid, where it reports cached tokens (else "")."""
+    prompt, cached = s.get("prompt_tokens") or 0, s.get("cached_tokens")
+    if cached is None or not prompt:
+        return ""
+    return f"  cached {100 * cached / prompt:.0f}%  prefill {prompt - cached:,} tok"
 
 
 def ago(status: dict[str, Any], now: float) -> str:
