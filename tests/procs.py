@@ -31,6 +31,13 @@ def env() -> dict[str, str]:
 @contextlib.contextmanager
 def sim_fleet(n: int = 4, *args: str) -> Iterator[str]:
     """A simulator subprocess on `n` free ports; yields the --servers value."""
+    with sim_fleet_process(n, *args) as (servers, _):
+        yield servers
+
+
+@contextlib.contextmanager
+def sim_fleet_process(n: int = 4, *args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """sim_fleet, also yielding the simulator's process (to pause it with SIGSTOP, say)."""
     ports = free_ports(n)
     spec = f"{ports[0]}" if n == 1 else ",".join(map(str, ports))
     proc = subprocess.Popen(
@@ -49,8 +56,10 @@ def sim_fleet(n: int = 4, *args: str) -> Iterator[str]:
             assert time.monotonic() < deadline, "simulator did not start"
         else:
             raise AssertionError(f"simulator exited with {proc.wait()}")
-        yield ",".join(f"127.0.0.1:{p}" for p in ports)
+        yield ",".join(f"127.0.0.1:{p}" for p in ports), proc
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)  # a paused one would not see the SIGTERM
         proc.send_signal(signal.SIGTERM)
         try:
             proc.communicate(timeout=15)
