@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +24,24 @@ PY = sys.executable
 def old_worker_lock(out: Path, index: int, count: int) -> FileLock:
     """The lock a static worker of an older version held while it wrote completions-KKKKK.jsonl."""
     return FileLock(RunDir(out).writer(index).lock, f" (shard {index}/{count})")
+
+
+def free_port_run(n: int) -> int:
+    """A port P such that P .. P+n-1 are free on 127.0.0.1, below the kernel's ephemeral range: no connection
+    made meanwhile (each takes an ephemeral local port), nor a port picked by free_ports, can take one of them
+    before a process listens there (`--workers K --metrics-port P` listens on P+i)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    for _ in range(100):
+        base = random.randrange(10000, low - n)
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + n):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise AssertionError(f"no {n} consecutive free ports under {low}")
 
 
 def env() -> dict[str, str]:
