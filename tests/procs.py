@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +26,24 @@ def old_worker_lock(out: Path, index: int, count: int) -> FileLock:
     return FileLock(RunDir(out).old_worker(index).lock, f" (shard {index}/{count})")
 
 
+def free_port_run(n: int) -> int:
+    """A port P such that P .. P+n-1 are free on 127.0.0.1, below the kernel's ephemeral range: no connection
+    made meanwhile (each takes an ephemeral local port), nor a port picked by free_ports, can take one of them
+    before a process listens there (`--workers K --metrics-port P` listens on P+i)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    for _ in range(100):
+        base = random.randrange(10000, low - n)
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + n):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise AssertionError(f"no {n} consecutive free ports under {low}")
+
+
 def env() -> dict[str, str]:
     return {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
 
@@ -31,6 +51,13 @@ def env() -> dict[str, str]:
 @contextlib.contextmanager
 def sim_fleet(n: int = 4, *args: str) -> Iterator[str]:
     """A simulator subprocess on `n` free ports; yields the --servers value."""
+    with sim_fleet_process(n, *args) as (servers, _):
+        yield servers
+
+
+@contextlib.contextmanager
+def sim_fleet_process(n: int = 4, *args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """sim_fleet, also yielding the simulator's process (to pause it with SIGSTOP, say)."""
     ports = free_ports(n)
     spec = f"{ports[0]}" if n == 1 else ",".join(map(str, ports))
     proc = subprocess.Popen(
@@ -49,8 +76,10 @@ def sim_fleet(n: int = 4, *args: str) -> Iterator[str]:
             assert time.monotonic() < deadline, "simulator did not start"
         else:
             raise AssertionError(f"simulator exited with {proc.wait()}")
-        yield ",".join(f"127.0.0.1:{p}" for p in ports)
+        yield ",".join(f"127.0.0.1:{p}" for p in ports), proc
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)  # a paused one would not see the SIGTERM
         proc.send_signal(signal.SIGTERM)
         try:
             proc.communicate(timeout=15)

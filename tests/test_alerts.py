@@ -1,11 +1,18 @@
 """Alerts judged on a clock the test moves: stalls (and --on-stall once per stall), idle servers, a share far
-below capacity, drift appearing mid-run, collapsed cache hits; status shows them."""
+below capacity, drift appearing mid-run, collapsed cache hits; status shows them. And `generate --on-stall`
+end to end, against a simulator paused twice."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import orjson
+import pytest
 
 from gen_pipeline.engine.summary import merge_statuses
 from gen_pipeline.fleet.state import ServerState
@@ -126,3 +133,82 @@ def test_the_stall_command_gets_no_server_secret(tmp_path: Path, monkeypatch: An
     text = seen.read_text()
     assert "s3cr3t" not in text
     assert "KEPT_FOR_THE_HOOK=yes" in text and "GEN_PIPELINE_ALERT=stalled" in text
+
+
+def _hook_runs(hooks: Path) -> list[tuple[float, dict[str, str]]]:
+    """Each run of the --on-stall hook below: when it began, and its environment."""
+    runs = []
+    for path in sorted(hooks.glob("*.env")):
+        began, *lines = path.read_text().splitlines()
+        runs.append((float(began), dict(line.split("=", 1) for line in lines if "=" in line)))
+    return sorted(runs, key=lambda run: run[0])
+
+
+def _status_alerts(out: Path) -> list[str]:
+    try:
+        return list(orjson.loads((out / "status.json").read_bytes())["alerts"])
+    except FileNotFoundError:
+        return []
+
+
+def _until(what: str, condition: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return result
+
+
+@pytest.mark.slow
+def test_generate_runs_the_stall_command_once_per_stall_without_the_api_key(tmp_path: Path) -> None:
+    """`generate --stall-minutes 0.05 --on-stall CMD` against a simulator paused twice (SIGSTOP) for longer than
+    that: CMD runs once in each pause and never outside one, with the alert and the run directory and without
+    $GEN_PIPELINE_API_KEY; status.json shows the stall while it lasts and drops it once rows complete again."""
+    import procs
+    from e2e import prompts
+
+    inp, out, hooks = tmp_path / "in.jsonl", tmp_path / "out", tmp_path / "hooks"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(120)))
+    hooks.mkdir()
+    hook = f'f={hooks}/$$; {{ date +%s.%N; env; }} > "$f.tmp" && mv "$f.tmp" "$f.env"'
+    secret = "sk-stall-test-s3cr3t"
+    args = ["--max-tokens", "16", "--concurrency", "4", "--stall-minutes", "0.05", "--on-stall", hook]
+    pauses: list[tuple[float, float]] = []
+    with procs.sim_fleet_process(2, "--token-latency", "0.02") as (servers, sim):
+        argv = procs.generate_argv(inp, out, servers, *args, progress="off")
+        run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**procs.env(), "GEN_PIPELINE_API_KEY": secret})  # fmt: skip
+        try:
+            done = 5
+            for stall in (1, 2):
+                procs.wait_for_lines(out / "completions.jsonl", done, timeout=60)
+                assert run.poll() is None, run.communicate()
+                assert (out / "completions.jsonl").read_bytes().count(b"\n") >= done
+                sim.send_signal(signal.SIGSTOP)
+                paused = time.time()
+                _until(f"stall {stall}'s command", lambda: len(_hook_runs(hooks)) >= stall)  # noqa: B023
+                _until("the alert in status.json", lambda: any(a.startswith("stalled: ") for a in _status_alerts(out)))
+                time.sleep(3.0)  # six more looks of the monitor at a stall that goes on
+                ran = len(_hook_runs(hooks))
+                assert ran == stall
+                sim.send_signal(signal.SIGCONT)
+                pauses.append((paused, time.time()))
+                done = (out / "completions.jsonl").read_bytes().count(b"\n") + 5
+                _until("the alert to clear", lambda: not any(a.startswith("stalled") for a in _status_alerts(out)))
+            _, stderr = run.communicate(timeout=120)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+    assert run.returncode == 0, stderr
+    assert stderr.count("ALERT stalled: no completion for") == 2, stderr
+    # (the hook's environment is the test runner's: assertions name variables, never print their values)
+    runs = _hook_runs(hooks)
+    assert len(runs) == 2, [began for began, _ in runs]
+    assert [paused < began < resumed for (began, _), (paused, resumed) in zip(runs, pauses, strict=True)] == [True] * 2
+    for _, env in runs:
+        assert env["GEN_PIPELINE_ALERT"].startswith("stalled: no completion for "), env["GEN_PIPELINE_ALERT"]
+        assert env["GEN_PIPELINE_OUT"] == str(out)
+        leaked = sorted(name for name, value in env.items() if name == "GEN_PIPELINE_API_KEY" or secret in value)
+        assert leaked == []
+    assert orjson.loads((out / "summary.json").read_bytes())["completed"] == 120

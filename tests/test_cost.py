@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import orjson
@@ -38,7 +39,11 @@ def test_summary_has_gpu_hours_and_the_cost_of_useful_tokens(tmp_path: Path, cap
     assert orjson.loads((out / "summary.json").read_bytes())["gpu_hours"] == s["gpu_hours"]
     capsys.readouterr()
     assert main(["report", str(out), "--out", str(tmp_path / "plots")]) == 0
-    assert f"GPU-hours {s['gpu_hours']} (4 per server)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"GPU-hours {s['gpu_hours']} (4 per server)" in printed
+    on_disk = orjson.loads((out / "summary.json").read_bytes())
+    per_million = re.findall(r"^cost +GPU-hours .* \| per million output tokens (\S+),", printed, re.MULTILINE)
+    assert [float(x) for x in per_million] == [on_disk["gpu_hours_per_million_output_tokens"]], printed
     dataset = tmp_path / "ds"
     assert main(["export", str(out), "--out", str(dataset), "--drop-truncated"]) == 0
     card = (dataset / "README.md").read_text()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from gen_pipeline.errors import ConfigError
 from gen_pipeline.fleet.balancer import ServerPool
 from gen_pipeline.fleet.state import ServerState
 from gen_pipeline.modes import run_async
+from gen_pipeline.records import ALL_REASONS
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 SERIES = (
@@ -47,6 +51,13 @@ def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def value(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted({"worker": "0", **labels}.items())))]
+
+
+def total(parts: list[dict[Any, float]], name: str, **labels: str) -> float:
+    """One series summed over several expositions and over the labels not given (`sum without (worker)`)."""
+    return sum(
+        v for samples in parts for (n, key), v in samples.items() if n == name and labels.items() <= dict(key).items()
+    )
 
 
 async def _scrape(session: aiohttp.ClientSession, port: int) -> dict[Any, float]:
@@ -183,16 +194,70 @@ def test_workers_each_write_their_own_labelled_file_and_they_add_up(tmp_path: Pa
     parts = [parse((textfiles / f"gen.{i}.prom").read_text()) for i in range(2)]
     for i, samples in enumerate(parts):
         assert {dict(labels)["worker"] for _, labels in samples} == {str(i)}
-    completed = sum(
-        v for samples in parts for (name, labels), v in samples.items() if name == "gen_pipeline_rows_total"
-        and dict(labels)["outcome"] == "completed"
-    )  # fmt: skip
-    tokens = sum(
-        v for samples in parts for (name, labels), v in samples.items() if name == "gen_pipeline_tokens_total"
-        and dict(labels)["kind"] == "completion"
-    )  # fmt: skip
-    assert completed == summary["completed"] == 80
-    assert tokens == summary["output_tokens"]
+    assert total(parts, "gen_pipeline_rows_total", outcome="completed") == summary["completed"] == 80
+    assert total(parts, "gen_pipeline_tokens_total", kind="completion") == summary["output_tokens"]
+
+
+def _keep_scraping(port: int, stop: threading.Event, seen: list[tuple[float, dict[Any, float]]]) -> None:
+    """GET /metrics on `port` every 0.1 s until `stop`: each answer, parsed, with when it was asked for."""
+    while not stop.is_set():
+        asked = time.monotonic()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                seen.append((asked, parse(response.read().decode())))
+        except OSError:
+            pass  # not listening yet, or any more
+        stop.wait(0.1)
+
+
+@pytest.mark.slow
+def test_workers_each_serve_their_own_labelled_port_and_they_add_up(tmp_path: Path) -> None:
+    """--workers 2 --metrics-port P: claimer i serves P+i mid-run, every series labelled worker i; each
+    port's last answer (it stays up after its claimer's run until scraped once more) holds that claimer's
+    final figures, its --metrics-file's, and the two add up to the merged summary.json."""
+    import procs
+
+    n = 160
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(n)))
+    port, textfile = procs.free_port_run(2), tmp_path / "gen.prom"
+    stop = threading.Event()
+    seen: list[list[tuple[float, dict[Any, float]]]] = [[], []]
+    scrapers = [threading.Thread(target=_keep_scraping, args=(port + i, stop, seen[i])) for i in range(2)]
+    with procs.sim_fleet(2, "--token-latency", "0.02") as servers:
+        args = ("--workers", "2", "--max-tokens", "32", "--concurrency", "6", "--metrics-port", str(port),
+                "--metrics-host", "127.0.0.1", "--metrics-file", str(textfile))  # fmt: skip
+        for scraper in scrapers:
+            scraper.start()
+        try:
+            done = procs.run_generate(inp, tmp_path / "out", servers, *args)
+        finally:
+            stop.set()
+            for scraper in scrapers:
+                scraper.join(30)
+    assert done.returncode == 0, done.stderr
+    summary = orjson.loads((tmp_path / "out" / "summary.json").read_bytes())
+    counters = ("gen_pipeline_rows_total", "gen_pipeline_tokens_total", "gen_pipeline_request_seconds_count")
+    spans = []
+    for i, answers in enumerate(seen):
+        assert answers, f"port {port + i} never answered"
+        assert {dict(labels)["worker"] for _, samples in answers for _, labels in samples} == {str(i)}
+        mid = [t for t, s in answers if value(s, "gen_pipeline_rows_total", worker=str(i), outcome="completed") > 0
+               and value(s, "gen_pipeline_rows_pending", worker=str(i)) > 0]  # fmt: skip
+        assert mid, f"port {port + i} was never scraped mid-run"
+        spans.append((mid[0], mid[-1]))
+        final = parse(worker_file(textfile, i).read_text())
+        assert {k: v for k, v in answers[-1][1].items() if k[0] in counters} == {
+            k: v for k, v in final.items() if k[0] in counters
+        }, f"port {port + i}'s last answer is not its claimer's final figures"
+    assert max(start for start, _ in spans) <= min(end for _, end in spans), spans  # both served at once
+    both = [answers[-1][1] for answers in seen]
+    assert total(both, "gen_pipeline_rows_total", outcome="completed") == summary["completed"] == n
+    for reason in sorted(ALL_REASONS):
+        assert total(both, "gen_pipeline_rows_total", outcome=reason) == summary["failed"].get(reason, 0)
+    assert total(both, "gen_pipeline_tokens_total", kind="completion") == summary["output_tokens"]
+    assert total(both, "gen_pipeline_tokens_total", kind="prompt") == summary["input_tokens"]
+    assert total(both, "gen_pipeline_request_seconds_count") == summary["requests"]
 
 
 def test_after_the_run_metrics_wait_only_for_a_scraper_that_is_there(tmp_path: Path) -> None:
