@@ -212,3 +212,35 @@ def test_generate_runs_the_stall_command_once_per_stall_without_the_api_key(tmp_
         leaked = sorted(name for name, value in env.items() if name == "GEN_PIPELINE_API_KEY" or secret in value)
         assert leaked == []
     assert orjson.loads((out / "summary.json").read_bytes())["completed"] == 120
+
+
+@pytest.mark.slow  # a run of ~15 s with a paused fleet
+def test_workers_run_the_stall_command_once_per_stall(tmp_path: Path) -> None:
+    """`--workers 2`: both claimers see the shared fleet stall, and the command runs once (it ran once in each
+    claimer, so a user's pager went off twice)."""
+    import procs
+    from e2e import prompts
+
+    inp, out, hooks = tmp_path / "in.jsonl", tmp_path / "out", tmp_path / "hooks"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(80)))
+    hooks.mkdir()
+    hook = f'f={hooks}/$$; {{ date +%s.%N; env; }} > "$f.tmp" && mv "$f.tmp" "$f.env"'
+    args = ["--max-tokens", "16", "--concurrency", "4", "--stall-minutes", "0.05", "--on-stall", hook, "--workers", "2"]
+    with procs.sim_fleet_process(2, "--token-latency", "0.02") as (servers, sim):
+        argv = procs.generate_argv(inp, out, servers, *args, progress="off")
+        run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=procs.env())
+        try:
+            procs.wait_for_done(out, 5, timeout=60)
+            sim.send_signal(signal.SIGSTOP)
+            _until("the stall's command", lambda: len(_hook_runs(hooks)) >= 1)
+            time.sleep(6.0)  # long enough for every claimer to see the stall (each looks every 0.5 s)
+            sim.send_signal(signal.SIGCONT)
+            _, stderr = run.communicate(timeout=120)
+        finally:
+            sim.send_signal(signal.SIGCONT)
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+    assert run.returncode == 0, stderr
+    ran = len(_hook_runs(hooks))  # a count: the hook's environment is the test runner's, never printed
+    assert ran == 1

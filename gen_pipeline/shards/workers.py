@@ -160,6 +160,8 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
 
 def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) -> subprocess.Popen[bytes]:
     argv = [*worker_argv(argv, index, config.workers, alive_r, config.servers), *metrics.worker_args(config, index)]
+    if index:  # every claimer sees a stall of the fleet they share: one of them runs --on-stall, once per stall
+        argv += ["--on-stall", ""]
     env = worker_env(config)
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
 
