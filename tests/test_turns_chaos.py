@@ -68,13 +68,19 @@ def campaign(path: Path, out: Path, servers: str, args: tuple[str, ...], kills_w
     return kills
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_kill_9_campaign_over_whole_conversations(write_jsonl, tmp_path, workers):
+# --concurrency 4 keeps no queue margin; a fleet that reports its running slots gets one (kept room for next
+# turns could fill it and hang the tail: the third case)
+FLEETS = {"concurrency": ((), ("--concurrency", "4")), "margin": (("--max-running", "4", "--report-max-running"), ())}
+
+
+@pytest.mark.parametrize(("workers", "fleet"), [(1, "concurrency"), (2, "concurrency"), (1, "margin")])
+def test_kill_9_campaign_over_whole_conversations(write_jsonl, tmp_path, workers, fleet):
     rows = conversation_rows(150, turns=2)  # 2 or 3 user turns each
     path, out = write_jsonl(rows), tmp_path / "out"
     total = sum(len(split_turns(r["messages"])) for r in rows) * 2
-    args = ("--turns", "all", "--samples", "2", "--concurrency", "4", "--grace-period", "1", "--workers", str(workers))
-    with sim_fleet(3, "--token-latency", "0.004", "--seed", "3") as servers:
+    sim_args, run_args = FLEETS[fleet]
+    args = ("--turns", "all", "--samples", "2", *run_args, "--grace-period", "1", "--workers", str(workers))
+    with sim_fleet(3, "--token-latency", "0.004", "--seed", "3", *sim_args) as servers:
         kills = campaign(path, out, servers, args, 6, total)
         final = run_generate(path, out, servers, *args)
     assert final.returncode == 0, final.stderr
