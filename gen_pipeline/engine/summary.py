@@ -191,6 +191,9 @@ STATUS_RULES: dict[str, Any] = {
             "healthy": Rule(lambda v: all(bool(x) for x in v), live=True),
             "requests": SUM,
             "failures": TALLY,
+            "queued": Rule(total, live=True, optional=True),
+            "prompt_tokens": Rule(total, optional=True),
+            "cached_tokens": Rule(lambda v: None if all(x is None for x in v) else total(v), optional=True),
         }
     ),
 }
