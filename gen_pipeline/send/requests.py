@@ -115,9 +115,7 @@ class Track:
     body: dict[str, Any] = dataclasses.field(default_factory=dict)  # the request last sent (its shaping fields)
     input_tokens: int = 0  # our count of the prompt, for judging the server's
     broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
-    refusers: set[str] = field(
-        default_factory=set
-    )  # servers whose 400 (not its length) another server was asked to judge
+    refused_by: str | None = None  # the server whose plain 400 another server was asked to judge
     other_failures: bool = False  # an attempt failed otherwise (a timeout, a refused connection, a 503...)
 
     def failed(self, server: str, error: RequestError) -> None:
@@ -200,15 +198,15 @@ class RequestPath:
     def _second_opinion(self, exc: BadRequestError, track: Track) -> bool:
         """Whether to send a refused row once more, to another server: one misconfigured server (a chat
         template that fails) refuses every row, and only a second server tells its 400 from the row's."""
-        if track.refusers or len(self.pool.servers) < 2:
+        if track.refused_by is not None or len(self.pool.servers) < 2:
             return False
-        track.refusers.add(exc.server or track.server)
+        track.refused_by = exc.server or track.server
         return True
 
     def _contradicted(self, track: Track) -> None:
-        """Another server served a row that `track.refusers` refused: their 400 counts against their health."""
+        """Another server served a row that `track.refused_by` refused: its 400 counts against its health."""
         for server in self.pool.servers:
-            if server.url in track.refusers:
+            if server.url == track.refused_by:
                 self.pool.record_contradicted(server)
 
     def _rebudget(self, exc: ContextOverflowError, sent: int, prompt: Prompt) -> int | None:
