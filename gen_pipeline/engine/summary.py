@@ -118,6 +118,11 @@ def _rounded(ndigits: int) -> Callable[[list[Any]], float]:
 SUM, TALLY = Rule(total), Rule(tally)
 
 
+def total_if_any(values: list[Any]) -> Any:
+    """The parts' sum, or None when no part reports the figure (a server that reports no prefix cache)."""
+    return None if all(x is None for x in values) else total(values)
+
+
 def _reasoning(values: list[Any]) -> dict[str, int] | None:
     """Reasoning and answer tokens where the servers split them (None: no part's did)."""
     split = [v for v in values if v]
@@ -142,9 +147,7 @@ SUMMARY_RULES: dict[str, Any] = {
         {
             **dict.fromkeys(("requests", "completions", "output_tokens", "prompt_tokens", "capacity"), SUM),
             "queue_margin": SUM,
-            **dict.fromkeys(
-                ("cached_tokens", "prefill_tokens"), Rule(lambda v: None if all(x is None for x in v) else total(v))
-            ),
+            **dict.fromkeys(("cached_tokens", "prefill_tokens"), Rule(total_if_any)),
             "failures": TALLY,
             "capacity_source": Rule(_joined),
             "impossible_usage": Rule(total, optional=True),
@@ -193,7 +196,7 @@ STATUS_RULES: dict[str, Any] = {
             "failures": TALLY,
             "queued": Rule(total, live=True, optional=True),
             "prompt_tokens": Rule(total, optional=True),
-            "cached_tokens": Rule(lambda v: None if all(x is None for x in v) else total(v), optional=True),
+            "cached_tokens": Rule(total_if_any, optional=True),
         }
     ),
 }
