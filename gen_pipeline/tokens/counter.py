@@ -22,6 +22,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -143,9 +144,9 @@ class FastTokenCounter:
         self.chat_template: Any = template.source
         self.name = name
         # `whole`: encode every text whole (the simulator, which must count as a server does, not as we do)
-        self.pieces: Callable[[list[str]], list[int]] = PieceLengths(tokenizer, encoded_lengths)
-        if whole:
-            self.pieces = lambda texts: encoded_lengths(tokenizer, texts)
+        self.pieces: Callable[[list[str]], list[int]] = (
+            partial(encoded_lengths, tokenizer) if whole else PieceLengths(tokenizer, encoded_lengths)
+        )
 
     def count(self, conversations: Sequence[ChatInput]) -> list[int | str]:
         """Render every conversation, then encode the rendered ones (a long one by its pieces: pieces.py)."""
