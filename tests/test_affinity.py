@@ -107,3 +107,63 @@ def test_a_prompt_kept_waiting_past_the_patience_goes_first():
         waiting_a.cancel()
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
+
+
+def test_a_free_server_holding_no_waiting_prefix_takes_the_group_most_in_need_and_keeps_it():
+    """Spreading a prefix costs its prefill once more: the group with the most prompts waiting per server that
+    holds it spreads (not the oldest prompt's), and the server it spread to then takes that group's others."""
+
+    async def scenario() -> None:
+        p = pool(1, 1, 2)
+        s0, s1, s2 = p.servers
+        a, b = ask(SYSTEM_A, "qa"), ask(SYSTEM_B, "qb")
+        s0.prefixes.note(a)
+        s1.prefixes.note(b)
+        s0.in_flight = s1.in_flight = 1
+        s2.in_flight = 2
+        waiting_b = asyncio.ensure_future(p.lease(links=b).__aenter__())  # the oldest
+        waiting_a = [asyncio.ensure_future(p.lease(links=ask(SYSTEM_A, f"q{i}")).__aenter__()) for i in range(3)]
+        await asyncio.sleep(0)
+        s2.in_flight = 0  # two slots free on a server that holds neither prefix
+        p._hand_out()
+        await asyncio.sleep(0)
+        assert not waiting_b.done()
+        assert [w.done() and w.result() is s2 for w in waiting_a] == [True, True, False]
+        for w in [waiting_b, *waiting_a]:
+            w.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+
+
+def test_with_every_running_slot_taken_a_prompt_queues_at_its_holder_or_waits_for_it():
+    """The queue margins are where the free places are on a busy fleet: a prompt queues at the server holding
+    its prefix, and while that one's margin is full too it waits rather than queue at a server that would
+    prefill the prefix again."""
+    p = pool(2, 2)
+    holder, other = p.servers
+    holder.margin = other.margin = 1
+    a = ask(SYSTEM_A, "qa")
+    holder.prefixes.note(a)
+    holder.in_flight = other.in_flight = 2  # every running slot taken, one queue place each
+    assert p.pick(links=ask(SYSTEM_A, "q1"), patient=True) is holder
+    holder.in_flight = 3
+    assert p.pick(links=ask(SYSTEM_A, "q2"), patient=True) is None
+    assert p.pick(links=ask(SYSTEM_A, "q2")) is other  # not patient (it waited long enough): no place idles
+
+
+def test_in_the_tail_a_holder_a_little_slower_than_the_rest_keeps_its_prefix():
+    """The tail rule keeps a request off a server far slower than the rest; a holder's measured latency
+    includes its prefills and queue, so it is spared up to HOLDER_SLACK times more: elsewhere the prefix is
+    paid again. A holder far slower still loses the request."""
+    p = pool(4, 4, 4)
+    holder = p.servers[0]
+    a = ask(SYSTEM_A, "qa")
+    holder.prefixes.note(a)
+    p.backlog = lambda: 0
+    for s in p.servers:
+        s.mean_latency = 1.0
+    holder.mean_latency = 1.5  # too late by the plain rule, within HOLDER_SLACK
+    assert p._too_late(holder, p._latencies(), p.clock(), False, 0)
+    assert p.pick(links=ask(SYSTEM_A, "q1")) is holder
+    holder.mean_latency = 5.0  # far slower: the request goes elsewhere
+    assert p.pick(links=ask(SYSTEM_A, "q1")) is not holder

@@ -77,20 +77,18 @@ def _nearest(servers: Iterable[S], links: tuple[Link, ...]) -> tuple[S | None, i
 
 def steer(candidates: list[S], serving: list[S], links: tuple[Link, ...], patient: bool) -> tuple[S | None, bool]:
     """Where a prompt should go among the servers that may take it now (`candidates`, the balancer's order),
-    and whether it should rather wait: (server, wait). A server with a free running slot that holds the
-    longest prefix any server in service (`serving`) holds takes it; when only a busy one holds that, a
-    `patient` prompt waits for a slot there (the balancer bounds how long), else it takes the free server
-    holding the most. With no free slot anywhere, it queues at the candidate holding the most (within the
-    queue margin every server has). (None, False): no preference."""
-    free = [s for s in candidates if s.taken() < s.capacity]
-    best_free, n_free = _nearest(free, links)
-    if not free:
-        return _nearest(candidates, links)[0], False
-    if best_free is not None and n_free >= _nearest(serving, links)[1]:
-        return best_free, False
+    and whether it should rather wait: (server, wait). It goes where it would run at once if it can: among
+    the candidates with a free running slot (with none anywhere, among all of them: their queue margins),
+    the one holding the longest prefix any server in service (`serving`) holds takes it; when only a busy
+    one holds that, a `patient` prompt waits for room there (the balancer bounds how long), else it takes
+    the candidate holding the most. (None, False): no preference."""
+    free = [s for s in candidates if s.taken() < s.capacity] or candidates
+    best, n = _nearest(free, links)
+    if best is not None and n >= _nearest(serving, links)[1]:
+        return best, False
     if patient and _nearest(serving, links)[0] is not None:
         return None, True
-    return best_free, False
+    return best, False
 
 
 class PrefixModel:

@@ -102,7 +102,9 @@ class ServerPool:
             near, wait = affinity.steer([self.servers[i] for *_, i in candidates], serving, links, patient)
             if wait:
                 return None
-            if near is not None and not (tail and self._too_late(near, latency, now, waiting, size)):
+            if near is not None and not (
+                tail and self._too_late(near, latency, now, waiting, size, pacing.HOLDER_SLACK)
+            ):
                 return near
         for *_, i in candidates:
             server = self.servers[i]
@@ -123,10 +125,18 @@ class ServerPool:
         default = sum(known) / len(known) if known else 1.0
         return {s.url: default if s.mean_latency is None else s.mean_latency for s in self.servers}
 
-    def _too_late(self, server: ServerState, latency: dict[str, float], now: float, waiting: bool, size: float) -> bool:
+    def _too_late(
+        self,
+        server: ServerState,
+        latency: dict[str, float],
+        now: float,
+        waiting: bool,
+        size: float,
+        slack: float = pacing.TAIL_SLACK,
+    ) -> bool:
         """Whether the rest of the fleet would drain everything still waiting, this request last, well before
-        `server` could finish this request (of `size` output tokens). A server whose speed is not known (or
-        forgotten after a long idle spell) gets the request: its answer measures it."""
+        (`slack` times) `server` could finish this request (of `size` output tokens). A server whose speed is not
+        known (or forgotten after a long idle spell) gets the request: its answer measures it."""
         assert self.backlog is not None
         here = server.speed.request_s(size, now, latency[server.url])
         others = [s for s in self.servers if s is not server and now >= s.down_until]
@@ -136,7 +146,7 @@ class ServerPool:
         waiting_here = self.backlog() + len(self._queue) + (0 if waiting else 1)
         queued = sum(max(0, s.in_flight - s.capacity) for s in others)
         last = sum(s.speed.request_s(size, now, latency[s.url]) or latency[s.url] for s in others) / len(others)
-        return pacing.too_late(here, pacing.drain_seconds(waiting_here, queued, rate, last))
+        return pacing.too_late(here, pacing.drain_seconds(waiting_here, queued, rate, last), slack)
 
     def healthy(self) -> list[ServerState]:
         """Servers not taken out."""
@@ -233,24 +243,38 @@ class ServerPool:
         if not self._queue or not free:
             return
         if self.backlog is None:
-            for lease in self._cached_first(now):  # one refused here has its server excluded, or a busy preferred one
-                if not (free := free - self._grant(lease)):
+            while True:
+                for lease in self._cached_first(now):  # one refused here has its server excluded, or a busy one
+                    if not (free := free - self._grant(lease)):
+                        return
+                # No slot idles while leases wait for their prefix: the group with the most waiting per server
+                # holding it spreads to one more (then its other leases find a free holder: the loop again).
+                spread = self._widest_group([w for w in self._queue if w.links], now)
+                if spread is None or not self._grant(spread, patient=False):
                     return
-            for lease in [w for w in self._queue if w.links]:  # no slot idles while leases wait for their prefix
-                if not (free := free - self._grant(lease, patient=False)):
-                    return
-            return
+                free -= 1
         later = self._elsewhere(now, self._queue)  # among leases of one size, those a free server holds first
         ordered = sorted(self._queue, key=lambda w: (-w.size, later(w)))
         for lease in [w for w in ordered if w.exclude or w.prefer is not None]:
             if not (free := free - self._grant(lease)):
                 return
         plain = [w for w in ordered if not w.exclude and w.prefer is None]
-        for patient in (None, False) if any(w.links for w in plain) else (None,):  # no slot idles while they wait
-            start = 0
-            while free and (found := self._longest_fit(plain, start)) is not None:
-                free -= self._grant(plain[found], patient)
-                start = found + 1
+        free = self._fit(plain, free, None)
+        while free and any(w.links for w in plain):  # no slot idles while they wait: the widest group spreads
+            plain = [w for w in plain if not w.granted or not w.granted.done()]
+            spread = self._widest_group([w for w in plain if w.links], now)
+            if spread is None or not self._grant(spread, patient=False):
+                self._fit(plain, free, False)  # the tail rule refused it: any that fits
+                return
+            free = self._fit(plain, free - 1, None)
+
+    def _fit(self, leases: list[Lease], free: int, patient: bool | None) -> int:
+        """Grant `leases` (longest first) while free slots may take them now; the free slots left."""
+        start = 0
+        while free and (found := self._longest_fit(leases, start)) is not None:
+            free -= self._grant(leases[found], patient)
+            start = found + 1
+        return free
 
     def _cached_first(self, now: float) -> list[Lease]:
         """The queued leases, those whose prompt a free server's cache holds (or that waited AFFINITY_PATIENCE)
@@ -273,6 +297,22 @@ class ServerPool:
             return affinity.nearest(free, lease.links) is None
 
         return later
+
+    def _widest_group(self, leases: list[Lease], now: float) -> Lease | None:
+        """The oldest lease of the prefix group (leases sharing their first link) with the most leases waiting
+        per server in service that likely holds it (None: no lease)."""
+        if not leases:
+            return None
+        groups: dict[bytes, list[Lease]] = {}
+        for lease in leases:
+            groups.setdefault(lease.links[0].digest, []).append(lease)
+        serving = [s for s in self.servers if now >= s.down_until]
+
+        def backlog(waiting: list[Lease]) -> float:
+            first = waiting[0].links[:1]
+            return len(waiting) / max(1, sum(s.prefixes.match(first) > 0 for s in serving))
+
+        return max(groups.values(), key=backlog)[0]
 
     def _patience(self) -> float:
         """How long a lease may wait for the busy server that holds its prefix: AFFINITY_PATIENCE times what a

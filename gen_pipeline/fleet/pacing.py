@@ -13,6 +13,9 @@ MIN_QUEUE_MARGIN = 2
 # the rest of the fleet needs for everything still waiting (their latencies include the wait in the
 # servers' queues, so that time is already a little long).
 TAIL_SLACK = 1.0
+# A server whose prefix cache likely holds the prompt is spared that much more: elsewhere the request would pay
+# the prefill of that prefix again (and spread it), which the time measured on the servers does not show.
+HOLDER_SLACK = 2.0
 SPEED_WEIGHT = 0.2  # the weight of each new success in a server's seconds per output token
 # A speed not measured for this many times the request it predicts is forgotten: a server left idle by
 # the tail rule is judged again on its next answer, not forever on a slow spell it had earlier.
@@ -57,8 +60,8 @@ def drain_seconds(waiting: int, queued: int, rate: float, last_s: float) -> floa
     return max((waiting + queued) / rate, last_s)
 
 
-def too_late(request_s: float, drain_s: float) -> bool:
+def too_late(request_s: float, drain_s: float, slack: float = TAIL_SLACK) -> bool:
     """Whether a request that takes `request_s` on this server would finish well after the rest of the fleet
     drains (a long request on a slow server at the end is the tail; kept for the others, it costs them a
     fraction of a second; a short one fits on the slow server)."""
-    return request_s > TAIL_SLACK * drain_s
+    return request_s > slack * drain_s
