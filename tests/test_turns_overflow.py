@@ -5,7 +5,8 @@ The simulated servers count `EXTRA` template tokens more than the client does (a
 client does not know), so the client's exact count lets the turn go out and the server's count is over
 its context. The long conversation's turns count 91, 205, 306, 403, ... tokens on the client (the tiny
 tokenizer, `completion_words` 4 and max_tokens 32 keep the answers short): turns 0-2 fit the server's
-count too, turn 3 (403 + 100 = 503) does not.
+count too, turn 3 (403 + 100 = 503) does not. A turn the client can tell will be refused (at the servers'
+input cap) is not sent at all: over_length.
 """
 
 from __future__ import annotations
@@ -112,3 +113,26 @@ def test_a_turn_no_budget_fixes_ends_the_conversation_once(write_jsonl, tmp_path
     assert again.summary["requests"] == 0 and again.summary["skipped"] == {"context_overflow": 1, "done": 3}
     assert len(read_jsonl(log)) == asked
     assert {name: (out / name).read_bytes() for name in written} == written
+
+
+def test_a_turn_at_the_servers_input_cap_is_over_length_unsent(write_jsonl, tmp_path):
+    """Turns are clamped like any prompt, the fleet's input cap too (SGLang's max_req_input_len, here 399
+    from a KV pool of 405 tokens): turn 3 (403 tokens) is ledgered over_length without being sent, as the
+    same prompt in a plain run is (turns were budgeted without the cap: the turn was sent and refused with
+    SGLang's 'Input length ... exceeds the maximum allowed length' 400, context_overflow)."""
+    rows = [long_conversation(), *conversation_rows(3)]
+    path, out, log = write_jsonl(rows), tmp_path / "out", tmp_path / "requests.jsonl"
+    sim = {**sim_settings(2000, log), "template_extra_tokens": 0, "max_total_tokens": 405}
+    outcome, _ = run_sim(path, out, sim=sim, turns="all", samples=SAMPLES, max_tokens=MAX_TOKENS)
+    assert outcome.exit_code == 0, outcome.summary
+    ledger = read_jsonl(out / "failures.jsonl")
+    assert sorted((f["id"], f["sample"], f["turn"], f["reason"]) for f in ledger) == [
+        ("long", s, ENDS_AT, "over_length") for s in range(SAMPLES)
+    ]
+    assert all("refuse inputs of 399 tokens" in f["detail"] and f["attempts"] == 0 for f in ledger), ledger
+    done = places(out)
+    assert set(done.values()) == {1} and sorted(t for (i, _, t) in done if i == "long") == sorted(
+        list(range(ENDS_AT)) * SAMPLES
+    )
+    assert outcome.summary["requests"] == sum(done.values())  # the refused turns were never sent
+    assert outcome.summary["conversations"]["ended_at_turn"] == {str(ENDS_AT): SAMPLES}
