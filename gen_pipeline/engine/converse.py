@@ -143,6 +143,7 @@ class TurnDispatch:
             prompt.max_tokens,
             path.learner.offset,
             request.at_least,
+            path.max_input,
         )
         if isinstance(budget, str):
             self.path.pool.unhome(home)
