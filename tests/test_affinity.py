@@ -167,3 +167,25 @@ def test_in_the_tail_a_holder_a_little_slower_than_the_rest_keeps_its_prefix():
     assert p.pick(links=ask(SYSTEM_A, "q1")) is holder
     holder.mean_latency = 5.0  # far slower: the request goes elsewhere
     assert p.pick(links=ask(SYSTEM_A, "q1")) is not holder
+
+
+def test_the_model_follows_what_the_server_reports_its_cache_held():
+    """A server whose reports say it no longer held a prefix the model credits it with keeps less than the
+    model thought (its cache is smaller than its KV pool suggests): the model shrinks and forgets the oldest
+    prefixes; one that held more than the model kept makes it grow again."""
+    model = PrefixModel(pool_tokens=100_000)
+    chains = [ask({"role": "system", "content": f"{k} " + "rules " * 200}, "q") for k in range(6)]
+    for links in chains:
+        model.note(links)
+    assert all(model.match(links) for links in chains)
+    last = chains[-1]
+    expected = model.match(last)
+    prompt_tokens = 300
+    model.observed(last, expected, cached_tokens=200, prompt_tokens=prompt_tokens)  # held: two thirds
+    assert model.capacity_chars == 400_000  # not under half of what was expected: nothing learned
+    model.observed(last, expected, cached_tokens=10, prompt_tokens=prompt_tokens)  # it had let it go
+    assert model.capacity_chars < 400_000
+    assert model.match(chains[0]) == 0 and model.match(last) > 0  # the oldest leave first
+    small = model.capacity_chars
+    model.observed(chains[0], 0, cached_tokens=prompt_tokens - 1, prompt_tokens=prompt_tokens)  # held after all
+    assert model.capacity_chars > small

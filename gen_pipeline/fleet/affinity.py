@@ -4,7 +4,8 @@ cache, by whole messages.
 A prompt is a chain of digests, one per message boundary (the first message, the first two, ...), each with
 the characters up to it. A server is credited with every chain it was sent, in an LRU bounded in characters
 (its KV pool, in tokens, times CHARS_PER_TOKEN: what it can hold at most), as its radix cache evicts the
-least recently used prefixes. The match of a prompt on a server is the characters of the longest link it
+least recently used prefixes; where the server reports the cached part of each prompt, that bound follows what
+it really keeps (PrefixModel.observed). The match of a prompt on a server is the characters of the longest link it
 holds. This only steers the choice among servers with a free slot (balancer.py); nothing counted depends on it.
 """
 
@@ -21,6 +22,7 @@ import orjson
 CHARS_PER_TOKEN = 4  # a generous figure: the model holds at most what the server can
 DEFAULT_POOL_TOKENS = 200_000  # a server that gives no KV pool size
 MIN_SHARED_CHARS = 200  # links shorter than this are left out of a chain
+MIN_CAPACITY_CHARS = 4096  # what the model keeps however small the server's reports say its cache is
 
 
 class Holder(Protocol):
@@ -106,6 +108,21 @@ class PrefixModel:
                 return link.chars
         return 0
 
+    def observed(self, links: tuple[Link, ...], expected: int, cached_tokens: int, prompt_tokens: int) -> None:
+        """What the server reported of one prompt (`usage.prompt_tokens_details.cached_tokens`) against the
+        characters the model `expected` it to hold: the model's size follows the server's cache. Held for
+        under half of that: the server keeps less than the model (a smaller cache, or one shared with the
+        running requests), which shrinks to three quarters of what it holds; held beyond what was expected
+        (the model had let it go), the model grows by the difference."""
+        if not links or prompt_tokens <= 0:
+            return
+        held = cached_tokens * links[-1].chars // prompt_tokens  # in the chain's characters
+        if expected >= MIN_SHARED_CHARS and 2 * held < expected:
+            self.capacity_chars = max(MIN_CAPACITY_CHARS, self._chars * 3 // 4)
+            self._evict()
+        elif held > expected + MIN_SHARED_CHARS:
+            self.capacity_chars += held - expected
+
     def note(self, links: tuple[Link, ...]) -> None:
         """The server was sent this prompt: every link is held, the shortest most recently (so a longer prefix
         leaves before the shorter ones it extends, as a radix tree's leaves do)."""
@@ -118,6 +135,10 @@ class PrefixModel:
             added = link.chars - (links[i - 1].chars if i else 0)  # a link stores only its own message
             held[link.digest] = added
             self._chars += added
+        self._evict()
+
+    def _evict(self) -> None:
+        held = self._held
         while self._chars > self.capacity_chars and len(held) > 1:
             _, chars = held.popitem(last=False)
             self._chars -= chars

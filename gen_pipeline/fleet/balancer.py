@@ -199,6 +199,7 @@ class ServerPool:
         server.trial_in_flight += lease.trial
         lease.server = server
         if lease.links:
+            lease.expected = server.prefixes.match(lease.links)
             server.prefixes.note(lease.links)
 
     async def _wait(self, lease: Lease) -> ServerState:
@@ -495,6 +496,7 @@ class Lease:
 
     __slots__ = (
         "exclude",
+        "expected",
         "granted",
         "home",
         "keep",
@@ -526,6 +528,7 @@ class Lease:
         self.trial = False
         self.granted: asyncio.Future[ServerState] | None = None  # set while queued for a slot
         self.links: tuple[Link, ...] = ()  # its prompt's prefixes (affinity.chain)
+        self.expected = 0  # characters of them its server's cache was expected to hold (PrefixModel.match)
         self.queued_at = 0.0  # the pool's clock when it began to wait for a slot
 
     async def __aenter__(self) -> ServerState:

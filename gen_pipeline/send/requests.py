@@ -251,6 +251,13 @@ class RequestPath:
             self.pool.record_success(server, track.latency, used, lease.started)
             if not result.usage_problem:
                 server.note_usage(result.prompt_tokens, result.cached_tokens)
+                if (
+                    lease.links
+                    and result.cached_tokens is not None
+                    and result.prompt_tokens
+                    and payload.get("n", 1) == 1
+                ):
+                    server.prefixes.observed(lease.links, lease.expected, result.cached_tokens, result.prompt_tokens)
             return result
 
     def _judged(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
