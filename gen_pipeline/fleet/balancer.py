@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from ..errors import ConnectError, OverloadedError, RequestError
 from . import affinity, health, pacing
@@ -277,25 +277,39 @@ class ServerPool:
             start = found + 1
         return free
 
-    def _cached_first(self, now: float) -> list[Lease]:
-        """The queued leases, those whose prompt a free server's cache holds (or that waited AFFINITY_PATIENCE)
-        first, each group oldest first."""
+    def _cached_first(self, now: float) -> Iterator[Lease]:
+        """The queued leases that may take a free slot now, oldest first: of the AFFINITY_SCAN oldest, those
+        not waiting for the busy server that holds their prefix (the spread step, `_widest_group`, serves
+        those), then the rest."""
         queue = self._queue
-        head = queue[:AFFINITY_SCAN]
-        return sorted(head, key=self._elsewhere(now, head)) + queue[AFFINITY_SCAN:]
+        head, rest = queue[:AFFINITY_SCAN], queue[AFFINITY_SCAN:]
+        later = self._elsewhere(now, head)
+        yield from (w for w in head if not later(w))
+        yield from rest
 
     def _elsewhere(self, now: float, leases: list[Lease]) -> Callable[[Lease], bool]:
-        """Whether a lease should let others go first: no free server holds its prefix, and it has not waited
-        AFFINITY_PATIENCE (False for all when no lease has a prefix)."""
+        """Whether a lease waits for the busy server that holds its prefix, as `pick` would have it: no server
+        it could go to now holds any (a free running slot, else before the input is exhausted a queue margin),
+        one in service does, and it has not waited AFFINITY_PATIENCE (False for all when no lease has a
+        prefix; a lease with a server to avoid or prefer is never held back here)."""
         if not any(w.links for w in leases):
             return lambda lease: False
-        free = [s for s in self.servers if s.available(now) and s.taken() < s.capacity]
+        available = [s for s in self.servers if s.available(now)]
+        free = [s for s in available if s.taken() < s.capacity] or ([] if self.backlog is not None else available)
+        serving = [s for s in self.servers if now >= s.down_until]
         patience = self._patience()
+        groups: dict[bytes, bool] = {}  # by a lease's first link: a prefix group waits or not (a longer link
+        # is held only where its first is: the model lets a prefix go before the shorter ones it extends)
 
         def later(lease: Lease) -> bool:
-            if not lease.links or now - lease.queued_at > patience:
+            if not lease.links or lease.exclude or lease.prefer is not None or now - lease.queued_at > patience:
                 return False
-            return affinity.nearest(free, lease.links) is None
+            first = lease.links[:1]
+            if (waits := groups.get(first[0].digest)) is None:
+                waits = groups[first[0].digest] = (
+                    affinity.nearest(free, first) is None and affinity.nearest(serving, first) is not None
+                )
+            return waits
 
         return later
 
