@@ -11,10 +11,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from e2e import check_invariant, run_sim
 
 from gen_pipeline.config import RunConfig
 from gen_pipeline.engine.setup import build_pool
 from gen_pipeline.errors import ConnectError
+from gen_pipeline.fleet import loads
 from gen_pipeline.fleet.balancer import ServerPool
 from gen_pipeline.fleet.discovery import FleetInfo, ServerInfo, probe
 from gen_pipeline.fleet.loads import Load, Trend, adjust, parse_load, watch_loads
@@ -74,6 +76,47 @@ def test_without_kv_admission_only_the_slots_bound_concurrency() -> None:
     most, load, statuses = _burst(kv_admission=False)
     assert statuses == [200] * 16 and most == 16
     assert (load["num_running_reqs"], load["num_waiting_reqs"]) == (16, 0)
+
+
+def _long_prompts(n: int) -> list[dict[str, Any]]:
+    """`n` distinct chat rows of 450 to 500 tokens each (the tiny tokenizer)."""
+    return [
+        {"id": i, "messages": [{"role": "user", "content": f"Q{i}: " + "tell me more " * (48 + i % 7)}]}
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Poll the loads four times a second, so that a run of a few seconds sees a dozen samples."""
+    monkeypatch.setattr(loads, "LOADS_INTERVAL", 0.25)
+
+
+def test_capacity_follows_what_the_pool_admits(write_jsonl, tmp_path, fast_polls):
+    """Start-up capacity 64 (slots 64; pool 4096 // max_tokens 64), but prompts of ~470 tokens leave room in the
+    pool for 7 at a time: each server's capacity ends near what its pool runs, every row completed once."""
+    rows = _long_prompts(240)
+    out = tmp_path / "out"
+    sim = {"n_ports": 2, "kv_admission": True, "max_total_tokens": 4096, "context_length": 2048}
+    outcome, fleet = run_sim(write_jsonl(rows), out, {**sim, "token_latency": 0.01}, timeout=30)
+    assert outcome.exit_code == 0
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 240, "ledger": 0}
+    servers = outcome.summary["servers"]
+    for url, stats in zip(fleet.urls, fleet.stats.values(), strict=True):
+        assert stats.max_running == 7  # what the pool admits at once
+        assert servers[url]["capacity_source"] == "loads endpoint"
+        assert 6 <= servers[url]["capacity"] <= 8, servers[url]
+
+
+def test_capacity_the_server_runs_is_left_alone(write_jsonl, tmp_path, fast_polls):
+    """Without KV-pool admission the same run's servers run all 64 + 8 sent: capacity stays the start-up 64."""
+    rows = _long_prompts(240)
+    out = tmp_path / "out"
+    sim = {"n_ports": 2, "max_total_tokens": 4096, "context_length": 2048, "token_latency": 0.01}
+    outcome, fleet = run_sim(write_jsonl(rows), out, sim, timeout=30)
+    assert outcome.exit_code == 0 and outcome.summary["completed"] == 240
+    assert [s["capacity"] for s in outcome.summary["servers"].values()] == [64, 64]
+    assert max(s.max_running for s in fleet.stats.values()) > 7
 
 
 def _walk(capacity: int, samples: list[tuple[int, int, float | None, int]], ceiling: int = 64, share: int = 1):
