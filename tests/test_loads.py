@@ -106,6 +106,7 @@ def test_capacity_follows_what_the_pool_admits(write_jsonl, tmp_path, fast_polls
         assert stats.max_running == 7  # what the pool admits at once
         assert servers[url]["capacity_source"] == "loads endpoint"
         assert 6 <= servers[url]["capacity"] <= 8, servers[url]
+        assert servers[url]["capacity_range"] == [servers[url]["capacity"], 64]
 
 
 def test_capacity_the_server_runs_is_left_alone(write_jsonl, tmp_path, fast_polls):
@@ -116,6 +117,7 @@ def test_capacity_the_server_runs_is_left_alone(write_jsonl, tmp_path, fast_poll
     outcome, fleet = run_sim(write_jsonl(rows), out, sim, timeout=30)
     assert outcome.exit_code == 0 and outcome.summary["completed"] == 240
     assert [s["capacity"] for s in outcome.summary["servers"].values()] == [64, 64]
+    assert [s["capacity_range"] for s in outcome.summary["servers"].values()] == [[64, 64]] * 2
     assert max(s.max_running for s in fleet.stats.values()) > 7
 
 
@@ -287,3 +289,17 @@ def test_discovery_finds_loads_only_on_sglang_and_build_pool_watches_only_those(
         )
         pool = build_pool(config, FleetInfo([sglang, other], []), open_files=65536)
         assert [s.ceiling for s in pool.servers] == ceilings
+
+
+def test_summary_view_shows_the_range_only_for_watched_servers() -> None:
+    """summary.json per server: capacity_range [least, most] where the load watcher moves capacity; claimers'
+    parts add up end by end, as their capacities do."""
+    from gen_pipeline.engine.summary import SUMMARY_RULES
+
+    watched, plain = ServerState("http://a", 64, ceiling=64), ServerState("http://b", 64)
+    watched.set_capacity(7)
+    watched.set_capacity(9)
+    assert watched.view(0.0)["capacity_range"] == [7, 64] and watched.view(0.0)["capacity"] == 9
+    assert "capacity_range" not in plain.view(0.0)
+    merge = SUMMARY_RULES["servers"].rules["capacity_range"].combine
+    assert merge([[7, 64], [4, 32], None]) == [11, 96] and merge([None]) is None

@@ -63,6 +63,10 @@ class ServerState:
         self.capacity_high = max(self.capacity_high or start, capacity)
         self.capacity = capacity
 
+    def capacity_range(self) -> list[int]:
+        """[least, most] capacity over the run (both the capacity when it never moved)."""
+        return [self.capacity_low or self.capacity, self.capacity_high or self.capacity]
+
     @property
     def limit(self) -> int:
         return self.capacity + self.margin
@@ -119,6 +123,8 @@ class ServerState:
             "capacity": self.capacity,
             "capacity_source": self.capacity_source,
             "queue_margin": self.margin,
+            # the least and the most its load reports moved it to (loads.py); only on the servers watched
+            **({"capacity_range": self.capacity_range()} if self.ceiling is not None else {}),
             **({"impossible_usage": self.bad_usage} if self.bad_usage else {}),
             **({"retired": "its checkpoint is not the run's"} if self.retired else {}),
         }
