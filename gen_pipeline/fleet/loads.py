@@ -68,12 +68,12 @@ def parse_load(body: Any) -> Load | None:
     """The first rank's load from a `/v1/loads` body (None: not one)."""
     loads = body.get("loads") if isinstance(body, dict) else None
     first = loads[0] if isinstance(loads, list) and loads and isinstance(loads[0], dict) else {}
-    running, waiting, usage = _count(first.get("num_running_reqs")), _count(first.get("num_waiting_reqs")), None
+    running, waiting = _count(first.get("num_running_reqs")), _count(first.get("num_waiting_reqs"))
     if running is None or waiting is None:
         return None
-    if isinstance(first.get("token_usage"), int | float) and not isinstance(first.get("token_usage"), bool):
-        usage = float(first["token_usage"])
-    return Load(running, waiting, usage)
+    if isinstance(usage := first.get("token_usage"), int | float) and not isinstance(usage, bool):
+        return Load(running, waiting, float(usage))
+    return Load(running, waiting)
 
 
 def _count(value: Any) -> int | None:
