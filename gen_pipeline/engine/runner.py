@@ -20,6 +20,7 @@ from ..config import RunConfig
 from ..errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from ..fleet.balancer import ServerPool
 from ..fleet.discovery import FleetInfo
+from ..fleet.loads import watch_loads
 from ..fleet.prober import watch_servers
 from ..http import Client, open_transport
 from ..inputs.rows import BadRow
@@ -157,15 +158,18 @@ class Runner:
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
         monitor = asyncio.create_task(watch_run(self))
         prober = asyncio.create_task(watch_servers(self.pool, self.client)) if self.client else monitor
+        # each watched server's capacity follows its load reports; never above its start-up figure, so the
+        # workers sized from that figure above stay enough
+        loads = asyncio.create_task(watch_loads(self.pool, self.client, self.config.share)) if self.client else monitor
         producer = asyncio.create_task(self._produce(queue, workers))
         try:
             await self._until_done_or_stopped(producer, tasks)
             if not self.stopping.is_set():
                 self.judge.finish()
         finally:
-            for t in [monitor, prober, producer, *tasks]:
+            for t in [monitor, prober, loads, producer, *tasks]:
                 t.cancel()
-            await asyncio.gather(monitor, prober, producer, *tasks, return_exceptions=True)
+            await asyncio.gather(monitor, prober, loads, producer, *tasks, return_exceptions=True)
             if self.turns is not None:
                 self.turns.close()
 

@@ -136,6 +136,8 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     for server in pool.servers:
         if (info := infos.get(server.url)) is not None:
             server.prefixes = PrefixModel(info.max_total_num_tokens)
+            # its load reports move its capacity (fleet/loads.py), never above the figure the workers are sized by
+            server.ceiling = server.capacity if info.loads and not config.concurrency else None
         if server.url in fleet.down:
             pool.mark_down(server)
     return pool

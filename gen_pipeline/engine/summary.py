@@ -129,6 +129,12 @@ def _reasoning(values: list[Any]) -> dict[str, int] | None:
     return {k: sum(v[k] for v in split) for k in split[0]} if split else None
 
 
+def _ranges(values: list[Any]) -> list[int] | None:
+    """The parts' capacity ranges added end by end, as their capacities are (None: no part's was watched)."""
+    known = [v for v in values if v]
+    return [sum(v[0] for v in known), sum(v[1] for v in known)] if known else None
+
+
 # Figures a merge derives itself (merge_summaries), not from the parts' values.
 DERIVED = frozenset(
     {"exit_code", "workers", "elapsed_s", "requests_per_s", "output_tokens_per_s", "token_drift.differed"}
@@ -150,6 +156,7 @@ SUMMARY_RULES: dict[str, Any] = {
             **dict.fromkeys(("cached_tokens", "prefill_tokens"), Rule(total_if_any)),
             "failures": TALLY,
             "capacity_source": Rule(_joined),
+            "capacity_range": Rule(_ranges, optional=True),
             "impossible_usage": Rule(total, optional=True),
             "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
             # the slowest part's view: the parts share the servers, a mean of means would hide a slow one

@@ -12,7 +12,8 @@ SGLang's running slots: `/server_info` `max_running_requests` when the server wa
 `loads[0].max_running_requests` ("loads endpoint") or `/server_info` `internal_states[0]
 .effective_max_running_requests_per_dp` ("scheduler state"). Its KV token pool (`max_total_num_tokens`) and
 input cap (`max_req_input_len`) are kept too: capacity.py decides from them. llama.cpp reports its slots as
-`/props` `total_slots` ("reported"); vLLM reports none.
+`/props` `total_slots` ("reported"); vLLM reports none. Whether an SGLang server answers `/v1/loads` at all is
+kept as `ServerInfo.loads`: only those servers are polled for their load during the run (fleet/loads.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class ServerInfo:
     max_total_num_tokens: int | None = None  # SGLang's KV pool: what an admitted request reserves comes from it
     max_req_input_len: int | None = None  # SGLang refuses a prompt of this many tokens or more
     version: str | None = None
+    loads: bool = False  # it answers /v1/loads (SGLang): its running and waiting requests can be watched
 
 
 @dataclass
@@ -130,8 +132,9 @@ async def probe(client: Client, url: str) -> ServerInfo:
     if kind is None and (extra := await _optional(client, url, "/props")):
         kind = "llamacpp"
     running, source = _positive(server.get("max_running_requests") or extra.get("total_slots")), "reported"
+    load = _first((await _optional(client, url, "/v1/loads")).get("loads")) if kind == "sglang" else {}
     if running is None and kind == "sglang":
-        running, source = await _scheduler_slots(client, url, server)
+        running, source = _scheduler_slots(load, server)
     return ServerInfo(
         url=url,
         model=card.get("id"),
@@ -144,6 +147,7 @@ async def probe(client: Client, url: str) -> ServerInfo:
         max_req_input_len=_positive(server.get("max_req_input_len")),
         version=_text(server.get("version")),
         identity=identity_from(kind, card, info, server, extra),
+        loads="num_running_reqs" in load,
     )
 
 
@@ -151,9 +155,9 @@ async def probe(client: Client, url: str) -> ServerInfo:
 _IDENTITY_PATHS = {"llamacpp": "/props", "vllm": "/version"}
 
 
-async def _scheduler_slots(client: Client, url: str, server: dict[str, Any]) -> tuple[int | None, str]:
-    """The scheduler's running slots when /server_info says null: /v1/loads, else its internal state."""
-    load = _first((await _optional(client, url, "/v1/loads")).get("loads"))
+def _scheduler_slots(load: dict[str, Any], server: dict[str, Any]) -> tuple[int | None, str]:
+    """The scheduler's running slots when /server_info says null: /v1/loads (its first rank's `load`), else its
+    internal state."""
     if (running := _positive(load.get("max_running_requests"))) is not None:
         return running, "loads endpoint"
     state = _first(server.get("internal_states"))

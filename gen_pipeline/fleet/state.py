@@ -21,6 +21,11 @@ class ServerState:
     capacity: int
     margin: int = 0  # requests in flight beyond `capacity`, queued at the server
     capacity_source: str = "default"  # where `capacity` came from (capacity.SOURCES)
+    # the most the load watcher (loads.py) may raise `capacity` to; None: the server reports no load, or
+    # --concurrency set it, and `capacity` stays what it was at start
+    ceiling: int | None = None
+    capacity_low: int = 0  # the least and the most `capacity` was during the run (0: what it was at start)
+    capacity_high: int = 0
     in_flight: int = 0
     homes: int = 0  # conversations between two turns whose next turn this server keeps room for (--turns all)
     trial_in_flight: int = 0
@@ -50,6 +55,17 @@ class ServerState:
     bad_usage: int = 0  # answers whose usage was impossible (send/usage.py), and the first one's reason
     bad_usage_first: str = ""
     prefixes: PrefixModel = field(default_factory=lambda: PrefixModel(None))  # what its prefix cache may hold
+
+    def set_capacity(self, capacity: int) -> None:
+        """Change `capacity` (the load watcher's finding), keeping the range it moved through."""
+        start = self.capacity
+        self.capacity_low = min(self.capacity_low or start, capacity)
+        self.capacity_high = max(self.capacity_high or start, capacity)
+        self.capacity = capacity
+
+    def capacity_range(self) -> list[int]:
+        """[least, most] capacity over the run (both the capacity when it never moved)."""
+        return [self.capacity_low or self.capacity, self.capacity_high or self.capacity]
 
     @property
     def limit(self) -> int:
@@ -107,6 +123,8 @@ class ServerState:
             "capacity": self.capacity,
             "capacity_source": self.capacity_source,
             "queue_margin": self.margin,
+            # the least and the most its load reports moved it to (loads.py); only on the servers watched
+            **({"capacity_range": self.capacity_range()} if self.ceiling is not None else {}),
             **({"impossible_usage": self.bad_usage} if self.bad_usage else {}),
             **({"retired": "its checkpoint is not the run's"} if self.retired else {}),
         }

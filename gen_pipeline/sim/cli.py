@@ -74,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="queue bound per port; beyond it 503 (default unbounded)",
     )
     add("--max-total-tokens", type=int, default=None, help="KV pool size (default 8 contexts)")
+    add(
+        "--kv-admission",
+        action="store_true",
+        help="admit a request only when its prompt + max_tokens (clipped at 4096) fit in the KV pool beside the "
+        "running ones, as SGLang does; the rest queue (default: only --max-running bounds concurrency)",
+    )
     add("--token-latency", type=float, default=0.0, help="seconds per generated token")
     add("--prefill-latency", type=float, default=0.0, help="seconds added once per request")
     add("--prompt-token-latency", type=float, default=0.0, help="seconds per prompt token (prefill)")
@@ -235,6 +241,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         report_max_running=args.report_max_running,
         max_queued=args.max_queued,
         max_total_tokens=args.max_total_tokens,
+        kv_admission=args.kv_admission,
         token_latency=args.token_latency,
         prefill_latency=args.prefill_latency,
         prompt_token_latency=args.prompt_token_latency,

@@ -14,6 +14,7 @@ SGLANG_VERSION = "0.5.23"
 LEGACY_SGLANG_VERSION = "0.5.9"  # the last release whose check (B) rejects input + max_new == ctx
 QWEN_EOS_ID = 151645  # matched_stop when the tokenizer has no eos id
 KV_POOL_PER_CONTEXT = 8  # default max_total_num_tokens is this many full contexts
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096  # what SGLang reserves for an admitted request's output at most
 
 
 def _frozen_map(value: Any) -> Mapping[Any, Any]:
@@ -42,7 +43,10 @@ class SimConfig:
     `max_queued` is set (then 503 "The request queue is full."). As in SGLang 0.5.23, /server_info says
     max_running_requests null unless `report_max_running` (--max-running-requests given); /v1/loads and
     internal_states give the figure. `max_total_tokens` is the KV
-    pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter.
+    pool (`max_total_num_tokens`, default 8 contexts); it can make check (C) stricter. With `kv_admission` it
+    also decides concurrency, as on a real SGLang: a request runs only when its prompt tokens plus its
+    max_tokens (clipped at SGLANG_CLIP_MAX_NEW_TOKENS, times n) fit in the pool beside the running ones'
+    reservations; the rest wait in the queue (scheduler.KvPool). Off, only `max_running` bounds it.
     Timing: a completion sleeps `prefill_latency + prompt_tokens * prompt_token_latency + n * token_latency`
     holding a running slot;
     `/health` sleeps `health_delay` (SGLang takes >= 1 s).
@@ -97,6 +101,7 @@ class SimConfig:
     report_max_running: bool = False
     max_queued: int | None = None
     max_total_tokens: int | None = None
+    kv_admission: bool = False
     # timing
     token_latency: float = 0.0
     prefill_latency: float = 0.0
@@ -190,6 +195,10 @@ class SimConfig:
     def max_total_num_tokens(self) -> int:
         """The KV pool size the scheduler reports."""
         return self.max_total_tokens or self.context_length * KV_POOL_PER_CONTEXT
+
+    def reservation(self, prompt_tokens: int, max_new: int, n: int = 1) -> int:
+        """The KV pool tokens an admitted request reserves: its prompt and its n outputs' clipped max_tokens."""
+        return prompt_tokens + n * min(max_new, SGLANG_CLIP_MAX_NEW_TOKENS)
 
     @property
     def max_req_len(self) -> int:

@@ -97,10 +97,13 @@ def server_info(cfg: SimConfig, port: int, started: float, weight_version: str |
     }
 
 
-def loads(cfg: SimConfig, running: int, waiting: int) -> dict[str, Any]:
-    """The /v1/loads body of one DP rank: the scheduler's running slots, its pool and its queue (the simulator
-    keeps no KV pool, so the usage figures SGLang also gives are left out)."""
+def loads(cfg: SimConfig, running: int, waiting: int, used_tokens: int = 0) -> dict[str, Any]:
+    """The /v1/loads body of one DP rank: the scheduler's running slots, its pool and its queue. `used_tokens`
+    stands for SGLang's num_used_tokens: the running requests' reservations (a real server counts the tokens
+    its KV cache holds, which grow toward them); without kv_admission the simulator does not bound them by the
+    pool, so token_usage may pass 1."""
     now = time.time()
+    total = cfg.max_total_num_tokens
     return {
         "timestamp": datetime.fromtimestamp(now, UTC).isoformat(),
         "version": cfg.version,
@@ -112,6 +115,9 @@ def loads(cfg: SimConfig, running: int, waiting: int) -> dict[str, Any]:
                 "dp_rank": 0,
                 "num_running_reqs": running,
                 "num_waiting_reqs": waiting,
+                "num_used_tokens": used_tokens,
+                "num_total_tokens": total,
+                "token_usage": round(used_tokens / total, 4),
                 "max_total_num_tokens": cfg.max_total_num_tokens,
                 "max_running_requests": cfg.max_running,
             }

@@ -173,8 +173,9 @@ class PortServer:
         return json_response(info.server_info(self.cfg, self.port, self.started, self.weight_version))
 
     async def _loads(self, request: Request) -> web.Response:
-        """The scheduler's load: running and waiting requests, and its running slots."""
-        return json_response(info.loads(self.cfg, self.stats.running, self.stats.queued))
+        """The scheduler's load: running and waiting requests, its running slots and its KV pool's use."""
+        stats = self.stats
+        return json_response(info.loads(self.cfg, stats.running, stats.queued, stats.reserved_tokens))
 
     async def _tokenize(self, request: Request) -> web.Response:
         """/v1/tokenize of a prompt or of chat messages; max_model_len is the tokenizer's."""
@@ -241,7 +242,7 @@ class PortServer:
         n, seed = choices.choices_wanted(payload), payload.get("seed")
         if not chat:
             gen = sglang.generate(key, self.cfg, max_new, req.stop, self.eos)
-            async with self.scheduler.slot():
+            async with self.scheduler.slot(self.cfg.reservation(prompt_tokens, max_new)):
                 await self.scheduler.decode(gen.tokens, prompt_tokens)
             return sglang.text_body(req, gen, prompt_tokens)
         budget = payload.get("thinking_budget")
@@ -249,13 +250,14 @@ class PortServer:
             choices.generate_choice(self._choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
             for i in range(n)
         ]
+        reserve = self.cfg.reservation(prompt_tokens, max_new, n)
         if ids is not None:
-            return await self._cached_chat(req, ids, made, payload, key)
+            return await self._cached_chat(req, ids, made, payload, key, reserve)
         held = self.cache.lookup(req.messages or [], prompt_tokens)
         cached = held >= prompt_tokens
         self.stats.prefills += not cached
         self._count_prompt(prompt_tokens, held)
-        async with self.scheduler.slot():  # the n choices decode side by side, after one prefill
+        async with self.scheduler.slot(reserve):  # the n choices decode side by side, after one prefill
             longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
             await self.scheduler.decode(longest, prompt_tokens - held, prefill=not cached, produced=produced)
         for c in made:
@@ -268,14 +270,20 @@ class PortServer:
         return body
 
     async def _cached_chat(
-        self, req: GenRequest, ids: list[int], made: list[choices.Choice], payload: dict[str, Any], key: bytes
+        self,
+        req: GenRequest,
+        ids: list[int],
+        made: list[choices.Choice],
+        payload: dict[str, Any],
+        key: bytes,
+        reserve: int,
     ) -> dict[str, Any]:
         """Run a chat request against the radix cache. Prefill is the GPU's compute: a port prefills one request
         at a time (as SGLang's prefill batches run one after another), and a request's longest cached prefix is
         found when its turn comes (never the last token: SGLang computes it), so one arriving with another that
         shares its prefix finds what that one inserted; then the n choices decode side by side in its slot, and
-        each answer is inserted after the prompt."""
-        async with self.scheduler.slot():
+        each answer is inserted after the prompt; `reserve`: its KV pool reservation (kv_admission)."""
+        async with self.scheduler.slot(reserve):
             async with self.scheduler.prefilling:
                 held = min(self.radix.match(ids), len(ids) - 1)
                 self._count_prompt(len(ids), held)
