@@ -21,10 +21,12 @@ pytestmark = pytest.mark.slow
 
 
 def lines(out: Path) -> list[dict[str, Any]]:
-    """Every completion line of the run (all shard files), each line valid JSON."""
+    """Every completion line of the run (all shard files), each line valid JSON. A file may end in a line being
+    written, or torn by the last kill -9 until the next run repairs it: only whole lines count."""
     found = []
     for path in RunDir(out).completion_files():
-        found += [orjson.loads(raw) for raw in path.read_bytes().splitlines()]
+        data = path.read_bytes()
+        found += [orjson.loads(raw) for raw in data[: data.rfind(b"\n") + 1].splitlines()]
     return found
 
 
@@ -35,7 +37,10 @@ def wait_for(out: Path, n: int, timeout: float) -> None:
 
 
 def assert_exactly_once(out: Path, rows: list[dict[str, Any]], samples: int) -> int:
-    """Every turn of every conversation once, and each asked with the answers written before it."""
+    """Every turn of every conversation once, and each asked with the answers written before it; no file
+    ends in a torn line (the last run repaired any)."""
+    for path in RunDir(out).completion_files():
+        assert path.read_bytes().endswith(b"\n") or not path.stat().st_size, path
     found = lines(out)
     places = Counter((r["id"], r["sample"], r["turn"]) for r in found)
     twice = [p for p, n in places.items() if n > 1]
