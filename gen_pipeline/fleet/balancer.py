@@ -97,18 +97,17 @@ class ServerPool:
                     return held
             else:
                 return held if any(self.servers[i] is held for *_, i in candidates) else None  # else wait for it
+        late = self._tail_judge(latency, now, waiting, size) if tail and candidates else None
         if links:
             serving = [s for s in self.servers if s.url not in avoid and now >= s.down_until]
             near, wait = affinity.steer([self.servers[i] for *_, i in candidates], serving, links, patient)
             if wait:
                 return None
-            if near is not None and not (
-                tail and self._too_late(near, latency, now, waiting, size, pacing.HOLDER_SLACK)
-            ):
+            if near is not None and not (late is not None and late(near, pacing.HOLDER_SLACK)):
                 return near
         for *_, i in candidates:
             server = self.servers[i]
-            if not tail or not self._too_late(server, latency, now, waiting, size):
+            if late is None or not late(server, pacing.TAIL_SLACK):
                 return server
         return None
 
@@ -137,16 +136,32 @@ class ServerPool:
         """Whether the rest of the fleet would drain everything still waiting, this request last, well before
         (`slack` times) `server` could finish this request (of `size` output tokens). A server whose speed is not
         known (or forgotten after a long idle spell) gets the request: its answer measures it."""
+        return self._tail_judge(latency, now, waiting, size)(server, slack)
+
+    def _tail_judge(
+        self, latency: dict[str, float], now: float, waiting: bool, size: float
+    ) -> Callable[[ServerState, float], bool]:
+        """`_too_late` for one request, the fleet's sums taken once (a pick asks it of several servers)."""
         assert self.backlog is not None
-        here = server.speed.request_s(size, now, latency[server.url])
-        others = [s for s in self.servers if s is not server and now >= s.down_until]
-        rate = sum(s.capacity / latency[s.url] for s in others)
-        if here is None or rate <= 0:
-            return False
+        serving = [s for s in self.servers if now >= s.down_until]
+        rates = {s.url: s.capacity / latency[s.url] for s in serving}
+        queued = {s.url: max(0, s.in_flight - s.capacity) for s in serving}
+        times = {s.url: s.speed.request_s(size, now, latency[s.url]) or latency[s.url] for s in serving}
+        all_rate, all_queued, all_times = sum(rates.values()), sum(queued.values()), sum(times.values())
         waiting_here = self.backlog() + len(self._queue) + (0 if waiting else 1)
-        queued = sum(max(0, s.in_flight - s.capacity) for s in others)
-        last = sum(s.speed.request_s(size, now, latency[s.url]) or latency[s.url] for s in others) / len(others)
-        return pacing.too_late(here, pacing.drain_seconds(waiting_here, queued, rate, last), slack)
+
+        def too_late(server: ServerState, slack: float = pacing.TAIL_SLACK) -> bool:
+            here = server.speed.request_s(size, now, latency[server.url])
+            own = server.url in rates  # the others are the servers in service but this one
+            others = len(serving) - own
+            rate = all_rate - rates[server.url] if own else all_rate
+            if here is None or others == 0 or rate <= 0:
+                return False
+            ahead = all_queued - queued[server.url] if own else all_queued
+            last = (all_times - times[server.url] if own else all_times) / others
+            return pacing.too_late(here, pacing.drain_seconds(waiting_here, ahead, rate, last), slack)
+
+        return too_late
 
     def healthy(self) -> list[ServerState]:
         """Servers not taken out."""
@@ -254,14 +269,18 @@ class ServerPool:
                 if spread is None or not self._grant(spread, patient=False):
                     return
                 free -= 1
-        later = self._elsewhere(now, self._queue)  # among leases of one size, those a free server holds first
-        ordered = sorted(self._queue, key=lambda w: (-w.size, later(w)))
+        linked = any(w.links for w in self._queue)
+        if linked:
+            later = self._elsewhere(now, self._queue)  # among leases of one size, those a free server holds first
+            ordered = sorted(self._queue, key=lambda w: (-w.size, later(w)))
+        else:
+            ordered = sorted(self._queue, key=_longest_first)
         for lease in [w for w in ordered if w.exclude or w.prefer is not None]:
             if not (free := free - self._grant(lease)):
                 return
         plain = [w for w in ordered if not w.exclude and w.prefer is None]
         free = self._fit(plain, free, None)
-        while free and any(w.links for w in plain):  # no slot idles while they wait: the widest group spreads
+        while linked and free and any(w.links for w in plain):  # no slot idles while they wait: the widest spreads
             plain = [w for w in plain if not w.granted or not w.granted.done()]
             spread = self._widest_group([w for w in plain if w.links], now)
             if spread is None or not self._grant(spread, patient=False):
@@ -503,6 +522,10 @@ class ServerPool:
             server.out_of_service_s += max(0.0, min(now, server.down_until) - server.out_since)
             server.out_since = None
         server.down_until = min(server.down_until, now)
+
+
+def _longest_first(lease: Lease) -> float:
+    return -lease.size
 
 
 class Lease:
