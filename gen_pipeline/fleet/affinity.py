@@ -86,9 +86,10 @@ def steer(candidates: list[S], serving: list[S], links: tuple[Link, ...], patien
     the candidate holding the most. (None, False): no preference."""
     free = [s for s in candidates if s.taken() < s.capacity] or candidates
     best, n = _nearest(free, links)
-    if best is not None and n >= _nearest(serving, links)[1]:
+    holder, longest = _nearest(serving, links)
+    if best is not None and n >= longest:
         return best, False
-    if patient and _nearest(serving, links)[0] is not None:
+    if patient and holder is not None:
         return None, True
     return best, False
 
