@@ -7,7 +7,6 @@ one server's state in state.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -38,6 +37,7 @@ class ServerPool:
         self.servers = list(servers)
         self.clock = clock
         self._queue: list[Lease] = []  # leases waiting for a slot, oldest first; the pool hands slots to them
+        self._linked = 0  # of them, those with a prompt prefix (Lease.links): none, no affinity step to take
         self._poller: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None  # the next look
         self.waiting_since: float | None = None
         # Set once the input is exhausted: prompts read but not yet sent (the tail rule needs it).
@@ -113,6 +113,8 @@ class ServerPool:
 
     def _preferred(self, prefer: str | None, avoid: Collection[str], now: float) -> ServerState | None:
         """The server a lease prefers, while it is in service and not to be avoided (None: no preference)."""
+        if prefer is None:
+            return None
         for s in self.servers:
             if s.url == prefer and s.url not in avoid and now >= s.down_until:
                 return s
@@ -222,6 +224,8 @@ class ServerPool:
         lease.granted = asyncio.get_running_loop().create_future()
         lease.queued_at = self.clock()
         self._queue.append(lease)
+        lease.queued = True
+        self._linked += bool(lease.links)
         try:
             self._poll()
             return await lease.granted
@@ -231,8 +235,14 @@ class ServerPool:
                 lease.server = None
             raise
         finally:
-            with contextlib.suppress(ValueError):
-                self._queue.remove(lease)
+            self._dequeue(lease)
+
+    def _dequeue(self, lease: Lease) -> None:
+        """Take `lease` off the queue (given a slot, or gone), if it is still on it."""
+        if lease.queued:
+            lease.queued = False
+            self._queue.remove(lease)
+            self._linked -= bool(lease.links)
 
     def _poll(self) -> None:
         """Hand out what is free, and look again soon while leases wait (a lock-out may end meanwhile)."""
@@ -265,11 +275,13 @@ class ServerPool:
                         return
                 # No slot idles while leases wait for their prefix: the group with the most waiting per server
                 # holding it spreads to one more (then its other leases find a free holder: the loop again).
+                if not self._linked:
+                    return
                 spread = self._widest_group([w for w in self._queue if w.links], now)
                 if spread is None or not self._grant(spread, patient=False):
                     return
                 free -= 1
-        linked = any(w.links for w in self._queue)
+        linked = self._linked > 0
         if linked:
             later = self._elsewhere(now, self._queue)  # among leases of one size, those a free server holds first
             ordered = sorted(self._queue, key=lambda w: (-w.size, later(w)))
@@ -301,6 +313,9 @@ class ServerPool:
         not waiting for the busy server that holds their prefix (the spread step, `_widest_group`, serves
         those), then the rest."""
         queue = self._queue
+        if not self._linked:  # none waits for a prefix: the queue in order (a copy: grants take leases off it)
+            yield from queue.copy()
+            return
         head, rest = queue[:AFFINITY_SCAN], queue[AFFINITY_SCAN:]
         later = self._elsewhere(now, head)
         yield from (w for w in head if not later(w))
@@ -374,6 +389,8 @@ class ServerPool:
         wait for the busy server holding its prefix (None: while it has not waited AFFINITY_PATIENCE)."""
         if lease.granted is None or lease.granted.done():
             return 0
+        if patient is None:  # only a lease with a prefix may wait for its holder (affinity.steer)
+            patient = bool(lease.links) and self.clock() - lease.queued_at <= self._patience()
         server = self.pick(
             lease.exclude,
             waiting=True,
@@ -381,11 +398,11 @@ class ServerPool:
             size=lease.size,
             home=lease.home,
             links=lease.links,
-            patient=self.clock() - lease.queued_at <= self._patience() if patient is None else patient,
+            patient=patient,
         )
         if server is None:
             return 0
-        self._queue.remove(lease)
+        self._dequeue(lease)
         self._take(lease, server)
         lease.granted.set_result(server)
         return 1
@@ -540,6 +557,7 @@ class Lease:
         "links",
         "pool",
         "prefer",
+        "queued",
         "queued_at",
         "server",
         "size",
@@ -567,6 +585,7 @@ class Lease:
         self.links: tuple[Link, ...] = ()  # its prompt's prefixes (affinity.chain)
         self.expected = 0  # characters of them its server's cache was expected to hold (PrefixModel.match)
         self.queued_at = 0.0  # the pool's clock when it began to wait for a slot
+        self.queued = False  # on the pool's queue now
 
     async def __aenter__(self) -> ServerState:
         return await self.pool._wait_for_server(self)

@@ -17,6 +17,7 @@ settings included; it names the checkpoint of each output line, and the manifest
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Iterable
@@ -59,7 +60,7 @@ class ServerIdentity:
         """The identity as the manifest and `check --json` write it (fingerprint first)."""
         return {"fingerprint": self.fingerprint, **self._fields()}
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """A short hash of the whole identity: equal identities, equal fingerprints, on any machine."""
         fields = orjson.dumps(self._fields(), option=orjson.OPT_SORT_KEYS)

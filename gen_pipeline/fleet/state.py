@@ -82,9 +82,9 @@ class ServerState:
 
     def available(self, now: float, own_home: bool = False) -> bool:
         """Whether this server may take one more request now (`own_home`: one that has room kept here)."""
-        if now < self.down_until or health.stalled(self.in_flight, now - self.quiet_since, self.slowest_s):
+        if now < self.down_until or self.taken(own_home) >= self.limit or (self.trial and self.trial_in_flight >= 1):
             return False
-        return self.taken(own_home) < self.limit and not (self.trial and self.trial_in_flight >= 1)
+        return not health.stalled(self.in_flight, now - self.quiet_since, self.slowest_s)  # the dearest last
 
     def expected_s(self, latency: float) -> float:
         """Seconds until one more request sent now would complete, behind the ones queued there."""
