@@ -10,6 +10,8 @@ tokens and decodes all of them. Workloads (--quick: an eighth):
   b  8,000 prompts sharing 20 long system prompts (2-4k tokens), one short question each
   c  2,000 conversations of 4 user turns as 4 rows each (row k: the first k turns, earlier answers given),
      shuffled
+On (c), `gen-pipeline+group` is gen-pipeline after `prepare --group-prefixes` (a conversation's rows together,
+the longest first), prepare's CPU counted in its own; the file as shuffled is the `gen-pipeline` row.
 Best possible prefill: every distinct prompt token once (the token trie of all prompts), plus one token per
 prompt the trie already held in full (SGLang computes a prompt's last token). It is a bound for one server
 with an unbounded cache: a fleet that must spread a shared prefix over several servers pays it once each.
@@ -47,7 +49,8 @@ WORDS = ("alpha", "bravo", "delta", "echo", "gamma", "kilo", "lima", "oscar", "s
 MAX_TOKENS = 128
 SAMPLES = 8
 PORTS = 8
-CLIENTS = ("gen-pipeline", "router", "round-robin")
+CLIENTS = ("gen-pipeline", "gen-pipeline+group", "router", "round-robin")
+GROUPED = "gen-pipeline+group"  # `prepare --group-prefixes` first, its CPU counted: only where it reorders (c)
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -105,14 +108,21 @@ class Run:
     note: str
 
 
-def run_generate(inp: Path, ports: list[int], out: Path, samples: int) -> tuple[str, float]:
-    """gen-pipeline on the fleet; its exactness note and its CPU seconds."""
+def run_generate(inp: Path, ports: list[int], out: Path, samples: int, group: bool = False) -> tuple[str, float]:
+    """gen-pipeline on the fleet (`group`: the input through `prepare --group-prefixes` first); its exactness
+    note and its CPU seconds, prepare's included."""
     servers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    before = cpu_seconds()
+    if group:
+        prepared = inp.with_name(inp.stem + ".grouped.jsonl")
+        cmd = [sys.executable, "-m", "gen_pipeline", "prepare", "--input", str(inp), "--out", str(prepared),
+               "--group-prefixes"]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True, env=ENV)
+        inp = prepared
     cmd = [sys.executable, "-m", "gen_pipeline", "generate", "--input", str(inp), "--out", str(out),
            "--servers", servers, "--max-tokens", str(MAX_TOKENS), "--progress", "off"]  # fmt: skip
     if samples > 1:
         cmd += ["--samples", str(samples)]
-    before = cpu_seconds()
     done = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     cpu = cpu_seconds() - before
     if done.returncode != 0:
@@ -135,8 +145,9 @@ def measure(client: str, rows: list[dict[str, Any]], samples: int, cache: int, t
     bare = [{**r, "id": f"{r['id']}/{s}", "max_tokens": MAX_TOKENS} for r in rows for s in range(samples)]
     with sim_run(ports, *flags) as sim:
         note = ""
-        if client == "gen-pipeline":
-            note, cpu = run_generate(inp, ports, tmp / f"out-{args.workload}-{cache}", samples)
+        if client in ("gen-pipeline", GROUPED):
+            out = tmp / f"out-{args.workload}-{cache}-{client}"
+            note, cpu = run_generate(inp, ports, out, samples, group=client == GROUPED)
         else:
             before = cpu_seconds()
             if client == "router":
@@ -179,12 +190,14 @@ def main() -> None:
         samples = SAMPLES if name == "a" else 1
         args.best, args.workload = best_prefill(rows), name
         print(f"\nworkload {name}: {len(rows)} rows x {samples} samples, best possible prefill {args.best:,} tokens")
-        print(f"{'cache':>7} {'client':<13}{'prefill':>11}{'x best':>8}{'cached':>8}{'tokens/s':>10}{'of ideal':>9}"
+        print(f"{'cache':>7} {'client':<19}{'prefill':>11}{'x best':>8}{'cached':>8}{'tokens/s':>10}{'of ideal':>9}"
               f"{'cpu ms/row':>11}  exactness")  # fmt: skip
         for cache in map(int, args.caches.split(",")):
             for client in args.clients.split(","):
+                if client == GROUPED and name != "c":
+                    continue  # (a): one message a row; (b): rows differ at their first user turn: order unchanged
                 r = measure(client, rows, samples, cache, tmp, args)
-                head = f"{cache:>7} {client:<13}{r.prefill:>11,}{r.prefill / args.best:>8.2f}{r.cached_share:>8.1%}"
+                head = f"{cache:>7} {client:<19}{r.prefill:>11,}{r.prefill / args.best:>8.2f}{r.cached_share:>8.1%}"
                 tail = f"{r.tokens_per_s:>10,.0f}{r.of_ideal:>9.1%}{r.cpu_ms_per_row:>11.2f}  {r.note}"
                 print(head + tail, flush=True)
 

@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep a conversation's system and user turns, for generate --turns all (deduplicated on them)",
     )
+    add(
+        "--group-prefixes",
+        action="store_true",
+        help="write rows that begin alike (one conversation's turns) together, the longest first: "
+        "generate then finds their shared prefix in the server's cache",
+    )
     add("--report", type=Path, help="also write the counts to this JSON file")
 
 
@@ -67,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
         keep_reference=args.keep_reference,
         keep_turns=args.keep_turns,
         report=args.report,
+        group_prefixes=args.group_prefixes,
     )
     report = prepare(config)
     if config.report is not None:

@@ -8,13 +8,23 @@ folder or data files), or a Hugging Face hub name. Each row is normalized by `fo
 content id, and written unless its normalized content was seen before (a duplicate) or is already
 in an --exclude file or run directory (excluded). Memory holds one 8-byte key per distinct prompt;
 rows are written as they are accepted into `<out>.tmp`, which replaces `<out>` only when complete.
+
+With --group-prefixes, rows that begin alike (the same messages up to the first user turn, the same tools:
+the turns of one conversation, cut at each turn) are written next to each other, the one with the most
+messages first, groups in the order their first row was read. `generate` then sends a conversation's rows
+together, where the longest one's prefix is still in the server's prefix cache for the shorter ones: in a
+shuffled file they are spread over the whole run, and a cache holds a conversation only for a while. Only
+the order changes: every row and its line are the same. It costs one pass over `<out>.tmp` and, in memory,
+a sort key per row and one entry per group.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +60,7 @@ class PrepareConfig:
         keep_reference: store the dropped answer as `reference` (`meta.reference` after generate).
         keep_turns: keep a conversation's system and user turns (for `generate --turns all`), deduplicated
             on them; the assistant turns are dropped.
+        group_prefixes: write rows that begin alike together, the longest first (module docstring).
         report: also write the counts to this JSON file.
     """
 
@@ -64,6 +75,7 @@ class PrepareConfig:
     keep_reference: bool = False
     keep_turns: bool = False
     report: Path | None = None
+    group_prefixes: bool = False
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -118,13 +130,48 @@ def digest_key(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-class AtomicJsonl:
-    """Writes rows to `<path>.tmp` and moves it over `path` only when the block ends cleanly."""
+class PrefixGroups:
+    """The order --group-prefixes writes rows in: by group (first seen first), then most messages first, then
+    as read. One int per row (its sort key), its line's offset and length, and a rank per group."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self) -> None:
+        self.ranks: dict[bytes, int] = {}
+        self.keys: list[int] = []
+        self.offsets = array("Q")
+        self.lengths = array("Q")
+
+    def note(self, row: dict[str, Any], offset: int, length: int) -> None:
+        """One written row, at `offset` of the unordered file."""
+        messages = row.get("messages") or []
+        first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), 0)
+        head = orjson.dumps([row.get("tools"), messages[: first_user + 1]], option=orjson.OPT_SORT_KEYS)
+        rank = self.ranks.setdefault(hashlib.blake2b(head, digest_size=16).digest(), len(self.ranks))
+        fewer = MAX_GROUP_MESSAGES - min(len(messages), MAX_GROUP_MESSAGES)  # more messages: earlier
+        self.keys.append(((rank * (MAX_GROUP_MESSAGES + 1) + fewer) << 32) | len(self.offsets))
+        self.offsets.append(offset)
+        self.lengths.append(length)
+
+    def copy(self, src: IO[bytes], dst: IO[bytes]) -> None:
+        """Write the lines of `src` (the file the rows were noted from) to `dst` in group order."""
+        for key in sorted(self.keys):
+            i = key & 0xFFFFFFFF
+            src.seek(self.offsets[i])
+            dst.write(src.read(self.lengths[i]))
+
+
+MAX_GROUP_MESSAGES = (1 << 20) - 1  # rows with more messages than this are ordered as if they had this many
+
+
+class AtomicJsonl:
+    """Writes rows to `<path>.tmp` and moves it over `path` only when the block ends cleanly; with `groups`, in
+    their order (a second file, `<path>.grouped.tmp`, written from the first)."""
+
+    def __init__(self, path: Path, groups: PrefixGroups | None = None) -> None:
         self.path = path
         self.tmp = path.with_name(path.name + ".tmp")
         self.file: IO[bytes] | None = None
+        self.groups = groups
+        self.size = 0
 
     def __enter__(self) -> AtomicJsonl:
         try:
@@ -134,13 +181,16 @@ class AtomicJsonl:
             raise OutputError(f"cannot write {self.tmp}: {exc}") from exc
         return self
 
-    def write(self, line: bytes) -> None:
-        """Write one row's line (newline included)."""
+    def write(self, line: bytes, row: dict[str, Any] | None = None) -> None:
+        """Write one row's line (newline included); `row`: what the line holds, for the group order."""
         assert self.file is not None
         try:
             self.file.write(line)
         except OSError as exc:
             raise OutputError(f"cannot write {self.tmp}: {exc}") from exc
+        if self.groups is not None and row is not None:
+            self.groups.note(row, self.size, len(line))
+        self.size += len(line)
 
     def __exit__(
         self,
@@ -149,17 +199,27 @@ class AtomicJsonl:
         tb: TracebackType | None,
     ) -> None:
         assert self.file is not None
+        grouped = self.tmp.with_name(self.path.name + ".grouped.tmp")
         try:
             if exc_type is None:
                 self.file.flush()
-                os.fsync(self.file.fileno())
-            self.file.close()
-            if exc_type is None:
-                os.replace(self.tmp, self.path)
+                done = self.tmp
+                if self.groups is not None:
+                    with self.tmp.open("rb") as src, grouped.open("wb") as dst:
+                        self.groups.copy(src, dst)
+                        dst.flush()
+                        os.fsync(dst.fileno())
+                    done = grouped
+                else:
+                    os.fsync(self.file.fileno())
+                self.file.close()
+                os.replace(done, self.path)
         except OSError as err:
             raise OutputError(f"cannot write {self.path}: {err}") from err
         finally:
+            self.file.close()
             self.tmp.unlink(missing_ok=True)
+            grouped.unlink(missing_ok=True)
 
 
 @dataclass
@@ -213,8 +273,8 @@ def load_known(paths: tuple[Path, ...], keep_turns: bool = False) -> KnownPrompt
 
 def _accept(
     convert: RowConverter, raw: Any, known: KnownPrompts, seen: set[int], report: PrepareReport
-) -> bytes | None:
-    """The line to write for one source row, or None (counted as invalid, excluded or dup)."""
+) -> tuple[bytes, dict[str, Any]] | None:
+    """The line to write for one source row and the row, or None (counted as invalid, excluded or dup)."""
     try:
         row = convert(raw)
         line = valid_line(row.row)
@@ -228,7 +288,7 @@ def _accept(
         report.duplicates += 1
     else:
         seen.add(key)
-        return line
+        return line, row.row
     return None
 
 
@@ -251,15 +311,15 @@ def prepare(config: PrepareConfig) -> PrepareReport:
     known = load_known(config.exclude, config.keep_turns)
     report = PrepareReport(known=len(known.keys) + len(known.ids))
     seen: set[int] = set()
-    with AtomicJsonl(config.out) as out:
+    with AtomicJsonl(config.out, PrefixGroups() if config.group_prefixes else None) as out:
         for src in config.inputs:
             convert = RowConverter(config.format, config.keep_reference, config.keep_turns)
             rows = open_source(src, config.split, config.subset, config.streaming, config.limit)
             for raw in rows:
                 report.read += 1
-                line = _accept(convert, raw, known, seen, report)
-                if line is not None:
-                    out.write(line)
+                accepted = _accept(convert, raw, known, seen, report)
+                if accepted is not None:
+                    out.write(*accepted)
                     report.written += 1
                 if report.read % PROGRESS_EVERY == 0:
                     log.info("prepare: %d rows read, %d written", report.read, report.written)
