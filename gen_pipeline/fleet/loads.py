@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,11 +43,15 @@ CONFIRM = 3  # samples in a row that must agree before capacity is lowered (and,
 MAX_PATIENCE = 24  # the most samples in a row a raise may need
 FULL_USAGE = 0.9  # SGLang's advice: token usage above this is a full server
 RAISE_FRACTION = 0.25  # a raise adds this share of the capacity (at least one request)
+# vLLM's series on /metrics; the KV-cache gauge (a 0..1 fraction) under its current name first, then its old one
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
 @dataclass(frozen=True)
 class Load:
-    """One `/v1/loads` sample of a server (its first DP rank)."""
+    """One sample of a server's load (SGLang: its first DP rank; vLLM: all its engines)."""
 
     running: int
     waiting: int
@@ -78,6 +83,43 @@ def parse_load(body: Any) -> Load | None:
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def parse_metrics(text: str) -> Load | None:
+    """vLLM's load from its `/metrics` text: running and waiting requests each summed over their label sets
+    (model_name, engine), and the mean KV-cache usage of its engines (None: not Prometheus text, or no counts)."""
+    try:
+        series = _series(text)
+    except ValueError:  # the parser's one error for text that is not the exposition format
+        return None
+    running, waiting = _total(series.get(VLLM_RUNNING)), _total(series.get(VLLM_WAITING))
+    if running is None or waiting is None:
+        return None
+    return Load(running, waiting, _mean(next((series[name] for name in VLLM_USAGE if name in series), [])))
+
+
+def _series(text: str) -> dict[str, list[float]]:
+    """Every sample's value by its name, one per label set."""
+    # imported here, as engine/metrics.py does: a run that watches no vLLM server never loads prometheus_client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample.value)
+    return found
+
+
+def _total(values: list[float] | None) -> int | None:
+    """A request count summed over its label sets (None: absent, or not a whole number of requests)."""
+    total = math.fsum(values) if values else math.nan
+    return int(total) if total.is_integer() and total >= 0 else None
+
+
+def _mean(usages: list[float]) -> float | None:
+    """The KV-cache usage of a server whose engines each have a pool of their own (None: not reported)."""
+    mean = math.fsum(usages) / len(usages) if usages else math.nan
+    return mean if math.isfinite(mean) and mean >= 0 else None
 
 
 def _kind(load: Load, capacity: int, in_flight: int, ceiling: int) -> str:
