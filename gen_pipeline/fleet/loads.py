@@ -56,6 +56,7 @@ RAISE_FRACTION = 0.25  # a raise adds this share of the capacity (at least one r
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+VLLM_SERIES = (VLLM_RUNNING, VLLM_WAITING, *VLLM_USAGE)
 
 
 class LoadSource(enum.Enum):
@@ -109,7 +110,7 @@ def parse_metrics(text: str) -> Load | None:
     """vLLM's load from its `/metrics` text: running and waiting requests each summed over their label sets
     (model_name, engine), and the mean KV-cache usage of its engines (None: not Prometheus text, or no counts)."""
     try:
-        series = _series(text)
+        series = _series(text, VLLM_SERIES)
     except ValueError:  # the parser's one error for text that is not the exposition format
         return None
     running, waiting = _total(series.get(VLLM_RUNNING)), _total(series.get(VLLM_WAITING))
@@ -118,13 +119,16 @@ def parse_metrics(text: str) -> Load | None:
     return Load(running, waiting, _mean(next((series[name] for name in VLLM_USAGE if name in series), [])))
 
 
-def _series(text: str) -> dict[str, list[float]]:
-    """Every sample's value by its name, one per label set."""
+def _series(text: str, names: tuple[str, ...]) -> dict[str, list[float]]:
+    """The values of the samples on lines that begin with one of `names`, by sample name, one per label set."""
     # imported here, as engine/metrics.py does: a run that watches no vLLM server never loads prometheus_client
     from prometheus_client.parser import text_string_to_metric_families
 
+    # only those lines: vLLM 0.32's whole text (56 KB, 642 lines, mostly histograms) takes 8 ms to parse, in the
+    # event loop, once a second a server; its five lines of these series take 0.2 ms
+    kept = "\n".join(line for line in text.splitlines() if line.startswith(names))
     found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(kept):
         for sample in family.samples:
             found.setdefault(sample.name, []).append(sample.value)
     return found
