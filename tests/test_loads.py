@@ -19,7 +19,7 @@ from gen_pipeline.errors import ConnectError
 from gen_pipeline.fleet import loads
 from gen_pipeline.fleet.balancer import ServerPool
 from gen_pipeline.fleet.discovery import FleetInfo, ServerInfo, probe
-from gen_pipeline.fleet.loads import Load, Trend, adjust, parse_load, watch_loads
+from gen_pipeline.fleet.loads import Load, LoadSource, Trend, adjust, parse_load, watch_loads
 from gen_pipeline.fleet.state import ServerState
 from gen_pipeline.http import Client, open_transport
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
@@ -281,7 +281,7 @@ def test_discovery_finds_loads_only_on_sglang_and_build_pool_watches_only_those(
     for report in (False, True):
         assert asyncio.run(asyncio.wait_for(sglang_info(report), 10)).loads
 
-    sglang = ServerInfo("http://s:1", "m", 2048, max_running_requests=32, kind="sglang", loads=True)
+    sglang = ServerInfo("http://s:1", "m", 2048, max_running_requests=32, kind="sglang", loads=LoadSource.SGLANG)
     other = ServerInfo("http://v:1", "m", 2048, kind="vllm")
     for concurrency, ceilings in ((None, [32, None]), (16, [None, None])):
         config = RunConfig(

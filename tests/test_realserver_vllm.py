@@ -20,6 +20,9 @@ from e2e import assert_regenerated, conversation_rows, prompts, read_jsonl, shap
 from provenance_checks import assert_manifest_matches_servers
 
 from gen_pipeline.config import DEFAULT_SAFETY_MARGIN, RetryPolicy, RunConfig
+from gen_pipeline.fleet.discovery import ServerInfo, probe
+from gen_pipeline.fleet.loads import Load, LoadSource, read_load
+from gen_pipeline.http import Client, open_transport
 from gen_pipeline.modes import run_async
 from gen_pipeline.sim import free_ports
 
@@ -122,3 +125,19 @@ def test_vllms_silent_clamp_is_recognised(server, write_jsonl, tmp_path):
     [fit] = read_jsonl(tmp_path / "b" / "completions.jsonl")
     assert exact.summary["cut_by_server"] == 0 and fit["completion_tokens"] == fit["max_tokens"]
     assert fit["prompt_tokens"] + fit["max_tokens"] <= CTX - DEFAULT_SAFETY_MARGIN
+
+
+def test_its_load_is_watched_through_its_metrics(server):
+    """Discovery finds the running and waiting requests on vLLM's /metrics (on by default), and one poll of
+    the load watcher reads them there, with the KV-cache usage as a 0..1 fraction."""
+
+    async def scenario() -> tuple[ServerInfo, Load | None]:
+        async with open_transport() as transport:
+            client = Client(transport)
+            info = await probe(client, server)
+            return info, await read_load(client, server, LoadSource.VLLM)
+
+    info, load = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert (info.kind, info.loads) == ("vllm", LoadSource.VLLM)
+    assert load is not None and load.running >= 0 and load.waiting >= 0, load
+    assert load.token_usage is not None and 0.0 <= load.token_usage <= 1.0, load

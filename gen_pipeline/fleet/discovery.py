@@ -12,8 +12,11 @@ SGLang's running slots: `/server_info` `max_running_requests` when the server wa
 `loads[0].max_running_requests` ("loads endpoint") or `/server_info` `internal_states[0]
 .effective_max_running_requests_per_dp` ("scheduler state"). Its KV token pool (`max_total_num_tokens`) and
 input cap (`max_req_input_len`) are kept too: capacity.py decides from them. llama.cpp reports its slots as
-`/props` `total_slots` ("reported"); vLLM reports none. Whether an SGLang server answers `/v1/loads` at all is
-kept as `ServerInfo.loads`: only those servers are polled for their load during the run (fleet/loads.py).
+`/props` `total_slots` ("reported"); vLLM reports none. Where a server's running and waiting requests can be
+read is kept as `ServerInfo.loads` (a loads.LoadSource): SGLang's `/v1/loads` when its first rank has them,
+vLLM's `/metrics` when its Prometheus text has `vllm:num_requests_running` and `vllm:num_requests_waiting`;
+None for llama.cpp and any other. Only the servers with one are polled for their load during the run
+(fleet/loads.py), and their capacity follows it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 from ..errors import AuthError, EndpointError, FleetError, RequestError, RetryableError
 from ..http import Client
 from ..tokens.conversation import SERVER_KINDS
+from .loads import LOAD_SOURCES, LoadSource, fetch_load
 from .provenance import ServerIdentity, fleet_warnings, identity_from
 
 log = logging.getLogger("gen_pipeline")
@@ -50,7 +54,7 @@ class ServerInfo:
     max_total_num_tokens: int | None = None  # SGLang's KV pool: what an admitted request reserves comes from it
     max_req_input_len: int | None = None  # SGLang refuses a prompt of this many tokens or more
     version: str | None = None
-    loads: bool = False  # it answers /v1/loads (SGLang): its running and waiting requests can be watched
+    loads: LoadSource | None = None  # where its running and waiting requests are read (None: nowhere, not watched)
 
 
 @dataclass
@@ -147,12 +151,23 @@ async def probe(client: Client, url: str) -> ServerInfo:
         max_req_input_len=_positive(server.get("max_req_input_len")),
         version=_text(server.get("version")),
         identity=identity_from(kind, card, info, server, extra),
-        loads="num_running_reqs" in load,
+        loads=await _load_source(client, url, kind, load),
     )
 
 
 # Where a server kind reports what /model_info and /server_info do not: its checkpoint file, its version.
 _IDENTITY_PATHS = {"llamacpp": "/props", "vllm": "/version"}
+
+
+async def _load_source(client: Client, url: str, kind: str | None, sglang_load: dict[str, Any]) -> LoadSource | None:
+    """Where this server's load can be watched: SGLang's /v1/loads when its first rank (read above) has the
+    counts; vLLM's /metrics when it answers with its series (any status but 200: it has none); else nowhere."""
+    source = LOAD_SOURCES.get(kind or "")
+    if source is LoadSource.SGLANG:
+        return source if "num_running_reqs" in sglang_load else None
+    if source is not None and await fetch_load(client, url, source, DISCOVERY_TIMEOUT) is not None:
+        return source
+    return None
 
 
 def _scheduler_slots(load: dict[str, Any], server: dict[str, Any]) -> tuple[int | None, str]:

@@ -10,22 +10,32 @@ requests run (`num_running_reqs`), how many wait (`num_waiting_reqs`) and how fu
 0.9: a server with requests waiting runs all it can, so what it runs then is its concurrency; one that runs
 all it is sent with its pool well under 0.9 could take more.
 
-So the watcher polls `/v1/loads` about once a second, one short request a server, on the servers whose
-discovery found it (never vLLM or llama.cpp, which keep their start-up capacity; never with --concurrency),
-and `adjust` moves each one's `ServerState.capacity` (read live by the balancer; the queue margin is kept):
+vLLM says the same on `GET /metrics` (on by default), as Prometheus text: `vllm:num_requests_running`,
+`vllm:num_requests_waiting` and the KV-cache usage, a 0..1 fraction whatever its name
+(`vllm:kv_cache_usage_perc`, `vllm:gpu_cache_usage_perc` before it). Each series has one sample per label
+set (model_name, engine): the counts are summed, the usage is the engines' mean (each has a pool of its own).
+`parse_load` and `parse_metrics` turn either answer into the same `Load`; what follows does not know which.
+
+So the watcher polls each server's `LoadSource` about once a second, one short request a server, on the
+servers whose discovery found it answering (SGLang's /v1/loads, vLLM's /metrics; never llama.cpp, nor a
+vLLM without those series, which keep their start-up capacity; never with --concurrency), and `adjust`
+moves each one's `ServerState.capacity` (read live by the balancer; the queue margin is kept):
   * requests waiting (CONFIRM samples in a row): capacity becomes the most it ran over those samples;
   * nothing waiting while we keep it full (in flight >= capacity) and its pool under FULL_USAGE: capacity
     grows by RAISE_FRACTION (at least 1) after `patience` samples in a row.
 Never below 1, never above `ServerState.ceiling`, the start-up figure: the Runner's workers and the open-file
 fit were sized from it at start. One sample never changes anything, and a raise that had to be taken back
 doubles the samples the next raise needs (up to MAX_PATIENCE), so a pool that admits a little less than the
-raise does not see-saw. A failed poll is skipped quietly: the health of a server is judged by its answers.
+raise does not see-saw. A failed poll, or an answer without the counts (a body that does not parse, a series
+missing), is skipped quietly: the health of a server is judged by its answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,11 +52,27 @@ CONFIRM = 3  # samples in a row that must agree before capacity is lowered (and,
 MAX_PATIENCE = 24  # the most samples in a row a raise may need
 FULL_USAGE = 0.9  # SGLang's advice: token usage above this is a full server
 RAISE_FRACTION = 0.25  # a raise adds this share of the capacity (at least one request)
+# vLLM's series on /metrics; the KV-cache gauge (a 0..1 fraction) under its current name first, then its old one
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+VLLM_SERIES = (VLLM_RUNNING, VLLM_WAITING, *VLLM_USAGE)
+
+
+class LoadSource(enum.Enum):
+    """Where a server reports the requests it runs and queues: the path it answers on."""
+
+    SGLANG = "/v1/loads"  # JSON, per DP rank
+    VLLM = "/metrics"  # Prometheus text
+
+
+# The source each server kind has (discovery checks that a server answers it; the others are not watched).
+LOAD_SOURCES = {"sglang": LoadSource.SGLANG, "vllm": LoadSource.VLLM}
 
 
 @dataclass(frozen=True)
 class Load:
-    """One `/v1/loads` sample of a server (its first DP rank)."""
+    """One sample of a server's load (SGLang: its first DP rank; vLLM: all its engines)."""
 
     running: int
     waiting: int
@@ -80,6 +106,46 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def parse_metrics(text: str) -> Load | None:
+    """vLLM's load from its `/metrics` text: running and waiting requests each summed over their label sets
+    (model_name, engine), and the mean KV-cache usage of its engines (None: not Prometheus text, or no counts)."""
+    try:
+        series = _series(text, VLLM_SERIES)
+    except ValueError:  # the parser's one error for text that is not the exposition format
+        return None
+    running, waiting = _total(series.get(VLLM_RUNNING)), _total(series.get(VLLM_WAITING))
+    if running is None or waiting is None:
+        return None
+    return Load(running, waiting, _mean(next((series[name] for name in VLLM_USAGE if name in series), [])))
+
+
+def _series(text: str, names: tuple[str, ...]) -> dict[str, list[float]]:
+    """The values of the samples on lines that begin with one of `names`, by sample name, one per label set."""
+    # imported here, as engine/metrics.py does: a run that watches no vLLM server never loads prometheus_client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # only those lines: vLLM 0.32's whole text (56 KB, 642 lines, mostly histograms) takes 8 ms to parse, in the
+    # event loop, once a second a server; its five lines of these series take 0.2 ms
+    kept = "\n".join(line for line in text.splitlines() if line.startswith(names))
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(kept):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample.value)
+    return found
+
+
+def _total(values: list[float] | None) -> int | None:
+    """A request count summed over its label sets (None: absent, or not a whole number of requests)."""
+    total = math.fsum(values) if values else math.nan
+    return int(total) if total.is_integer() and total >= 0 else None
+
+
+def _mean(usages: list[float]) -> float | None:
+    """The KV-cache usage of a server whose engines each have a pool of their own (None: not reported)."""
+    mean = math.fsum(usages) / len(usages) if usages else math.nan
+    return mean if math.isfinite(mean) and mean >= 0 else None
+
+
 def _kind(load: Load, capacity: int, in_flight: int, ceiling: int) -> str:
     """What one sample shows: requests waiting; room for more while we keep the server full; or neither."""
     if load.waiting > 0:
@@ -110,10 +176,19 @@ def adjust(capacity: int, ceiling: int, in_flight: int, load: Load, trend: Trend
     return capacity, trend
 
 
-async def read_load(client: Client, url: str) -> Load | None:
+async def fetch_load(client: Client, url: str, source: LoadSource, timeout: float) -> Load | None:
+    """One server's load now from `source` (None: an answer that is not a load); a failed request raises."""
+    if source is LoadSource.SGLANG:
+        return parse_load(await client.get_json(url, source.value, timeout))
+    # the whole text: Client.get_json keeps only the first 500 characters of a body that is not JSON
+    status, raw, _ = await client.transport.request("GET", url, source.value, timeout)
+    return parse_metrics(raw.decode("utf-8", "replace")) if status == 200 else None
+
+
+async def read_load(client: Client, url: str, source: LoadSource = LoadSource.SGLANG) -> Load | None:
     """One server's load now (None: it did not answer in time, or not with a load)."""
     try:
-        return parse_load(await client.get_json(url, "/v1/loads", LOADS_TIMEOUT))
+        return await fetch_load(client, url, source, LOADS_TIMEOUT)
     except RequestError:
         return None
 
@@ -123,16 +198,23 @@ def watched(pool: ServerPool) -> list[ServerState]:
     return [s for s in pool.servers if s.ceiling is not None]
 
 
+def source_of(server: ServerState) -> LoadSource:
+    """Where a watched server's load is read: its kind's source (SGLang's when its kind is not known)."""
+    kind = server.identity.kind if server.identity is not None else None
+    return LOAD_SOURCES.get(kind or "", LoadSource.SGLANG)
+
+
 async def watch_loads(pool: ServerPool, client: Client, share: int = 1, interval: float | None = None) -> None:
     """Poll the watched servers' loads and adjust their capacity, forever (the Runner cancels this task);
     `interval`: seconds between polls (None: LOADS_INTERVAL)."""
     interval = LOADS_INTERVAL if interval is None else interval
     servers = watched(pool)
     trends = {s.url: Trend() for s in servers}
+    sources = {s.url: source_of(s) for s in servers}
     while servers:
         now = pool.clock()
         live = [s for s in servers if not s.retired and now >= s.down_until]
-        found = await asyncio.gather(*(read_load(client, s.url) for s in live))
+        found = await asyncio.gather(*(read_load(client, s.url, sources[s.url]) for s in live))
         for server, load in zip(live, found, strict=True):
             if load is not None and server.ceiling is not None:
                 capacity, trends[server.url] = adjust(
