@@ -165,9 +165,15 @@ async def _load_source(client: Client, url: str, kind: str | None, sglang_load: 
     source = LOAD_SOURCES.get(kind or "")
     if source is LoadSource.SGLANG:
         return source if "num_running_reqs" in sglang_load else None
-    if source is not None and await fetch_load(client, url, source, DISCOVERY_TIMEOUT) is not None:
-        return source
-    return None
+    if source is None:
+        return None
+    try:
+        found = await fetch_load(client, url, source, DISCOVERY_TIMEOUT)
+    except RetryableError:
+        raise
+    except RequestError:
+        return None  # no such endpoint (a 404), or it refuses us
+    return source if found is not None else None
 
 
 def _scheduler_slots(load: dict[str, Any], server: dict[str, Any]) -> tuple[int | None, str]:

@@ -180,9 +180,7 @@ async def fetch_load(client: Client, url: str, source: LoadSource, timeout: floa
     """One server's load now from `source` (None: an answer that is not a load); a failed request raises."""
     if source is LoadSource.SGLANG:
         return parse_load(await client.get_json(url, source.value, timeout))
-    # the whole text: Client.get_json keeps only the first 500 characters of a body that is not JSON
-    status, raw, _ = await client.transport.request("GET", url, source.value, timeout)
-    return parse_metrics(raw.decode("utf-8", "replace")) if status == 200 else None
+    return parse_metrics(await client.get_text(url, source.value, timeout))
 
 
 async def read_load(client: Client, url: str, source: LoadSource = LoadSource.SGLANG) -> Load | None:

@@ -198,6 +198,13 @@ class Client:
         """GET a JSON document (discovery and health)."""
         return await self._call("GET", server, path, timeout)
 
+    async def get_text(self, server: str, path: str, timeout: float = 10.0) -> str:
+        """GET a text document whole (a Prometheus exposition); a status other than 200 raises its error."""
+        status, raw, headers = await self.transport.request("GET", server, path, timeout)
+        if status != 200:
+            raise status_error(status, _decode(raw), server, headers, f"GET {server}{path}")
+        return raw.decode("utf-8", "replace")
+
     async def _call(self, method: str, server: str, path: str, timeout: float, payload: bytes | None = None) -> Any:
         """One request; the decoded body of a 200, or the status's error."""
         status, raw, headers = await self.transport.request(method, server, path, timeout, payload)
