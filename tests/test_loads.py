@@ -20,6 +20,7 @@ from gen_pipeline.fleet import loads
 from gen_pipeline.fleet.balancer import ServerPool
 from gen_pipeline.fleet.discovery import FleetInfo, ServerInfo, probe
 from gen_pipeline.fleet.loads import Load, LoadSource, Trend, adjust, parse_load, watch_loads
+from gen_pipeline.fleet.pacing import queue_margin
 from gen_pipeline.fleet.state import ServerState
 from gen_pipeline.http import Client, open_transport
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
@@ -107,6 +108,8 @@ def test_capacity_follows_what_the_pool_admits(write_jsonl, tmp_path, fast_polls
         assert servers[url]["capacity_source"] == "loads endpoint"
         assert 6 <= servers[url]["capacity"] <= 8, servers[url]
         assert servers[url]["capacity_range"] == [servers[url]["capacity"], 64]
+        # the queue kept at the server shrinks with the capacity: a short queue, not the 8 of a capacity of 64
+        assert servers[url]["queue_margin"] == queue_margin(servers[url]["capacity"]) == 2
 
 
 def test_capacity_the_server_runs_is_left_alone(write_jsonl, tmp_path, fast_polls):
@@ -303,3 +306,22 @@ def test_summary_view_shows_the_range_only_for_watched_servers() -> None:
     assert "capacity_range" not in plain.view(0.0)
     merge = SUMMARY_RULES["servers"].rules["capacity_range"].combine
     assert merge([[7, 64], [4, 32], None]) == [11, 96] and merge([None]) is None
+
+
+def test_a_margin_that_follows_the_capacity_moves_with_it_and_a_set_one_does_not() -> None:
+    """The queue margin derived from the capacity (pacing.queue_margin) follows the load watcher's capacity, so
+    the server's own queue stays short but non-empty; one set by --queue-margin stays as set."""
+    follows, fixed = ServerState("http://a", 64, margin=8, margin_follows=True), ServerState("http://b", 64, margin=5)
+    for capacity, margin in ((7, 2), (64, 8), (200, 25)):
+        follows.set_capacity(capacity)
+        fixed.set_capacity(capacity)
+        assert (follows.margin, fixed.margin) == (margin, 5)
+
+
+def test_workers_are_sized_for_the_capacity_a_server_may_be_raised_to() -> None:
+    """The pool's workers cover every watched server at its ceiling, with the queue margin there, so a raised
+    capacity is not starved by a worker count sized at start; a server not watched counts at its limit."""
+    grows = ServerState("http://a", 64, margin=8, margin_follows=True, ceiling=256)
+    plain = ServerState("http://b", 16, margin=2)
+    assert (grows.most(), plain.most()) == (256 + 32, 16 + 2)
+    assert ServerPool([grows, plain]).worker_count() == 2 * (288 + 18)

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestServer
 from gen_pipeline.config import RunConfig
 from gen_pipeline.engine.setup import build_pool
 from gen_pipeline.fleet.balancer import ServerPool
+from gen_pipeline.fleet.capacity import GUESS_GROWTH
 from gen_pipeline.fleet.discovery import FleetInfo, ServerInfo, probe
 from gen_pipeline.fleet.loads import Load, LoadSource, parse_metrics, watch_loads
 from gen_pipeline.fleet.provenance import ServerIdentity
@@ -193,6 +194,40 @@ def test_a_vllm_server_watched_through_its_metrics_shows_its_capacity_range(tmp_
         return [s.ceiling for s in pool.servers], [s.view(0.0) for s in pool.servers]
 
     ceilings, (watched, plain) = asyncio.run(asyncio.wait_for(scenario(), 10))
-    assert ceilings == [64, None]
+    assert ceilings == [64 * GUESS_GROWTH, None]  # a guess, watched: it may grow past it
     assert (watched["capacity"], watched["capacity_source"], watched["capacity_range"]) == (7, "default", [7, 64])
     assert plain["capacity"] == 64 and "capacity_range" not in plain
+
+
+def test_a_guessed_vllm_server_that_runs_all_it_is_sent_grows_past_the_guess(tmp_path: Any) -> None:
+    """A vLLM server reports no running slots: it starts at the guess of 64 with a queue margin (its load is
+    watched), and while its /metrics show all 72 sent running, nothing waiting and its KV cache a third full, its
+    capacity grows past 64 (the guess is not its ceiling) and the margin with it; the workers are sized for 4x."""
+
+    async def scenario() -> ServerPool:
+        fake = FakeVllm([metrics(0, 0, 0.0)] + [metrics(72, 0, 0.3)] * 8, polls=9)
+        async with serving(fake) as (client, urls):
+            fleet = FleetInfo([await probe(client, urls[0])], [])
+            config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path / "out", servers=tuple(urls))
+            pool = build_pool(config, fleet, open_files=65536)
+            (server,) = pool.servers
+            assert (server.capacity, server.margin, server.ceiling) == (64, 8, 256)
+            server.in_flight = server.limit  # kept full: all it is sent runs
+            await watch_until_polled(pool, client, fake)
+        return pool
+
+    pool = asyncio.run(asyncio.wait_for(scenario(), 10))
+    (server,) = pool.servers
+    assert server.capacity == 80 and server.margin == 10  # one raise of a quarter: 72 in flight < 80 after it
+    assert server.capacity_range() == [64, 80]
+    assert pool.worker_count() == 2 * (256 + 32)
+
+
+def test_a_guessed_ceiling_is_the_start_figure_when_open_files_are_short(tmp_path: Any) -> None:
+    """Growth past the guess needs a socket per request: where the open-file limit does not hold 4x the guess,
+    the watched server's ceiling stays the start-up figure."""
+    info = ServerInfo("http://v:1", "m", 2048, kind="vllm", loads=LoadSource.VLLM)
+    config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path / "out", servers=(info.url,))
+    for open_files, ceiling in ((65536, 256), (200, 64)):
+        (server,) = build_pool(config, FleetInfo([info], []), open_files=open_files).servers
+        assert (server.capacity, server.ceiling) == (64, ceiling)

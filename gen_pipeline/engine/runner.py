@@ -158,8 +158,8 @@ class Runner:
         tasks = [asyncio.create_task(self._work(queue)) for _ in range(workers)]
         monitor = asyncio.create_task(watch_run(self))
         prober = asyncio.create_task(watch_servers(self.pool, self.client)) if self.client else monitor
-        # each watched server's capacity follows its load reports; never above its start-up figure, so the
-        # workers sized from that figure above stay enough
+        # each watched server's capacity follows its load reports; never above its ceiling, so the workers sized
+        # for the ceilings above stay enough
         loads = asyncio.create_task(watch_loads(self.pool, self.client, self.config.share)) if self.client else monitor
         producer = asyncio.create_task(self._produce(queue, workers))
         try:

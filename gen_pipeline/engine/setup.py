@@ -16,7 +16,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, PreflightError
 from ..fleet.affinity import PrefixModel
 from ..fleet.balancer import ServerPool
-from ..fleet.capacity import guess_warning, server_capacity
+from ..fleet.capacity import GUESS_GROWTH, guess_warning, server_capacity
 from ..fleet.discovery import FleetInfo, discover
 from ..fleet.pacing import queue_margin
 from ..fleet.provenance import provenance_section, seed_warning
@@ -120,37 +120,55 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     infos = {s.url: s for s in fleet.servers}
     found = {url: server_capacity(config, infos.get(url)) for url in config.servers}
     wanted = {url: config.capacity_for(c.requests) for url, c in found.items()}
-    capacities, warning = fit_open_files(wanted, open_file_limit() if open_files is None else open_files)
+    limit = open_file_limit() if open_files is None else open_files
+    capacities, warning = fit_open_files(wanted, limit)
     if warning is not None:
         fleet.warnings.append(warning)
         log.warning("%s", warning)
+    watched = {url for url, info in infos.items() if info.loads and not config.concurrency}
     guessed = [url for url, c in found.items() if c.source == "default" and url not in fleet.down]
-    if (guess := guess_warning(guessed)) is not None:
+    if (guess := guess_warning(guessed, watched)) is not None:
         fleet.warnings.append(guess)
-    margin = {url: _margin(config, found[url].reported, c, warning) for url, c in capacities.items()}
+    ceilings = _ceilings(capacities, [u for u in guessed if u in watched], watched, limit, warning)
     identity = {s.url: s.identity for s in fleet.servers}
     pool = ServerPool(
-        ServerState(url, capacity, margin[url], capacity_source=found[url].source, identity=identity.get(url))
+        ServerState(url, capacity, capacity_source=found[url].source, identity=identity.get(url))
         for url, capacity in capacities.items()
     )
     for server in pool.servers:
+        # its load reports move its capacity (fleet/loads.py) up to its ceiling (the workers are sized for it)
+        server.ceiling = ceilings.get(server.url)
+        server.margin, server.margin_follows = _margin(config, found[server.url].reported, server, warning)
         if (info := infos.get(server.url)) is not None:
             server.prefixes = PrefixModel(info.max_total_num_tokens)
-            # its load reports move its capacity (fleet/loads.py), never above the figure the workers are sized by
-            server.ceiling = server.capacity if info.loads and not config.concurrency else None
         if server.url in fleet.down:
             pool.mark_down(server)
     return pool
 
 
-def _margin(config: RunConfig, reported: int | None, capacity: int, warning: str | None) -> int:
-    """Requests to queue beyond `capacity`: only where the server's own running slots set it (it queues the
-    rest), and none when open files are short."""
+def _ceilings(
+    capacities: dict[str, int], guessed: list[str], watched: set[str], limit: int, warning: str | None
+) -> dict[str, int]:
+    """The most the load watcher may raise each watched server's capacity to: its start-up figure, or, where that
+    is the default guess, GUESS_GROWTH times it while the open-file limit allows that many sockets."""
+    ceilings = {url: c for url, c in capacities.items() if url in watched}
+    grown = {url: ceilings[url] * GUESS_GROWTH for url in guessed}
+    if grown and warning is None and fit_open_files({**capacities, **grown}, limit)[1] is None:
+        ceilings.update(grown)
+    return ceilings
+
+
+def _margin(config: RunConfig, reported: int | None, server: ServerState, warning: str | None) -> tuple[int, bool]:
+    """Requests to queue beyond the server's capacity, and whether that follows its capacity as the load watcher
+    moves it: pacing.queue_margin where the server's own running slots set the capacity (it queues the rest) or
+    its load is watched (its queue is seen); none when open files are short."""
     if warning is not None:
-        return 0
+        return 0, False
     if config.queue_margin is not None:
-        return config.queue_margin
-    return 0 if config.concurrency or reported is None else queue_margin(capacity)
+        return config.queue_margin, False
+    if config.concurrency or (reported is None and server.ceiling is None):
+        return 0, False
+    return queue_margin(server.capacity), True
 
 
 def fit_open_files(capacities: dict[str, int], limit: int) -> tuple[dict[str, int], str | None]:

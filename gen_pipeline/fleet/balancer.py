@@ -46,13 +46,10 @@ class ServerPool:
         self.last_completion: float | None = None
 
     def worker_count(self) -> int:
-        """Requests the pipeline should keep going at once: every slot and queue margin, plus spares."""
-        slots = self.slots()
+        """Requests the pipeline should keep going at once: every slot and queue margin, plus spares; where the
+        load watcher may raise a server's capacity, as many as its ceiling takes (ServerState.most)."""
+        slots = sum(s.most() for s in self.servers)
         return slots + math.ceil(slots * SPARE_WORKERS)
-
-    def slots(self) -> int:
-        """Requests the fleet takes at once: each server's running slots and queue margin."""
-        return sum(s.limit for s in self.servers)
 
     def serving_slots(self) -> int:
         """The same over the servers in service now (a dead server's guessed capacity runs nothing)."""

@@ -14,6 +14,7 @@ fit waits in the server's queue.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..config import DEFAULT_CONCURRENCY, RunConfig
@@ -21,6 +22,10 @@ from .discovery import ServerInfo
 
 # SGLang's estimate of an admitted request's output (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION's default).
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+# A server whose capacity is the default guess but whose load is watched (fleet/loads.py: vLLM's /metrics) may be
+# raised to this many times the guess while all it is sent runs: vLLM's own default is 256 running requests on
+# most GPUs (1024 on the largest; --concurrency sets any figure, unwatched).
+GUESS_GROWTH = 4
 # Where a server's capacity came from, as `check` and the summary name it.
 SOURCES = ("--concurrency", "reported", "loads endpoint", "scheduler state", "token pool", "default")
 
@@ -49,13 +54,21 @@ def server_capacity(config: RunConfig, info: ServerInfo | None) -> Capacity:
     return Capacity(DEFAULT_CONCURRENCY, "default")
 
 
-def guess_warning(guessed: list[str]) -> str | None:
-    """The warning naming the servers whose capacity is the default (None: there are none)."""
+def guess_warning(guessed: list[str], watched: Collection[str] = ()) -> str | None:
+    """The warning naming the servers whose capacity is the default (None: there are none); of them, those
+    whose load is `watched` start from the guess and follow what they run."""
     if not guessed:
         return None
+    follow = [url for url in guessed if url in watched]
+    then = (
+        f"; {len(follow)} of them report their load, and follow what they run from there (up to "
+        f"{DEFAULT_CONCURRENCY * GUESS_GROWTH})"
+        if follow
+        else ""
+    )
     return (
         f"{len(guessed)} server(s) report no running slots and no KV pool: {DEFAULT_CONCURRENCY} requests in flight "
-        f"each is a guess (--concurrency sets it): {', '.join(guessed)}"
+        f"each is a guess (--concurrency sets it){then}: {', '.join(guessed)}"
     )
 
 

@@ -19,15 +19,17 @@ set (model_name, engine): the counts are summed, the usage is the engines' mean 
 So the watcher polls each server's `LoadSource` about once a second, one short request a server, on the
 servers whose discovery found it answering (SGLang's /v1/loads, vLLM's /metrics; never llama.cpp, nor a
 vLLM without those series, which keep their start-up capacity; never with --concurrency), and `adjust`
-moves each one's `ServerState.capacity` (read live by the balancer; the queue margin is kept):
+moves each one's `ServerState.capacity` (read live by the balancer; a queue margin derived from the capacity
+follows it, so the server's own queue stays short but non-empty: ServerState.margin_follows):
   * requests waiting (CONFIRM samples in a row): capacity becomes the most it ran over those samples;
   * nothing waiting while we keep it full (in flight >= capacity) and its pool under FULL_USAGE: capacity
     grows by RAISE_FRACTION (at least 1) after `patience` samples in a row.
-Never below 1, never above `ServerState.ceiling`, the start-up figure: the Runner's workers and the open-file
-fit were sized from it at start. One sample never changes anything, and a raise that had to be taken back
-doubles the samples the next raise needs (up to MAX_PATIENCE), so a pool that admits a little less than the
-raise does not see-saw. A failed poll, or an answer without the counts (a body that does not parse, a series
-missing), is skipped quietly: the health of a server is judged by its answers.
+Never below 1, never above `ServerState.ceiling`: the start-up figure, or where that is only the default guess
+(vLLM reports no running slots) capacity.GUESS_GROWTH times it; the Runner's workers and the open-file fit are
+sized for the ceiling at start (engine/setup.py build_pool). One sample never changes anything, and a raise
+that had to be taken back doubles the samples the next raise needs (up to MAX_PATIENCE), so a pool that admits
+a little less than the raise does not see-saw. A failed poll, or an answer without the counts (a body that does
+not parse, a series missing), is skipped quietly: the health of a server is judged by its answers.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ class ServerState:
     url: str
     capacity: int
     margin: int = 0  # requests in flight beyond `capacity`, queued at the server
+    # the margin is pacing.queue_margin(capacity), and stays so when the load watcher moves `capacity`: the
+    # server's own queue kept non-empty but short (False: --queue-margin set it, or none at all)
+    margin_follows: bool = False
     capacity_source: str = "default"  # where `capacity` came from (capacity.SOURCES)
     # the most the load watcher (loads.py) may raise `capacity` to; None: the server reports no load, or
     # --concurrency set it, and `capacity` stays what it was at start
@@ -62,6 +65,14 @@ class ServerState:
         self.capacity_low = min(self.capacity_low or start, capacity)
         self.capacity_high = max(self.capacity_high or start, capacity)
         self.capacity = capacity
+        if self.margin_follows:
+            self.margin = pacing.queue_margin(capacity)
+
+    def most(self) -> int:
+        """The most requests it may have in flight during the run: at its ceiling where the load watcher may
+        raise its capacity (with the queue margin there), else its limit now."""
+        top = max(self.capacity, self.ceiling or 0)
+        return top + (pacing.queue_margin(top) if self.margin_follows else self.margin)
 
     def capacity_range(self) -> list[int]:
         """[least, most] capacity over the run (both the capacity when it never moved)."""
