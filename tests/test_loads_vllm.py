@@ -225,9 +225,12 @@ def test_a_guessed_vllm_server_that_runs_all_it_is_sent_grows_past_the_guess(tmp
 
 def test_a_guessed_ceiling_is_the_start_figure_when_open_files_are_short(tmp_path: Any) -> None:
     """Growth past the guess needs a socket per request: where the open-file limit does not hold 4x the guess,
-    the watched server's ceiling stays the start-up figure."""
+    the watched server's ceiling stays the start-up figure; the guess warning says how far it may follow."""
     info = ServerInfo("http://v:1", "m", 2048, kind="vllm", loads=LoadSource.VLLM)
     config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path / "out", servers=(info.url,))
     for open_files, ceiling in ((65536, 256), (200, 64)):
-        (server,) = build_pool(config, FleetInfo([info], []), open_files=open_files).servers
+        fleet = FleetInfo([info], [])
+        (server,) = build_pool(config, fleet, open_files=open_files).servers
         assert (server.capacity, server.ceiling) == (64, ceiling)
+        (warning,) = fleet.warnings  # the guess is named, and how far the server may follow its load
+        assert "is a guess" in warning and f"follow what they run, up to {ceiling}" in warning

@@ -127,9 +127,9 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
         log.warning("%s", warning)
     watched = {url for url, info in infos.items() if info.loads and not config.concurrency}
     guessed = [url for url, c in found.items() if c.source == "default" and url not in fleet.down]
-    if (guess := guess_warning(guessed, watched)) is not None:
-        fleet.warnings.append(guess)
     ceilings = _ceilings(capacities, [u for u in guessed if u in watched], watched, limit, warning)
+    if (guess := guess_warning(guessed, ceilings)) is not None:
+        fleet.warnings.append(guess)
     identity = {s.url: s.identity for s in fleet.servers}
     pool = ServerPool(
         ServerState(url, capacity, capacity_source=found[url].source, identity=identity.get(url))

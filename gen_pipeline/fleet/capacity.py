@@ -14,7 +14,7 @@ fit waits in the server's queue.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..config import DEFAULT_CONCURRENCY, RunConfig
@@ -54,18 +54,13 @@ def server_capacity(config: RunConfig, info: ServerInfo | None) -> Capacity:
     return Capacity(DEFAULT_CONCURRENCY, "default")
 
 
-def guess_warning(guessed: list[str], watched: Collection[str] = ()) -> str | None:
-    """The warning naming the servers whose capacity is the default (None: there are none); of them, those
-    whose load is `watched` start from the guess and follow what they run."""
+def guess_warning(guessed: list[str], ceilings: Mapping[str, int] | None = None) -> str | None:
+    """The warning naming the servers whose capacity is the default (None: there are none); of them, those with
+    a ceiling (their load is watched) start from the guess and follow what they run, up to it."""
     if not guessed:
         return None
-    follow = [url for url in guessed if url in watched]
-    then = (
-        f"; {len(follow)} of them report their load, and follow what they run from there (up to "
-        f"{DEFAULT_CONCURRENCY * GUESS_GROWTH})"
-        if follow
-        else ""
-    )
+    follow = [ceilings[url] for url in guessed if ceilings and url in ceilings]
+    then = f"; {len(follow)} of them report their load and follow what they run, up to {max(follow)}" if follow else ""
     return (
         f"{len(guessed)} server(s) report no running slots and no KV pool: {DEFAULT_CONCURRENCY} requests in flight "
         f"each is a guess (--concurrency sets it){then}: {', '.join(guessed)}"
