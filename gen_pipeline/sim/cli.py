@@ -306,6 +306,7 @@ def _summary(fleet: SimFleet) -> list[str]:
         "dropped",
         "hung",
         "max_in_flight",
+        "max_running",
         "prefills",
         "prompt_tokens",
         "cached_tokens",
