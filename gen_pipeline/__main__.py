@@ -18,21 +18,21 @@ SUPERVISOR_VARIABLE = "GEN_PIPELINE_SUPERVISOR_PID"
 
 
 def main() -> int:
-    """Entry point: the stop handlers of `generate` first, then the command line (cli.main)."""
-    from .runtime import die_with, install_stop_handlers, restore_handlers
+    """Entry point: the stop handlers of `generate` first, then the command line (cli.main). They stay until the
+    process ends: a signal in its last moments, the run written, still exits 130 with one line (put back, the
+    default SIGINT raised KeyboardInterrupt out of the interpreter's shutdown)."""
+    from .runtime import die_with, install_stop_handlers
 
     supervisor = os.environ.pop(SUPERVISOR_VARIABLE, "")
     if supervisor.isdigit():
         die_with(int(supervisor))
     argv = sys.argv[1:]
     command = next((a for a in argv if not a.startswith("-")), None)
-    previous = install_stop_handlers() if command == "generate" else {}
-    try:
-        from .cli import main as run_command
+    if command == "generate":
+        install_stop_handlers()
+    from .cli import main as run_command
 
-        return run_command(argv)
-    finally:
-        restore_handlers(previous)
+    return run_command(argv)
 
 
 if __name__ == "__main__":

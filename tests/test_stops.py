@@ -131,6 +131,25 @@ def test_a_stop_signal_in_the_first_imports_exits_130(tmp_path, entry, sig):
         assert len(said) == 1 and sig.name in said[0], said
 
 
+def test_a_stop_signal_after_generate_has_returned_exits_130_in_one_line(tmp_path):
+    """A signal in a process's last moments (the entry point's `generate` returned, the interpreter about to
+    end) exits 130 with one line: the stop handlers are not put back to the default SIGINT, whose
+    KeyboardInterrupt escaped the shutdown (exit -2 with a traceback; seen in a signal campaign)."""
+    script = (
+        "import os, signal, sys, time\n"
+        "from gen_pipeline.__main__ import main\n"
+        f"sys.argv = ['gen-pipeline', 'generate', '-i', {str(tmp_path / 'none.jsonl')!r}, '-o', {str(tmp_path)!r}]\n"
+        "code = main()\n"
+        "assert code != 0, code\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(30)\n"
+    )
+    done = subprocess.run([PY, "-c", script], capture_output=True, text=True, env=env(), timeout=60)
+    said = [line for line in done.stderr.splitlines() if "SIGINT" in line or "Traceback" in line]
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert said == ["SIGINT: stopped; the output stays resumable (run the same command again)"], said
+
+
 def session_members(sid: int) -> list[int]:
     """Every process in session `sid` (what systemd's stop signals in a unit's group, near enough)."""
     members = []
