@@ -200,15 +200,15 @@ class Client:
 
     async def get_text(self, server: str, path: str, timeout: float = 10.0) -> str:
         """GET a text document whole (a Prometheus exposition); a status other than 200 raises its error."""
-        status, raw, headers = await self.transport.request("GET", server, path, timeout)
-        if status != 200:
-            raise status_error(status, _decode(raw), server, headers, f"GET {server}{path}")
-        return raw.decode("utf-8", "replace")
+        return (await self._raw("GET", server, path, timeout)).decode("utf-8", "replace")
 
     async def _call(self, method: str, server: str, path: str, timeout: float, payload: bytes | None = None) -> Any:
         """One request; the decoded body of a 200, or the status's error."""
+        return _decode(await self._raw(method, server, path, timeout, payload))
+
+    async def _raw(self, method: str, server: str, path: str, timeout: float, payload: bytes | None = None) -> bytes:
+        """One request; the body of a 200 as sent, or the status's error (its body decoded for the message)."""
         status, raw, headers = await self.transport.request(method, server, path, timeout, payload)
-        body = _decode(raw)
         if status != 200:
-            raise status_error(status, body, server, headers, f"{method} {server}{path}")
-        return body
+            raise status_error(status, _decode(raw), server, headers, f"{method} {server}{path}")
+        return raw
