@@ -244,3 +244,67 @@ def test_workers_run_the_stall_command_once_per_stall(tmp_path: Path) -> None:
     assert run.returncode == 0, stderr
     ran = len(_hook_runs(hooks))  # a count: the hook's environment is the test runner's, never printed
     assert ran == 1
+
+
+class FakeCPU:
+    """The process's CPU seconds, moved by the test."""
+
+    def __init__(self) -> None:
+        self.s = 0.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+def test_a_client_at_its_cpu_limit_is_flagged_and_warned_of_at_the_end() -> None:
+    """95% of a core for a minute is the CPU limit (an alert while it holds, the time added up for the end-of-run
+    warning); 50% is not; the tail is never judged."""
+    cpu = FakeCPU()
+    watch, stats, servers = Watch(stall_s=1e9, cpu=cpu), _stats(), [ServerState("http://a:1", 8)]
+    alerts: list[str] = []
+    for t in range(0, 65, 5):
+        alerts = watch.check(stats, servers, float(t))
+        cpu.s += 0.95 * 5
+    assert alerts == [
+        "the client is at its CPU limit (95% of a core over 1m 00s): it, not the servers, sets the pace; "
+        "more --workers processes share the run"
+    ]
+    assert watch.limited_s == 60.0
+    assert watch.cpu_warning(600.0) == (
+        "the client was at its CPU limit (at least 90% of a core) for 1m 00s of the run's 10m 00s: there it, not "
+        "the servers, set the pace; more --workers processes share a run"
+    )
+    assert watch.cpu_warning(601.0) is None  # under a tenth of the run
+    for t in range(65, 400, 5):
+        alerts = watch.check(stats, servers, float(t))
+        cpu.s += 0.5 * 5
+    assert alerts == []
+    assert watch.limited_s == 65.0  # the first half-busy stretch still counts: its start was busy
+    for t in range(400, 500, 5):
+        alerts = watch.check(stats, servers, float(t), tail=True)
+        cpu.s += 5
+    assert alerts == []
+    assert watch.limited_s == 65.0
+
+
+def test_a_busy_client_for_under_a_minute_is_not_warned_of() -> None:
+    """A short run that was busy from end to end: no end-of-run warning under LIMITED_WARN_S."""
+    cpu = FakeCPU()
+    watch, stats, servers = Watch(stall_s=1e9, cpu=cpu), _stats(), [ServerState("http://a:1", 8)]
+    for t in range(0, 55, 5):
+        watch.check(stats, servers, float(t))
+        cpu.s += 5
+    assert watch.limited_s == 50.0
+    assert watch.cpu_warning(50.0) is None
+
+
+def test_the_cpu_limit_warning_ends_up_in_the_summary(tmp_path: Path, monkeypatch: Any) -> None:
+    """summary.json's warnings carry what the run's Watch says of its CPU limit, given the run's length."""
+    from e2e import prompts, run_sim
+
+    monkeypatch.setattr(Watch, "cpu_warning", lambda self, span_s: f"limited, over a run of {span_s > 0} s")
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(5)))
+    outcome, _ = run_sim(inp, tmp_path / "out", {"n_ports": 1})
+    assert "limited, over a run of True s" in outcome.summary["warnings"]
+    assert "limited, over a run of True s" in orjson.loads((tmp_path / "out" / "summary.json").read_bytes())["warnings"]

@@ -36,6 +36,7 @@ SERIES = (
     "gen_pipeline_request_seconds_count",
     "gen_pipeline_request_seconds_sum",
     "gen_pipeline_token_drift_rows_total",
+    "gen_pipeline_client_cpu_seconds_total",
     "gen_pipeline_eta_seconds",
 )
 

@@ -39,6 +39,7 @@ SERIES = {
     "gen_pipeline_server_up",
     "gen_pipeline_request_seconds_bucket",
     "gen_pipeline_token_drift_rows_total",
+    "gen_pipeline_client_cpu_seconds_total",
     "gen_pipeline_eta_seconds",
 }
 

@@ -68,7 +68,13 @@ class RunCollector:
             "gen_pipeline_token_drift_rows", "Rows whose server prompt count differed from ours", labels=["worker"]
         )
         drift.add_metric(w, stats.drift_view()["differed"])
-        yield from (rows, tokens, drift, *self._gauges(GaugeMetricFamily), *self._servers())
+        cpu = CounterMetricFamily(
+            "gen_pipeline_client_cpu_seconds",
+            "CPU seconds this process used (its rate near 1: the client is at its limit, one core)",
+            labels=["worker"],
+        )
+        cpu.add_metric(w, round(time.process_time(), 3))
+        yield from (rows, tokens, drift, cpu, *self._gauges(GaugeMetricFamily), *self._servers())
         yield self._histogram()
 
     def _gauges(self, family: Any) -> Iterator[Any]:

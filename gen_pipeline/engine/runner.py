@@ -293,7 +293,8 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
     warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
     warnings += usage_warnings(runner.pool.servers)
-    warnings += [w for w in [runner.stats.same_samples.warning()] if w is not None]
+    late = [runner.stats.same_samples.warning(), runner.watch.cpu_warning(runner.stats.elapsed())]
+    warnings += [w for w in late if w is not None]
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(
         stop_reason=runner.stop_reason or None,

@@ -7,6 +7,10 @@ clock it is given, and keeps the little history its judgements need:
   run's tail (where the balancer keeps slow servers idle on purpose);
 - token-count drift that appears after the run's first rows agreed with the servers' counts;
 - a prefix-cache hit share that collapsed (the recent share under CACHE_FLOOR of the run's earlier one);
+- the client at its CPU limit: the process used CLIENT_BUSY of a core or more over the recent window, before
+  the run's tail. One Python process works on one core at a time (the GIL): at that point the client, not the
+  servers, sets the pace, and more `--workers` processes are the way past it. `limited_s` adds up the time
+  judged so, for the end-of-run warning (`cpu_warning`);
 - a stall: no completion for --stall-minutes. `--on-stall CMD` runs CMD once per stall (through the
   shell, not waited for), with the alert in $GEN_PIPELINE_ALERT and the run directory in $GEN_PIPELINE_OUT.
 """
@@ -16,9 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config import API_KEY_ENV, SERVER_AUTH_ENV
 from .display import duration
@@ -35,6 +40,9 @@ CLEAN_ROWS = 32  # drift "appears mid-run" when at least this many rows agreed b
 CACHE_FLOOR = 0.25  # the recent cache-hit share under this fraction of the earlier one has collapsed
 MIN_CACHE_SHARE = 0.2  # ...of an earlier share at least this large
 DEFAULT_STALL_MINUTES = 10.0
+CLIENT_BUSY = 0.9  # the process's CPU seconds per second at which the client is at its limit
+LIMITED_WARN_S = 60.0  # the end-of-run warning: at the limit at least this long...
+LIMITED_WARN_SHARE = 0.1  # ...and for at least this share of the run
 
 
 def run_command(command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -54,6 +62,16 @@ def progress_text(alerts: list[str]) -> str:
     return f" | ALERT: {alerts[0]}{more}"
 
 
+class Sample(NamedTuple):
+    """What the windowed judgements are made of, every SAMPLE_S."""
+
+    at: float
+    load: dict[str, tuple[int, int]]  # server: (in flight, capacity)
+    cached_tokens: int
+    prompt_tokens: int
+    cpu_s: float  # the process's CPU seconds so far
+
+
 class Watch:
     """The run's alerts, judged at each `check`; runs --on-stall's command once per stall."""
 
@@ -63,13 +81,15 @@ class Watch:
         on_stall: str | None = None,
         out: str = "",
         start: Callable[[str, dict[str, str]], Any] = run_command,
+        cpu: Callable[[], float] = time.process_time,
     ) -> None:
-        self.stall_s, self.on_stall, self.out, self.start = stall_s, on_stall, out, start
+        self.stall_s, self.on_stall, self.out, self.start, self.cpu = stall_s, on_stall, out, start, cpu
         self.started: float | None = None
         self.completed, self.last_completion = -1, 0.0
         self.stalled = False
         self.clean_rows = 0  # rows compared, all agreeing, before the first that differed
-        self.samples: deque[tuple[float, dict[str, tuple[int, int]], int, int]] = deque()
+        self.samples: deque[Sample] = deque()
+        self.limited_s = 0.0  # time between samples at the CPU limit, outside the tail
         self.children: list[Any] = []
 
     def check(self, stats: Any, servers: list[Any], now: float, tail: bool = False) -> list[str]:
@@ -77,19 +97,22 @@ class Watch:
         keeps slow servers idle on purpose: shares are not judged."""
         if self.started is None:
             self.started = self.last_completion = now
-        self._sample(stats, servers, now)
-        shares = [] if tail else self._shares()
-        alerts = [*self._idle(servers, now), *shares, *self._drift(stats), *self._cache()]
+        self._sample(stats, servers, now, tail)
+        judged = [] if tail else [*self._shares(), *self._cpu_limit()]
+        alerts = [*self._idle(servers, now), *judged, *self._drift(stats), *self._cache()]
         stall = self._stall(stats, now)
         self.children = [c for c in self.children if c.poll() is None]  # reap finished commands
         return [*([stall] if stall else []), *alerts]
 
-    def _sample(self, stats: Any, servers: list[Any], now: float) -> None:
-        if self.samples and now - self.samples[-1][0] < SAMPLE_S:
+    def _sample(self, stats: Any, servers: list[Any], now: float, tail: bool) -> None:
+        if self.samples and now - self.samples[-1].at < SAMPLE_S:
             return
         load = {s.url: (s.in_flight, s.capacity) for s in servers}
-        self.samples.append((now, load, stats.cached_tokens, stats.input_tokens))
-        while len(self.samples) > 2 and now - self.samples[1][0] >= WINDOW_S:
+        sample = Sample(now, load, stats.cached_tokens, stats.input_tokens, self.cpu())
+        if self.samples and not tail and _busy(self.samples[-1], sample) >= CLIENT_BUSY:
+            self.limited_s += now - self.samples[-1].at
+        self.samples.append(sample)
+        while len(self.samples) > 2 and now - self.samples[1].at >= WINDOW_S:
             self.samples.popleft()
 
     def _idle(self, servers: list[Any], now: float) -> list[str]:
@@ -103,15 +126,15 @@ class Watch:
         return alerts
 
     def _window(self) -> bool:
-        return len(self.samples) > 1 and self.samples[-1][0] - self.samples[0][0] >= MIN_WINDOW_S
+        return len(self.samples) > 1 and self.samples[-1].at - self.samples[0].at >= MIN_WINDOW_S
 
     def _shares(self) -> list[str]:
         """Servers whose slots stayed far emptier than the fleet's over the recent window."""
         if not self._window():
             return []
         used: dict[str, list[int]] = {}
-        for _, load, _, _ in self.samples:
-            for url, (flight, capacity) in load.items():
+        for sample in self.samples:
+            for url, (flight, capacity) in sample.load.items():
                 totals = used.setdefault(url, [0, 0])
                 totals[0] += flight
                 totals[1] += capacity
@@ -137,8 +160,8 @@ class Watch:
     def _cache(self) -> list[str]:
         if not self._window():
             return []
-        _, _, cached0, prompt0 = self.samples[0]
-        _, _, cached1, prompt1 = self.samples[-1]
+        cached0, prompt0 = self.samples[0].cached_tokens, self.samples[0].prompt_tokens
+        cached1, prompt1 = self.samples[-1].cached_tokens, self.samples[-1].prompt_tokens
         before = cached0 / prompt0 if prompt0 else 0.0
         recent_prompt = prompt1 - prompt0
         if before < MIN_CACHE_SHARE or recent_prompt <= 0:
@@ -147,6 +170,28 @@ class Watch:
         if recent >= CACHE_FLOOR * before:
             return []
         return [f"prefix-cache hits collapsed: {recent:.0%} of prompt tokens lately, {before:.0%} before"]
+
+    def _cpu_limit(self) -> list[str]:
+        """The client busy on its one core over the recent window: it, not the servers, sets the pace."""
+        if not self._window():
+            return []
+        first, last = self.samples[0], self.samples[-1]
+        if (busy := _busy(first, last)) < CLIENT_BUSY:
+            return []
+        return [
+            f"the client is at its CPU limit ({busy:.0%} of a core over {duration(last.at - first.at)}): it, not "
+            "the servers, sets the pace; more --workers processes share the run"
+        ]
+
+    def cpu_warning(self, span_s: float) -> str | None:
+        """The end-of-run warning when the client was at its CPU limit for a good part of a run of `span_s`."""
+        if self.limited_s < max(LIMITED_WARN_S, LIMITED_WARN_SHARE * span_s):
+            return None
+        return (
+            f"the client was at its CPU limit (at least {CLIENT_BUSY:.0%} of a core) for {duration(self.limited_s)} "
+            f"of the run's {duration(span_s)}: there it, not the servers, set the pace; more --workers processes "
+            "share a run"
+        )
 
     def _stall(self, stats: Any, now: float) -> str | None:
         if stats.completed != self.completed:
@@ -164,3 +209,8 @@ class Watch:
                     self.start(self.on_stall, {"GEN_PIPELINE_ALERT": alert, "GEN_PIPELINE_OUT": self.out})
                 )
         return alert
+
+
+def _busy(first: Sample, last: Sample) -> float:
+    """The process's CPU seconds per second between two samples."""
+    return (last.cpu_s - first.cpu_s) / max(last.at - first.at, 1e-9)
