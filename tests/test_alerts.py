@@ -308,3 +308,29 @@ def test_the_cpu_limit_warning_ends_up_in_the_summary(tmp_path: Path, monkeypatc
     outcome, _ = run_sim(inp, tmp_path / "out", {"n_ports": 1})
     assert "limited, over a run of True s" in outcome.summary["warnings"]
     assert "limited, over a run of True s" in orjson.loads((tmp_path / "out" / "summary.json").read_bytes())["warnings"]
+
+
+def test_the_cpu_judged_is_that_of_every_python_thread() -> None:
+    """Another thread's CPU counts, read from the thread that asks (the monitor runs on the event loop's; counting
+    has its own)."""
+    import threading
+
+    from gen_pipeline.progress.alerts import python_cpu
+
+    spun, done = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+        spun.set()
+        done.wait(30)  # alive while the test reads its clock
+
+    before = python_cpu()
+    worker = threading.Thread(target=spin)
+    worker.start()
+    assert spun.wait(30)
+    grown = python_cpu() - before
+    done.set()
+    worker.join(30)
+    assert grown >= 0.3

@@ -70,7 +70,7 @@ class RunCollector:
         drift.add_metric(w, stats.drift_view()["differed"])
         cpu = CounterMetricFamily(
             "gen_pipeline_client_cpu_seconds",
-            "CPU seconds this process used (its rate near 1: the client is at its limit, one core)",
+            "CPU seconds this process used, all its threads (its Python threads share one core)",
             labels=["worker"],
         )
         cpu.add_metric(w, round(time.process_time(), 3))

@@ -7,9 +7,10 @@ clock it is given, and keeps the little history its judgements need:
   run's tail (where the balancer keeps slow servers idle on purpose);
 - token-count drift that appears after the run's first rows agreed with the servers' counts;
 - a prefix-cache hit share that collapsed (the recent share under CACHE_FLOOR of the run's earlier one);
-- the client at its CPU limit: the process used CLIENT_BUSY of a core or more over the recent window, before
-  the run's tail. One Python process works on one core at a time (the GIL): at that point the client, not the
-  servers, sets the pace, and more `--workers` processes are the way past it. `limited_s` adds up the time
+- the client at its CPU limit: its Python threads used CLIENT_BUSY of a core or more over the recent window,
+  before the run's tail. They share one interpreter lock, so together they have one core: at that point the
+  client, not the servers, sets the pace, and more `--workers` processes are the way past it (the tokenizer's
+  own native threads, which encode without that lock, are not counted). `limited_s` adds up the time
   judged so, for the end-of-run warning (`cpu_warning`);
 - a stall: no completion for --stall-minutes. `--on-stall CMD` runs CMD once per stall (through the
   shell, not waited for), with the alert in $GEN_PIPELINE_ALERT and the run directory in $GEN_PIPELINE_OUT.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -69,7 +71,7 @@ class Sample(NamedTuple):
     load: dict[str, tuple[int, int]]  # server: (in flight, capacity)
     cached_tokens: int
     prompt_tokens: int
-    cpu_s: float  # the process's CPU seconds so far
+    cpu_s: float  # the Python threads' CPU seconds so far
 
 
 class Watch:
@@ -81,9 +83,10 @@ class Watch:
         on_stall: str | None = None,
         out: str = "",
         start: Callable[[str, dict[str, str]], Any] = run_command,
-        cpu: Callable[[], float] = time.process_time,
+        cpu: Callable[[], float] | None = None,
     ) -> None:
-        self.stall_s, self.on_stall, self.out, self.start, self.cpu = stall_s, on_stall, out, start, cpu
+        self.stall_s, self.on_stall, self.out, self.start = stall_s, on_stall, out, start
+        self.cpu = cpu or python_cpu
         self.started: float | None = None
         self.completed, self.last_completion = -1, 0.0
         self.stalled = False
@@ -211,6 +214,15 @@ class Watch:
         return alert
 
 
+def python_cpu() -> float:
+    """CPU seconds of this process's Python threads (those alive now); the whole process's where threads have no
+    clocks of their own (not Linux)."""
+    try:
+        return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threading.enumerate() if t.ident)
+    except (AttributeError, OSError):
+        return time.process_time()
+
+
 def _busy(first: Sample, last: Sample) -> float:
-    """The process's CPU seconds per second between two samples."""
+    """The Python threads' CPU seconds per second between two samples."""
     return (last.cpu_s - first.cpu_s) / max(last.at - first.at, 1e-9)
