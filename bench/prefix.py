@@ -129,7 +129,9 @@ def run_generate(inp: Path, ports: list[int], out: Path, samples: int, group: bo
         raise SystemExit(f"generate failed ({done.returncode}): {done.stderr[-2000:]}")
     summary = orjson.loads((out / "summary.json").read_bytes())
     drift = summary.get("token_drift", {}).get("differed")
-    return f"completed {summary['completed']} drift {drift} ledger {summary.get('ledger_reasons') or {}}", cpu
+    scattered = any("--group-prefixes" in w for w in summary.get("warnings") or [])
+    note = f"completed {summary['completed']} drift {drift} ledger {summary.get('ledger_reasons') or {}}"
+    return note + (" (warned: rows that begin alike came far apart)" if scattered else ""), cpu
 
 
 def measure(client: str, rows: list[dict[str, Any]], samples: int, cache: int, tmp: Path, args: Any) -> Run:

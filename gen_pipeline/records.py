@@ -49,6 +49,14 @@ def content_id(messages: Messages, extra: dict[str, Any] | None = None) -> str:
     return id_from_digest(content_digest(messages, extra))
 
 
+def group_digest(messages: Any, tools: Any) -> bytes:
+    """What rows that begin alike share (`prepare --group-prefixes` writes them together): the tools and the
+    messages up to the first user turn, as every row of a conversation cut at each of its turns has."""
+    first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), 0)
+    head = orjson.dumps([tools, messages[: first_user + 1]], option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(head, digest_size=16).digest()
+
+
 def id_from_digest(digest: bytes) -> str:
     """The content id for a `content_digest` already computed (saves hashing a row twice)."""
     return "h" + digest.hex()[:24]

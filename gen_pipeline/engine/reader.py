@@ -90,6 +90,10 @@ class BatchReader:
         self.stats.unfinished_line = self.source.unfinished or self.stats.unfinished_line
         self.stats.input_error = self.source.read_error or self.stats.input_error
         failed = self._count(prompts)
+        if self.config.turns != "all":  # a whole conversation is one row there, its turns sent to one server
+            for p in prompts:
+                if id(p) not in failed:
+                    self.stats.scatter.note(p.messages, p.tools, p.input_tokens)
         counted: list[Prompt | BadRow | Skipped] = []
         for x in out:
             if id(x) in failed:

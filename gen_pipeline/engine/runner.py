@@ -293,7 +293,12 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
     warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
     warnings += usage_warnings(runner.pool.servers)
-    late = [runner.stats.same_samples.warning(), runner.watch.cpu_warning(runner.stats.elapsed())]
+    caches = sum(s.prefixes.pool_tokens for s in runner.pool.servers)
+    late = [
+        runner.stats.same_samples.warning(),
+        runner.watch.cpu_warning(runner.stats.elapsed()),
+        runner.stats.scatter.warning(caches),
+    ]
     warnings += [w for w in late if w is not None]
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(

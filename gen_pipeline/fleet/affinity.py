@@ -98,7 +98,8 @@ class PrefixModel:
     """The prefixes one server was last sent, at most `capacity_chars` characters of them."""
 
     def __init__(self, pool_tokens: int | None) -> None:
-        self.capacity_chars = (pool_tokens or DEFAULT_POOL_TOKENS) * CHARS_PER_TOKEN
+        self.pool_tokens = pool_tokens or DEFAULT_POOL_TOKENS  # the server's KV pool, or what we take it for
+        self.capacity_chars = self.pool_tokens * CHARS_PER_TOKEN
         self._held: OrderedDict[bytes, int] = OrderedDict()
         self._chars = 0
 

@@ -19,6 +19,7 @@ from .alerts import progress_text
 from .cost import cost_lines
 from .display import Progress
 from .identical import SameSamples
+from .scatter import Scatter
 
 log = logging.getLogger("gen_pipeline")
 
@@ -81,6 +82,7 @@ class RunStats:
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
     same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
+    scatter: Scatter = field(default_factory=Scatter)  # how far apart the input has rows that begin alike
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
     ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate

@@ -20,7 +20,6 @@ a sort key per row and one entry per group.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -35,7 +34,7 @@ import orjson
 
 from ..errors import ConfigError, OutputError
 from ..inputs.rows import RowError, parse_row
-from ..records import PERMANENT_REASONS, id_key
+from ..records import PERMANENT_REASONS, group_digest, id_key
 from ..rundir.layout import RunDir
 from .formats import FORMATS, InvalidRowError, RowConverter, jsonl_rows, open_source
 
@@ -143,9 +142,7 @@ class PrefixGroups:
     def note(self, row: dict[str, Any], offset: int, length: int) -> None:
         """One written row, at `offset` of the unordered file."""
         messages = row.get("messages") or []
-        first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), 0)
-        head = orjson.dumps([row.get("tools"), messages[: first_user + 1]], option=orjson.OPT_SORT_KEYS)
-        rank = self.ranks.setdefault(hashlib.blake2b(head, digest_size=16).digest(), len(self.ranks))
+        rank = self.ranks.setdefault(group_digest(messages, row.get("tools")), len(self.ranks))
         fewer = MAX_GROUP_MESSAGES - min(len(messages), MAX_GROUP_MESSAGES)  # more messages: earlier
         self.keys.append(((rank * (MAX_GROUP_MESSAGES + 1) + fewer) << 32) | len(self.offsets))
         self.offsets.append(offset)
