@@ -52,7 +52,7 @@ def test_shuffled_cuts_of_conversations_are_warned_of_and_grouped_ones_are_not()
     assert far >= len(s.gaps) // 2
     warning = s.warning(100_000)
     assert warning is not None
-    assert warning.startswith(f"about {far * SAMPLE:,} of the 1,200 rows of more than one message came after more ")
+    assert warning.startswith(f"about {far * SAMPLE:,} of the 1,200 rows of more than one message are read after more ")
     assert "`gen-pipeline prepare --group-prefixes` writes such rows together" in warning
     assert s.warning(10**9) is None  # caches that hold the whole input: nothing was far
 
@@ -81,21 +81,27 @@ def test_tools_make_another_group() -> None:
     assert group_digest(messages, None) == group_digest([*messages, {"role": "assistant", "content": "a"}], None)
 
 
-def test_the_warning_reaches_the_summary(tmp_path: Path, monkeypatch: Any) -> None:
-    """A shuffled file of conversation cuts on a simulated fleet whose caches hold a few rows: summary.json
-    carries the warning; the same rows grouped by `prepare --group-prefixes` order do not."""
+def test_the_warning_reaches_check_and_the_summary(tmp_path: Path, monkeypatch: Any) -> None:
+    """A shuffled file of conversation cuts on a simulated fleet whose caches hold a few rows: `check` warns
+    before the run and summary.json after it; the same rows in conversation order get neither."""
     from e2e import run_sim
+    from test_check import check, sim
 
     monkeypatch.setattr(scatter, "SAMPLE", 1)  # every conversation followed: 30 are enough
     monkeypatch.setattr(scatter, "MIN_FAR", 1)
     rows = [{"id": i, "messages": m} for i, m in enumerate(cuts(30))]
     shuffled = rows[:]
     random.Random(5).shuffle(shuffled)
-    sim = {"n_ports": 2, "max_total_tokens": 200}  # caches of 400 tokens in all: a few rows
+    fleet = {"n_ports": 2, "max_total_tokens": 200}  # caches of 400 tokens in all: a few rows
     for name, order, warned in (("shuffled", shuffled, True), ("grouped", rows, False)):
         inp = tmp_path / f"{name}.jsonl"
         inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in order))
-        outcome, _ = run_sim(inp, tmp_path / name, sim, max_tokens=16)
+        report = check([sim(2, max_total_tokens=200)], inp, tmp_path / f"check-{name}", max_tokens=16)
+        assert report["ok"], report["problems"]
+        before = [w for w in report["warnings"] if "prepare --group-prefixes" in w]
+        outcome, _ = run_sim(inp, tmp_path / name, fleet, max_tokens=16)
         assert outcome.summary["completed"] == len(rows)
-        said = [w for w in outcome.summary["warnings"] if "prepare --group-prefixes" in w]
-        assert bool(said) is warned, (name, outcome.summary["warnings"])
+        after = [w for w in outcome.summary["warnings"] if "prepare --group-prefixes" in w]
+        assert bool(before) is bool(after) is warned, (name, report["warnings"], outcome.summary["warnings"])
+        if warned:
+            assert before == after  # the same rows, the same caches: the same figures

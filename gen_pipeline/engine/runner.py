@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from ..config import RunConfig
 from ..errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
+from ..fleet.affinity import fleet_cache_tokens
 from ..fleet.balancer import ServerPool
 from ..fleet.discovery import FleetInfo
 from ..fleet.loads import watch_loads
@@ -293,7 +294,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
     warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
     warnings += usage_warnings(runner.pool.servers)
-    caches = sum(s.prefixes.pool_tokens for s in runner.pool.servers)
+    caches = fleet_cache_tokens(s.prefixes.pool_tokens for s in runner.pool.servers)
     late = [
         runner.stats.same_samples.warning(),
         runner.watch.cpu_warning(runner.stats.elapsed()),

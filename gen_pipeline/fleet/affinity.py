@@ -48,6 +48,12 @@ class Link:
     chars: int
 
 
+def fleet_cache_tokens(pools: Iterable[int | None]) -> int:
+    """The prefix-cache tokens of a fleet whose servers have these KV pools (None: not given, taken as the
+    default, as PrefixModel does)."""
+    return sum(pool or DEFAULT_POOL_TOKENS for pool in pools)
+
+
 def chain(messages: Sequence[Any] | None) -> tuple[Link, ...]:
     """The links of a chat prompt (none for a completions prompt or a one-message prompt: only an identical
     prompt could share it, and samples of one prompt have their own way to one server)."""

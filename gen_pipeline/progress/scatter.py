@@ -55,15 +55,15 @@ class Scatter:
         return sum(1 for gap in self.gaps if gap > cache_tokens)
 
     def warning(self, cache_tokens: int) -> str | None:
-        """What summary.json says when many rows came after more prompt tokens than the fleet's prefix caches
+        """What summary.json and check say when many rows come after more prompt tokens than the fleet's prefix caches
         hold together (`cache_tokens`) since the last row that begins like them."""
         far = self.far(cache_tokens)
         estimate = far * SAMPLE
         if far < MIN_FAR or estimate < FAR_SHARE * self.rows:
             return None
         return (
-            f"about {estimate:,} of the {self.rows:,} rows of more than one message came after more than "
+            f"about {estimate:,} of the {self.rows:,} rows of more than one message are read after more than "
             f"{cache_tokens:,} prompt tokens of other rows (all the servers' prefix caches together) since the "
-            "last row that begins like them: the caches had most likely let their shared messages go, and their "
-            "prefill was paid again; `gen-pipeline prepare --group-prefixes` writes such rows together"
+            "last row that begins like them: by then the caches have most likely let their shared messages go, "
+            "and their prefill is paid again; `gen-pipeline prepare --group-prefixes` writes such rows together"
         )

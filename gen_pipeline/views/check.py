@@ -39,6 +39,7 @@ from ..config import DEFAULT_SAFETY_MARGIN, RunConfig
 from ..engine.reader import conversation, first_lines, shaped
 from ..engine.setup import counting_kind, manifest_for, resolve
 from ..errors import EXIT_ERROR, ConfigError, RequestError
+from ..fleet.affinity import fleet_cache_tokens
 from ..fleet.provenance import checkpoint_change, identity_records, server_lines
 from ..http import Client, open_transport
 from ..inputs.file import check_input
@@ -212,7 +213,7 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
         cap = report["settings"]["max_input_tokens"]
         plan = await asyncio.to_thread(budget_plan, config, loaded, ctx, resume_state(out), cap)
         report["plan"] = plan.view()
-        plan_findings(plan, found)
+        plan_findings(plan, found, fleet_cache_tokens(c.info.max_total_num_tokens for c in checks if c.info))
     report["budget"] = {k: getattr(config, k) for k in ("max_tokens", "min_tokens", "safety_margin")}
     report.update(ok=not found.problems, problems=found.problems, warnings=found.warnings)
     return report

@@ -14,6 +14,7 @@ from ..config import RunConfig
 from ..engine.reader import BatchReader
 from ..inputs.rows import BadRow
 from ..inputs.source import Skipped
+from ..progress.scatter import Scatter
 from ..progress.stats import RunStats
 from ..records import Prompt
 from ..rundir.store import ResumeState
@@ -54,6 +55,7 @@ class Plan:
     lengths: array[int] = field(default_factory=lambda: array("q"))
     clamped_to: array[int] = field(default_factory=lambda: array("q"))
     bad_examples: list[str] = field(default_factory=list)
+    scatter: Scatter = field(default_factory=Scatter)  # the reader's: rows that begin alike, how far apart
     later_turns: int | None = None  # --turns all: the turns after the first, of the conversations owed
 
     @property
@@ -118,7 +120,7 @@ def budget_plan(
         if time.monotonic() - last_log > PLAN_LOG_INTERVAL:
             last_log = time.monotonic()
             log.info("check: counted %d rows", plan.rows)
-    plan.repeats = stats.repeats
+    plan.repeats, plan.scatter = stats.repeats, stats.scatter
     return plan
 
 
@@ -137,8 +139,9 @@ def _plan_item(plan: Plan, item: Prompt | BadRow | Skipped, config: RunConfig, c
         plan.add(item, requested, prompt_budget(config, ctx, item.input_tokens, item.max_tokens, max_input))
 
 
-def plan_findings(plan: Plan, found: Any) -> None:
-    """Nothing to send, everything over-length, or most of the budget wasted are problems."""
+def plan_findings(plan: Plan, found: Any, cache_tokens: int) -> None:
+    """Nothing to send, everything over-length, or most of the budget wasted are problems; rows that begin
+    alike read further apart than the fleet's prefix caches (`cache_tokens`) reach, a warning."""
     n = plan.prompts
     if n == 0 and not plan.settled:
         found.problems.append(f"no valid prompt in the input ({plan.bad} bad row(s))")
@@ -156,6 +159,8 @@ def plan_findings(plan: Plan, found: Any) -> None:
         found.warnings.append(f"{plan.bad} bad row(s) go to the ledger as bad_input, e.g. {plan.bad_examples[0]}")
     if plan.over_length and plan.over_length < n:
         found.warnings.append(f"{plan.over_length} prompt(s) go to the ledger as over_length (not sent)")
+    if (scattered := plan.scatter.warning(cache_tokens)) is not None:
+        found.warnings.append(scattered)
 
 
 def plan_lines(report: dict[str, Any]) -> list[str]:
