@@ -16,7 +16,7 @@ import pytest
 
 from gen_pipeline.engine.summary import merge_statuses
 from gen_pipeline.fleet.state import ServerState
-from gen_pipeline.progress.alerts import IDLE_S, Watch, progress_text, run_command
+from gen_pipeline.progress.alerts import CPU, IDLE_S, Watch, progress_text, run_command
 from gen_pipeline.progress.stats import RunStats, snapshot
 from gen_pipeline.views.statustext import render_status
 
@@ -247,13 +247,14 @@ def test_workers_run_the_stall_command_once_per_stall(tmp_path: Path) -> None:
 
 
 class FakeCPU:
-    """The process's CPU seconds, moved by the test."""
+    """The Python threads' CPU seconds, run and waited for, moved by the test."""
 
     def __init__(self) -> None:
         self.s = 0.0
+        self.waited = 0.0
 
-    def __call__(self) -> float:
-        return self.s
+    def __call__(self) -> CPU:
+        return CPU(self.s, self.waited)
 
 
 def test_a_client_at_its_cpu_limit_is_flagged_and_warned_of_at_the_end() -> None:
@@ -270,11 +271,11 @@ def test_a_client_at_its_cpu_limit_is_flagged_and_warned_of_at_the_end() -> None
         "more --workers processes share the run"
     ]
     assert watch.limited_s == 60.0
-    assert watch.cpu_warning(600.0) == (
+    assert watch.cpu_warnings(600.0) == [
         "the client was at its CPU limit (at least 90% of a core) for 1m 00s of the run's 10m 00s: there it, not "
         "the servers, set the pace; more --workers processes share a run"
-    )
-    assert watch.cpu_warning(601.0) is None  # under a tenth of the run
+    ]
+    assert watch.cpu_warnings(601.0) == []  # under a tenth of the run
     for t in range(65, 400, 5):
         alerts = watch.check(stats, servers, float(t))
         cpu.s += 0.5 * 5
@@ -295,14 +296,39 @@ def test_a_busy_client_for_under_a_minute_is_not_warned_of() -> None:
         watch.check(stats, servers, float(t))
         cpu.s += 5
     assert watch.limited_s == 50.0
-    assert watch.cpu_warning(50.0) is None
+    assert watch.cpu_warnings(50.0) == []
+
+
+def test_a_client_short_of_a_cpu_is_flagged_and_warned_of_at_the_end() -> None:
+    """Ran 55% and waited for a CPU 40% of the time: short of a CPU (other work holds the cores), not at its
+    limit; waiting 10% (runnable 65%) is neither."""
+    cpu = FakeCPU()
+    watch, stats, servers = Watch(stall_s=1e9, cpu=cpu), _stats(), [ServerState("http://a:1", 8)]
+    alerts: list[str] = []
+    for t in range(0, 125, 5):
+        alerts = watch.check(stats, servers, float(t))
+        cpu.s, cpu.waited = cpu.s + 0.55 * 5, cpu.waited + 0.4 * 5
+    assert alerts == [
+        "the client is short of a CPU (over 2m 00s it waited for one 40% of the time and ran 55%): other work on "
+        "this machine holds the cores it needs, and it, not the servers, sets the pace"
+    ]
+    assert (watch.limited_s, watch.starved_s) == (0.0, 120.0)
+    assert watch.cpu_warnings(1200.0) == [
+        "the client was short of a CPU for 2m 00s of the run's 20m 00s (other work on the machine held the cores "
+        "it needed): there it, not the servers, set the pace"
+    ]
+    quiet = Watch(stall_s=1e9, cpu=(cpu := FakeCPU()))
+    for t in range(0, 125, 5):
+        alerts = quiet.check(stats, servers, float(t))
+        cpu.s, cpu.waited = cpu.s + 0.55 * 5, cpu.waited + 0.1 * 5
+    assert alerts == [] and quiet.starved_s == 0.0
 
 
 def test_the_cpu_limit_warning_ends_up_in_the_summary(tmp_path: Path, monkeypatch: Any) -> None:
     """summary.json's warnings carry what the run's Watch says of its CPU limit, given the run's length."""
     from e2e import prompts, run_sim
 
-    monkeypatch.setattr(Watch, "cpu_warning", lambda self, span_s: f"limited, over a run of {span_s > 0} s")
+    monkeypatch.setattr(Watch, "cpu_warnings", lambda self, span_s: [f"limited, over a run of {span_s > 0} s"])
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in prompts(5)))
     outcome, _ = run_sim(inp, tmp_path / "out", {"n_ports": 1})
@@ -326,11 +352,11 @@ def test_the_cpu_judged_is_that_of_every_python_thread() -> None:
         spun.set()
         done.wait(30)  # alive while the test reads its clock
 
-    before = python_cpu()
+    before = python_cpu().ran
     worker = threading.Thread(target=spin)
     worker.start()
     assert spun.wait(30)
-    grown = python_cpu() - before
+    grown = python_cpu().ran - before
     done.set()
     worker.join(30)
     assert grown >= 0.3

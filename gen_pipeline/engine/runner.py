@@ -295,12 +295,8 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
     warnings += usage_warnings(runner.pool.servers)
     caches = fleet_cache_tokens(s.prefixes.pool_tokens for s in runner.pool.servers)
-    late = [
-        runner.stats.same_samples.warning(),
-        runner.watch.cpu_warning(runner.stats.elapsed()),
-        runner.stats.scatter.warning(caches),
-    ]
-    warnings += [w for w in late if w is not None]
+    late = [runner.stats.same_samples.warning(), runner.stats.scatter.warning(caches)]
+    warnings += [w for w in late if w is not None] + runner.watch.cpu_warnings(runner.stats.elapsed())
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(
         stop_reason=runner.stop_reason or None,

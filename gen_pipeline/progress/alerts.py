@@ -10,8 +10,11 @@ clock it is given, and keeps the little history its judgements need:
 - the client at its CPU limit: its Python threads used CLIENT_BUSY of a core or more over the recent window,
   before the run's tail. They share one interpreter lock, so together they have one core: at that point the
   client, not the servers, sets the pace, and more `--workers` processes are the way past it (the tokenizer's
-  own native threads, which encode without that lock, are not counted). `limited_s` adds up the time
-  judged so, for the end-of-run warning (`cpu_warning`);
+  own native threads, which encode without that lock, are not counted). Or the client short of a CPU: its
+  Python threads ran and waited for one (runnable, not running: Linux's schedstat) CLIENT_BUSY of the time
+  together, waiting CLIENT_STARVED of it or more: other work on the machine holds the cores it needs, and
+  more processes would not help. `limited_s` and `starved_s` add up the time judged so, for the end-of-run
+  warnings (`cpu_warnings`);
 - a stall: no completion for --stall-minutes. `--on-stall CMD` runs CMD once per stall (through the
   shell, not waited for), with the alert in $GEN_PIPELINE_ALERT and the run directory in $GEN_PIPELINE_OUT.
 """
@@ -42,7 +45,8 @@ CLEAN_ROWS = 32  # drift "appears mid-run" when at least this many rows agreed b
 CACHE_FLOOR = 0.25  # the recent cache-hit share under this fraction of the earlier one has collapsed
 MIN_CACHE_SHARE = 0.2  # ...of an earlier share at least this large
 DEFAULT_STALL_MINUTES = 10.0
-CLIENT_BUSY = 0.9  # the process's CPU seconds per second at which the client is at its limit
+CLIENT_BUSY = 0.9  # the Python threads' CPU seconds per second at which the client is at its limit
+CLIENT_STARVED = 0.2  # ...or, with the time they waited for a CPU, when they waited at least this share
 LIMITED_WARN_S = 60.0  # the end-of-run warning: at the limit at least this long...
 LIMITED_WARN_SHARE = 0.1  # ...and for at least this share of the run
 
@@ -64,6 +68,13 @@ def progress_text(alerts: list[str]) -> str:
     return f" | ALERT: {alerts[0]}{more}"
 
 
+class CPU(NamedTuple):
+    """What the Python threads of this process had of the machine's CPUs, in seconds."""
+
+    ran: float  # on a CPU
+    waited: float = 0.0  # runnable, waiting for a CPU (0 where the system does not say)
+
+
 class Sample(NamedTuple):
     """What the windowed judgements are made of, every SAMPLE_S."""
 
@@ -71,7 +82,7 @@ class Sample(NamedTuple):
     load: dict[str, tuple[int, int]]  # server: (in flight, capacity)
     cached_tokens: int
     prompt_tokens: int
-    cpu_s: float  # the Python threads' CPU seconds so far
+    cpu: CPU  # the Python threads' CPU so far
 
 
 class Watch:
@@ -83,7 +94,7 @@ class Watch:
         on_stall: str | None = None,
         out: str = "",
         start: Callable[[str, dict[str, str]], Any] = run_command,
-        cpu: Callable[[], float] | None = None,
+        cpu: Callable[[], CPU] | None = None,
     ) -> None:
         self.stall_s, self.on_stall, self.out, self.start = stall_s, on_stall, out, start
         self.cpu = cpu or python_cpu
@@ -93,6 +104,7 @@ class Watch:
         self.clean_rows = 0  # rows compared, all agreeing, before the first that differed
         self.samples: deque[Sample] = deque()
         self.limited_s = 0.0  # time between samples at the CPU limit, outside the tail
+        self.starved_s = 0.0  # time between samples short of a CPU, outside the tail
         self.children: list[Any] = []
 
     def check(self, stats: Any, servers: list[Any], now: float, tail: bool = False) -> list[str]:
@@ -112,8 +124,10 @@ class Watch:
             return
         load = {s.url: (s.in_flight, s.capacity) for s in servers}
         sample = Sample(now, load, stats.cached_tokens, stats.input_tokens, self.cpu())
-        if self.samples and not tail and _busy(self.samples[-1], sample) >= CLIENT_BUSY:
-            self.limited_s += now - self.samples[-1].at
+        if self.samples and not tail:
+            ran, waited = _shares(self.samples[-1], sample)
+            self.limited_s += (now - self.samples[-1].at) * (ran >= CLIENT_BUSY)
+            self.starved_s += (now - self.samples[-1].at) * _starved(ran, waited)
         self.samples.append(sample)
         while len(self.samples) > 2 and now - self.samples[1].at >= WINDOW_S:
             self.samples.popleft()
@@ -175,26 +189,43 @@ class Watch:
         return [f"prefix-cache hits collapsed: {recent:.0%} of prompt tokens lately, {before:.0%} before"]
 
     def _cpu_limit(self) -> list[str]:
-        """The client busy on its one core over the recent window: it, not the servers, sets the pace."""
+        """The client busy on its one core, or short of one, over the recent window: it, not the servers, sets
+        the pace."""
         if not self._window():
             return []
         first, last = self.samples[0], self.samples[-1]
-        if (busy := _busy(first, last)) < CLIENT_BUSY:
-            return []
-        return [
-            f"the client is at its CPU limit ({busy:.0%} of a core over {duration(last.at - first.at)}): it, not "
-            "the servers, sets the pace; more --workers processes share the run"
-        ]
+        ran, waited = _shares(first, last)
+        over = duration(last.at - first.at)
+        if ran >= CLIENT_BUSY:
+            return [
+                f"the client is at its CPU limit ({ran:.0%} of a core over {over}): it, not the servers, sets the "
+                "pace; more --workers processes share the run"
+            ]
+        if _starved(ran, waited):
+            return [
+                f"the client is short of a CPU (over {over} it waited for one {waited:.0%} of the time and ran "
+                f"{ran:.0%}): other work on this machine holds the cores it needs, and it, not the servers, sets "
+                "the pace"
+            ]
+        return []
 
-    def cpu_warning(self, span_s: float) -> str | None:
-        """The end-of-run warning when the client was at its CPU limit for a good part of a run of `span_s`."""
-        if self.limited_s < max(LIMITED_WARN_S, LIMITED_WARN_SHARE * span_s):
-            return None
-        return (
-            f"the client was at its CPU limit (at least {CLIENT_BUSY:.0%} of a core) for {duration(self.limited_s)} "
-            f"of the run's {duration(span_s)}: there it, not the servers, set the pace; more --workers processes "
-            "share a run"
-        )
+    def cpu_warnings(self, span_s: float) -> list[str]:
+        """The end-of-run warnings when the client was at its CPU limit, or short of a CPU, for a good part of a
+        run of `span_s`."""
+        least = max(LIMITED_WARN_S, LIMITED_WARN_SHARE * span_s)
+        out = []
+        if self.limited_s >= least:
+            out.append(
+                f"the client was at its CPU limit (at least {CLIENT_BUSY:.0%} of a core) for "
+                f"{duration(self.limited_s)} of the run's {duration(span_s)}: there it, not the servers, set the "
+                "pace; more --workers processes share a run"
+            )
+        if self.starved_s >= least:
+            out.append(
+                f"the client was short of a CPU for {duration(self.starved_s)} of the run's {duration(span_s)} "
+                "(other work on the machine held the cores it needed): there it, not the servers, set the pace"
+            )
+        return out
 
     def _stall(self, stats: Any, now: float) -> str | None:
         if stats.completed != self.completed:
@@ -214,15 +245,31 @@ class Watch:
         return alert
 
 
-def python_cpu() -> float:
-    """CPU seconds of this process's Python threads (those alive now); the whole process's where threads have no
-    clocks of their own (not Linux)."""
+def python_cpu() -> CPU:
+    """What this process's Python threads (those alive now) had of the CPUs: the CPU time of each from its own
+    clock (the whole process's where threads have none), the time each waited for a CPU from Linux's
+    /proc/self/task/<id>/schedstat (its second figure, in nanoseconds; none elsewhere)."""
+    threads = [t for t in threading.enumerate() if t.ident]
     try:
-        return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threading.enumerate() if t.ident)
+        ran = sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0)) for t in threads)
     except (AttributeError, OSError):
-        return time.process_time()
+        ran = time.process_time()
+    waited = 0
+    for t in threads:
+        try:
+            with open(f"/proc/self/task/{t.native_id}/schedstat", "rb") as f:
+                waited += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return CPU(ran, waited / 1e9)
 
 
-def _busy(first: Sample, last: Sample) -> float:
-    """The Python threads' CPU seconds per second between two samples."""
-    return (last.cpu_s - first.cpu_s) / max(last.at - first.at, 1e-9)
+def _shares(first: Sample, last: Sample) -> tuple[float, float]:
+    """The Python threads' seconds on a CPU and waiting for one, per second, between two samples."""
+    span = max(last.at - first.at, 1e-9)
+    return (last.cpu.ran - first.cpu.ran) / span, (last.cpu.waited - first.cpu.waited) / span
+
+
+def _starved(ran: float, waited: float) -> bool:
+    """Runnable nearly all the time, but waiting for a CPU a good part of it."""
+    return ran < CLIENT_BUSY <= ran + waited and waited >= CLIENT_STARVED
