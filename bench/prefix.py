@@ -1,7 +1,7 @@
 """Prefix-cache benchmark: prefill paid, tokens/s and client CPU of gen-pipeline, sglang-router (cache_aware) and a
 bare round-robin script on the same simulated fleet with SGLang's radix cache.
 
-    python bench/prefix.py [--quick] [--workloads a,b,c] [--caches 200000,16000] [--clients ...]
+    python bench/prefix.py [--quick] [--workloads a,b,c] [--caches 200000,16000] [--clients ...] [--busy N]
 
 Fleet: 8 ports x --max-running 16, 8 ms per output token, 100 ms per 1k prefilled prompt tokens, a radix cache
 of --caches tokens per port (the simulator's --prefix-cache-tokens, also its KV pool); every row asks 128
@@ -17,17 +17,22 @@ prompt the trie already held in full (SGLang computes a prompt's last token). It
 with an unbounded cache: a fleet that must spread a shared prefix over several servers pays it once each.
 Ideal tokens/s: the decode work each client's requests asked for plus the best prefill, every slot busy from
 the first request to the last reply. Client CPU: the client's process (gen-pipeline's subprocess, or this
-process for the bare script, the router's subprocess added) per row.
+process for the bare script, the router's subprocess added) per row. `--busy N` runs N busy-looping processes
+beside each client (other work on the machine: the issue's client that could not feed the fleet when its cores
+were shared); the simulator shares the cores with them too, so its own model runs late by the same measure for
+every client.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,7 +150,7 @@ def measure(client: str, rows: list[dict[str, Any]], samples: int, cache: int, t
     inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     bare = [{**r, "id": f"{r['id']}/{s}", "max_tokens": MAX_TOKENS} for r in rows for s in range(samples)]
-    with sim_run(ports, *flags) as sim:
+    with sim_run(ports, *flags) as sim, busy_loops(args.busy):
         note = ""
         if client in ("gen-pipeline", GROUPED):
             out = tmp / f"out-{args.workload}-{cache}-{client}"
@@ -176,6 +181,18 @@ def measure(client: str, rows: list[dict[str, Any]], samples: int, cache: int, t
     )
 
 
+@contextlib.contextmanager
+def busy_loops(n: int) -> Iterator[None]:
+    """`n` processes that spin on a CPU each while the block runs."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="an eighth of each workload")
@@ -184,6 +201,7 @@ def main() -> None:
     ap.add_argument("--clients", default=",".join(CLIENTS))
     ap.add_argument("--token-latency", type=float, default=0.008)
     ap.add_argument("--prompt-token-latency", type=float, default=0.0001)
+    ap.add_argument("--busy", type=int, default=0, help="busy-looping processes beside each client")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-prefix-"))
     for name in args.workloads.split(","):

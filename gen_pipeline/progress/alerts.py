@@ -125,7 +125,7 @@ class Watch:
         load = {s.url: (s.in_flight, s.capacity) for s in servers}
         sample = Sample(now, load, stats.cached_tokens, stats.input_tokens, self.cpu())
         if self.samples and not tail:
-            ran, waited = _shares(self.samples[-1], sample)
+            ran, waited = _cpu_shares(self.samples[-1], sample)
             self.limited_s += (now - self.samples[-1].at) * (ran >= CLIENT_BUSY)
             self.starved_s += (now - self.samples[-1].at) * _starved(ran, waited)
         self.samples.append(sample)
@@ -194,7 +194,7 @@ class Watch:
         if not self._window():
             return []
         first, last = self.samples[0], self.samples[-1]
-        ran, waited = _shares(first, last)
+        ran, waited = _cpu_shares(first, last)
         over = duration(last.at - first.at)
         if ran >= CLIENT_BUSY:
             return [
@@ -264,7 +264,7 @@ def python_cpu() -> CPU:
     return CPU(ran, waited / 1e9)
 
 
-def _shares(first: Sample, last: Sample) -> tuple[float, float]:
+def _cpu_shares(first: Sample, last: Sample) -> tuple[float, float]:
     """The Python threads' seconds on a CPU and waiting for one, per second, between two samples."""
     span = max(last.at - first.at, 1e-9)
     return (last.cpu.ran - first.cpu.ran) / span, (last.cpu.waited - first.cpu.waited) / span
