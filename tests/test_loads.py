@@ -230,7 +230,7 @@ def _busy(running: int, waiting: int) -> dict[str, Any]:
 def test_watcher_polls_only_servers_that_report_loads_and_ignores_failures() -> None:
     """A server with no ceiling (no /v1/loads at discovery, or --concurrency) is never asked and keeps its
     capacity; a failed poll is skipped; the watched one ends at what it runs, its range kept for the summary."""
-    watched = ServerState("http://a", 64, margin=8, ceiling=64)
+    watched = ServerState("http://a", 64, margin=8, ceiling=64, loads=LoadSource.SGLANG)
     plain = ServerState("http://b", 64, margin=8)
     watched.in_flight = plain.in_flight = 72
     client = FakeClient([_busy(7, 65), ConnectError("refused"), _busy(7, 65), _busy(6, 66), _busy(7, 65)], polls=6)
@@ -299,7 +299,7 @@ def test_summary_view_shows_the_range_only_for_watched_servers() -> None:
     parts add up end by end, as their capacities do."""
     from gen_pipeline.engine.summary import SUMMARY_RULES
 
-    watched, plain = ServerState("http://a", 64, ceiling=64), ServerState("http://b", 64)
+    watched, plain = ServerState("http://a", 64, ceiling=64, loads=LoadSource.SGLANG), ServerState("http://b", 64)
     watched.set_capacity(7)
     watched.set_capacity(9)
     assert watched.view(0.0)["capacity_range"] == [7, 64] and watched.view(0.0)["capacity"] == 9
@@ -321,7 +321,7 @@ def test_a_margin_that_follows_the_capacity_moves_with_it_and_a_set_one_does_not
 def test_workers_are_sized_for_the_capacity_a_server_may_be_raised_to() -> None:
     """The pool's workers cover every watched server at its ceiling, with the queue margin there, so a raised
     capacity is not starved by a worker count sized at start; a server not watched counts at its limit."""
-    grows = ServerState("http://a", 64, margin=8, margin_follows=True, ceiling=256)
+    grows = ServerState("http://a", 64, margin=8, margin_follows=True, ceiling=256, loads=LoadSource.SGLANG)
     plain = ServerState("http://b", 16, margin=2)
     assert (grows.most(), plain.most()) == (256 + 32, 16 + 2)
     assert ServerPool([grows, plain]).worker_count() == 2 * (288 + 18)

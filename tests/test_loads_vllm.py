@@ -166,7 +166,7 @@ def test_watcher_lowers_a_vllm_servers_capacity_while_its_metrics_show_requests_
         watched_fake = FakeVllm([busy, "<html>busy</html>", busy, busy, busy], polls=5)
         plain_fake = FakeVllm([busy])
         async with serving(watched_fake, plain_fake) as (client, urls):
-            watched = ServerState(urls[0], 64, ceiling=64, identity=VLLM)
+            watched = ServerState(urls[0], 64, ceiling=64, identity=VLLM, loads=LoadSource.VLLM)
             plain = ServerState(urls[1], 64, identity=VLLM)
             watched.in_flight = plain.in_flight = 72
             await watch_until_polled(ServerPool([watched, plain]), client, watched_fake)

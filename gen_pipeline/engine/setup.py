@@ -138,6 +138,7 @@ def build_pool(config: RunConfig, fleet: FleetInfo, open_files: int | None = Non
     for server in pool.servers:
         # its load reports move its capacity (fleet/loads.py) up to its ceiling (the workers are sized for it)
         server.ceiling = ceilings.get(server.url)
+        server.loads = infos[server.url].loads if server.url in watched else None
         server.margin, server.margin_follows = _margin(config, found[server.url].reported, server, warning)
         if (info := infos.get(server.url)) is not None:
             server.prefixes = PrefixModel(info.max_total_num_tokens)

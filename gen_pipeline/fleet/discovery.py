@@ -30,8 +30,9 @@ from typing import Any
 from ..errors import AuthError, EndpointError, FleetError, RequestError, RetryableError
 from ..http import Client
 from ..tokens.conversation import SERVER_KINDS
-from .loads import LOAD_SOURCES, LoadSource, fetch_load
+from .loads import fetch_load
 from .provenance import ServerIdentity, fleet_warnings, identity_from
+from .state import LOAD_SOURCES, LoadSource
 
 log = logging.getLogger("gen_pipeline")
 

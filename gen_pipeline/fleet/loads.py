@@ -35,7 +35,6 @@ not parse, a series missing), is skipped quietly: the health of a server is judg
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -44,7 +43,7 @@ from typing import Any
 from ..errors import RequestError
 from ..http import Client
 from .balancer import ServerPool
-from .state import ServerState
+from .state import LoadSource, ServerState
 
 log = logging.getLogger("gen_pipeline")
 
@@ -59,17 +58,6 @@ VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 VLLM_SERIES = (VLLM_RUNNING, VLLM_WAITING, *VLLM_USAGE)
-
-
-class LoadSource(enum.Enum):
-    """Where a server reports the requests it runs and queues: the path it answers on."""
-
-    SGLANG = "/v1/loads"  # JSON, per DP rank
-    VLLM = "/metrics"  # Prometheus text
-
-
-# The source each server kind has (discovery checks that a server answers it; the others are not watched).
-LOAD_SOURCES = {"sglang": LoadSource.SGLANG, "vllm": LoadSource.VLLM}
 
 
 @dataclass(frozen=True)
@@ -193,15 +181,9 @@ async def read_load(client: Client, url: str, source: LoadSource = LoadSource.SG
         return None
 
 
-def watched(pool: ServerPool) -> list[ServerState]:
-    """The servers whose capacity follows their load reports."""
-    return [s for s in pool.servers if s.ceiling is not None]
-
-
-def source_of(server: ServerState) -> LoadSource:
-    """Where a watched server's load is read: its kind's source (SGLang's when its kind is not known)."""
-    kind = server.identity.kind if server.identity is not None else None
-    return LOAD_SOURCES.get(kind or "", LoadSource.SGLANG)
+def watched(pool: ServerPool) -> list[tuple[ServerState, LoadSource]]:
+    """The servers whose capacity follows their load reports, each with where it reports them."""
+    return [(s, s.loads) for s in pool.servers if s.ceiling is not None and s.loads is not None]
 
 
 async def watch_loads(pool: ServerPool, client: Client, share: int = 1, interval: float | None = None) -> None:
@@ -209,13 +191,12 @@ async def watch_loads(pool: ServerPool, client: Client, share: int = 1, interval
     `interval`: seconds between polls (None: LOADS_INTERVAL)."""
     interval = LOADS_INTERVAL if interval is None else interval
     servers = watched(pool)
-    trends = {s.url: Trend() for s in servers}
-    sources = {s.url: source_of(s) for s in servers}
+    trends = {s.url: Trend() for s, _ in servers}
     while servers:
         now = pool.clock()
-        live = [s for s in servers if not s.retired and now >= s.down_until]
-        found = await asyncio.gather(*(read_load(client, s.url, sources[s.url]) for s in live))
-        for server, load in zip(live, found, strict=True):
+        live = [(s, source) for s, source in servers if not s.retired and now >= s.down_until]
+        found = await asyncio.gather(*(read_load(client, s.url, source) for s, source in live))
+        for (server, _), load in zip(live, found, strict=True):
             if load is not None and server.ceiling is not None:
                 capacity, trends[server.url] = adjust(
                     server.capacity, server.ceiling, server.in_flight, load, trends[server.url], share

@@ -3,6 +3,7 @@ the summary reports for it. The decisions made from these are in balancer.py and
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -11,6 +12,17 @@ from . import health, pacing
 from .affinity import PrefixModel
 from .health import Window
 from .provenance import ServerIdentity
+
+
+class LoadSource(enum.Enum):
+    """Where a server reports the requests it runs and queues: the path it answers on."""
+
+    SGLANG = "/v1/loads"  # JSON, per DP rank
+    VLLM = "/metrics"  # Prometheus text
+
+
+# The source each server kind has (discovery checks that a server answers it; the others are not watched).
+LOAD_SOURCES = {"sglang": LoadSource.SGLANG, "vllm": LoadSource.VLLM}
 
 
 @dataclass
@@ -58,6 +70,7 @@ class ServerState:
     bad_usage: int = 0  # answers whose usage was impossible (send/usage.py), and the first one's reason
     bad_usage_first: str = ""
     prefixes: PrefixModel = field(default_factory=lambda: PrefixModel(None))  # what its prefix cache may hold
+    loads: LoadSource | None = None  # where its load reports are read (fleet/loads.py; None: not watched)
 
     def set_capacity(self, capacity: int) -> None:
         """Change `capacity` (the load watcher's finding), keeping the range it moved through."""
