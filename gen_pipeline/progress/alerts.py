@@ -21,6 +21,7 @@ clock it is given, and keeps the little history its judgements need:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -250,10 +251,13 @@ def python_cpu() -> CPU:
     clock (the whole process's where threads have none), the time each waited for a CPU from Linux's
     /proc/self/task/<id>/schedstat (its second figure, in nanoseconds; none elsewhere)."""
     threads = [t for t in threading.enumerate() if t.ident]
-    try:
-        ran = sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0)) for t in threads)
-    except (AttributeError, OSError):
+    if not hasattr(time, "pthread_getcpuclockid"):
         ran = time.process_time()
+    else:
+        ran = 0.0
+        for t in threads:
+            with contextlib.suppress(OSError):  # it ended since enumerate(): its time is gone with it
+                ran += time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0))
     waited = 0
     for t in threads:
         try:
