@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from balance import run_generate
+from prefix import WORDS
 from simfleet import sim_run
 
 from gen_pipeline.sim import free_ports
 
-WORDS = ("alpha", "bravo", "delta", "echo", "gamma", "kilo", "lima", "oscar", "sierra", "tango", "river", "stone")
 MAX_TOKENS = 128
 SLOTS, POOL = 64, 24_000
 CLIENTS = {"follows load": [], "start figure": ["--concurrency", "64", "--queue-margin", "8"]}
