@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gen_pipeline.fleet import affinity
 from gen_pipeline.fleet.affinity import PrefixModel, chain
 from gen_pipeline.fleet.balancer import ServerPool, ServerState
@@ -109,12 +111,15 @@ def test_a_prompt_kept_waiting_past_the_patience_goes_first():
     asyncio.run(asyncio.wait_for(scenario(), 5))
 
 
-def test_a_free_server_holding_no_waiting_prefix_takes_the_group_most_in_need_and_keeps_it():
+@pytest.mark.parametrize("tail", [False, True])
+def test_a_free_server_holding_no_waiting_prefix_takes_the_group_most_in_need_and_keeps_it(tail):
     """Spreading a prefix costs its prefill once more: the group with the most prompts waiting per server that
-    holds it spreads (not the oldest prompt's), and the server it spread to then takes that group's others."""
+    holds it spreads (not the oldest prompt's), and the server it spread to then takes that group's others;
+    the same once the input is exhausted."""
 
     async def scenario() -> None:
         p = pool(1, 1, 2)
+        p.backlog = (lambda: 0) if tail else None
         s0, s1, s2 = p.servers
         a, b = ask(SYSTEM_A, "qa"), ask(SYSTEM_B, "qb")
         s0.prefixes.note(a)

@@ -281,6 +281,44 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_and_in_the_tail_to_the_longest(t
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
+def test_in_the_tail_a_retry_goes_first_then_the_longest_then_the_oldest_and_nothing_stays_indexed():
+    """Once the input is exhausted a retry (a lease avoiding the server that failed it) takes the first slot,
+    then the longest, of one size the oldest first; leases that leave, served or cancelled, leave the pool's
+    queue indexes (by size, by prefix group, retries) empty."""
+
+    async def scenario():
+        p = ServerPool([ServerState("s0", 1), ServerState("s1", 1)])
+        p.backlog = lambda: 0
+        order: list[str] = []
+
+        async def take(name: str, size: int, exclude: frozenset[str] = frozenset()) -> None:
+            async with p.lease(exclude=exclude, size=size):
+                order.append(name)
+                await asyncio.sleep(0.01)
+
+        p.servers[1].down_until = float("inf")  # one server: slots free one at a time
+        async with p.lease():
+            waiters = [
+                asyncio.create_task(take(name, size, exclude))
+                for name, size, exclude in [
+                    ("short", 100, frozenset()),
+                    ("long-a", 500, frozenset()),
+                    ("retry", 50, frozenset({"s1"})),
+                    ("long-b", 500, frozenset()),
+                ]
+            ]
+            gone = asyncio.create_task(take("cancelled", 900))
+            await asyncio.sleep(0.01)
+            assert p._special == 1 and sorted(p._by_size) == [50, 100, 500, 900]
+            gone.cancel()
+            await asyncio.gather(gone, return_exceptions=True)
+        await asyncio.wait_for(asyncio.gather(*waiters), 5)
+        assert order == ["retry", "long-a", "long-b", "short"]
+        assert (p._queue, p._by_size, p._groups, p._special, p._linked) == ([], {}, {}, 0, 0)
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
 def test_near_the_end_a_slow_server_takes_a_short_request_but_not_a_long_one():
     """The tail rule weighs the request in hand at the server's seconds per token."""
     p = pool(4, 4)

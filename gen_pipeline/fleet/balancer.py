@@ -7,9 +7,11 @@ one server's state in state.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Any
 
 from ..errors import ConnectError, OverloadedError, RequestError
 from . import affinity, health, pacing
@@ -38,6 +40,13 @@ class ServerPool:
         self.clock = clock
         self._queue: list[Lease] = []  # leases waiting for a slot, oldest first; the pool hands slots to them
         self._linked = 0  # of them, those with a prompt prefix (Lease.links): none, no affinity step to take
+        # The same leases indexed as the hand-out reads them, kept as they queue and leave (not rebuilt per slot:
+        # with thousands waiting that was the client's CPU): by size (the tail's order), by the first link of
+        # their prefix (the spread step's groups), and how many avoid or prefer a server (served first).
+        self._by_size: dict[float, list[Lease]] = {}
+        self._groups: dict[bytes, list[Lease]] = {}
+        self._special = 0
+        self._seq = itertools.count()
         self._poller: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None  # the next look
         self.waiting_since: float | None = None
         # Set once the input is exhausted: prompts read but not yet sent (the tail rule needs it).
@@ -220,9 +229,14 @@ class ServerPool:
         """Queue `lease` until `_hand_out` gives it a slot; a slot given to a lease cancelled meanwhile is freed."""
         lease.granted = asyncio.get_running_loop().create_future()
         lease.queued_at = self.clock()
+        lease.seq = next(self._seq)
         self._queue.append(lease)
         lease.queued = True
         self._linked += bool(lease.links)
+        self._by_size.setdefault(lease.size, []).append(lease)
+        if lease.links:
+            self._groups.setdefault(lease.links[0].digest, []).append(lease)
+        self._special += _special(lease)
         try:
             self._poll()
             return await lease.granted
@@ -240,6 +254,10 @@ class ServerPool:
             lease.queued = False
             self._queue.remove(lease)
             self._linked -= bool(lease.links)
+            _unindex(self._by_size, lease.size, lease)
+            if lease.links:
+                _unindex(self._groups, lease.links[0].digest, lease)
+            self._special -= _special(lease)
 
     def _poll(self) -> None:
         """Hand out what is free, and look again soon while leases wait (a lock-out may end meanwhile)."""
@@ -274,35 +292,42 @@ class ServerPool:
                 # holding it spreads to one more (then its other leases find a free holder: the loop again).
                 if not self._linked:
                     return
-                spread = self._widest_group([w for w in self._queue if w.links], now)
+                spread = self._widest_group(now)
                 if spread is None or not self._grant(spread, patient=False):
                     return
                 free -= 1
         linked = self._linked > 0
-        if linked:
-            later = self._elsewhere(now, self._queue)  # among leases of one size, those a free server holds first
-            ordered = sorted(self._queue, key=lambda w: (-w.size, later(w)))
-        else:
-            ordered = sorted(self._queue, key=_longest_first)
-        for lease in [w for w in ordered if w.exclude or w.prefer is not None]:
-            if not (free := free - self._grant(lease)):
-                return
-        plain = [w for w in ordered if not w.exclude and w.prefer is None]
-        free = self._fit(plain, free, None)
-        while linked and free and any(w.links for w in plain):  # no slot idles while they wait: the widest spreads
-            plain = [w for w in plain if not w.granted or not w.granted.done()]
-            spread = self._widest_group([w for w in plain if w.links], now)
+        later = self._elsewhere(now, self._queue) if linked else None
+        if self._special:  # leases avoiding or preferring a server first, longest first
+            special = [w for w in self._queue if _special(w)]
+            special.sort(key=_longest_first)  # (stable: of one size the oldest first)
+            for lease in special:
+                if not (free := free - self._grant(lease)):
+                    return
+        free = self._fit(free, later)
+        while linked and free and self._groups:  # no slot idles while they wait: the widest group spreads
+            spread = self._widest_group(now, tail=True)
             if spread is None or not self._grant(spread, patient=False):
-                self._fit(plain, free, False)  # the tail rule refused it: any that fits
+                self._fit(free, None, patient=False)  # the tail rule refused it: any that fits
                 return
-            free = self._fit(plain, free - 1, None)
+            later = self._elsewhere(now, self._queue)  # the server it spread to now holds that group's prefix
+            free = self._fit(free - 1, later)
 
-    def _fit(self, leases: list[Lease], free: int, patient: bool | None) -> int:
-        """Grant `leases` (longest first) while free slots may take them now; the free slots left."""
+    def _fit(self, free: int, later: Callable[[Lease], bool] | None, patient: bool | None = None) -> int:
+        """In the tail: grant queued leases, longest first (of one size the oldest first), while free slots may
+        take them now; the free slots left. A lease `later` says waits for the busy server holding its prefix
+        is passed over (pick would refuse it), as are leases avoiding or preferring a server (served before)."""
+        sizes = sorted(self._by_size, reverse=True)
         start = 0
-        while free and (found := self._longest_fit(leases, start)) is not None:
-            free -= self._grant(leases[found], patient)
+        while free and (found := self._longest_fit(sizes, start)) is not None:
             start = found + 1
+            for lease in self._by_size.get(sizes[found], []).copy():  # a copy: grants take leases off it
+                if _special(lease) or (later is not None and later(lease)):
+                    continue
+                if self._grant(lease, patient):
+                    free -= 1
+                    if not free or self.pick(waiting=True, size=sizes[found]) is None:
+                        break  # no more of this size fits now: a shorter one may
         return free
 
     def _cached_first(self, now: float) -> Iterator[Lease]:
@@ -344,21 +369,23 @@ class ServerPool:
 
         return later
 
-    def _widest_group(self, leases: list[Lease], now: float) -> Lease | None:
-        """The oldest lease of the prefix group (leases sharing their first link) with the most leases waiting
-        per server in service that likely holds it (None: no lease)."""
-        if not leases:
-            return None
-        groups: dict[bytes, list[Lease]] = {}
-        for lease in leases:
-            groups.setdefault(lease.links[0].digest, []).append(lease)
+    def _widest_group(self, now: float, tail: bool = False) -> Lease | None:
+        """The first lease of the prefix group (queued leases sharing their first link) with the most leases
+        waiting per server in service that likely holds it (ties: the group waiting longest); None: no lease.
+        The first lease is the oldest, or `tail`, the longest (then the oldest) of those avoiding and preferring
+        no server (the others were served before)."""
         serving = [s for s in self.servers if now >= s.down_until]
-
-        def backlog(waiting: list[Lease]) -> float:
-            first = waiting[0].links[:1]
-            return len(waiting) / max(1, sum(s.prefixes.match(first) > 0 for s in serving))
-
-        return max(groups.values(), key=backlog)[0]
+        best, best_key = None, None
+        for members in self._groups.values():
+            waiting = [w for w in members if not _special(w)] if tail and self._special else members
+            if not waiting:
+                continue
+            first = max(waiting, key=_size) if tail and len(self._by_size) > 1 else waiting[0]  # the first longest
+            held = sum(s.prefixes.match(first.links[:1]) > 0 for s in serving)
+            key = (len(waiting) / max(1, held), -waiting[0].seq)
+            if best_key is None or key > best_key:
+                best, best_key = first, key
+        return best
 
     def _patience(self) -> float:
         """How long a lease may wait for the busy server that holds its prefix: AFFINITY_PATIENCE times what a
@@ -367,15 +394,15 @@ class ServerPool:
         slots = sum(s.capacity for s in self.servers)
         return AFFINITY_PATIENCE * latency * (1 + len(self._queue) / max(1, slots))
 
-    def _longest_fit(self, leases: list[Lease], start: int) -> int | None:
-        """The first of `leases` (longest first) from `start` that some free slot may take now, by bisection:
+    def _longest_fit(self, sizes: list[float], start: int) -> int | None:
+        """The first of `sizes` (longest first) from `start` that some free slot may take now, by bisection:
         the tail rule refuses a request on a server only more as it grows longer."""
-        hi = len(leases) - 1
-        if start > hi or self.pick(waiting=True, size=leases[hi].size) is None:
+        hi = len(sizes) - 1
+        if start > hi or self.pick(waiting=True, size=sizes[hi]) is None:
             return None
-        while start < hi:  # leases[hi] fits; those before `start` do not
+        while start < hi:  # sizes[hi] fits; those before `start` do not
             mid = (start + hi) // 2
-            if self.pick(waiting=True, size=leases[mid].size) is None:
+            if self.pick(waiting=True, size=sizes[mid]) is None:
                 start = mid + 1
             else:
                 hi = mid
@@ -542,6 +569,22 @@ def _longest_first(lease: Lease) -> float:
     return -lease.size
 
 
+def _size(lease: Lease) -> float:
+    return lease.size
+
+
+def _special(lease: Lease) -> bool:
+    """Whether a lease avoids or prefers a server (a retry, a conversation's next turn): served apart."""
+    return bool(lease.exclude) or lease.prefer is not None
+
+
+def _unindex(index: dict[Any, list[Lease]], key: Any, lease: Lease) -> None:
+    members = index[key]
+    members.remove(lease)
+    if not members:
+        del index[key]
+
+
 class Lease:
     """One slot on one server, from `async with` to its end; cancellation cannot leak it."""
 
@@ -556,6 +599,7 @@ class Lease:
         "prefer",
         "queued",
         "queued_at",
+        "seq",
         "server",
         "size",
         "started",
@@ -583,6 +627,7 @@ class Lease:
         self.expected = 0  # characters of them its server's cache was expected to hold (PrefixModel.match)
         self.queued_at = 0.0  # the pool's clock when it began to wait for a slot
         self.queued = False  # on the pool's queue now
+        self.seq = 0  # its place in the order leases queued (ServerPool._widest_group's ties)
 
     async def __aenter__(self) -> ServerState:
         return await self.pool._wait_for_server(self)
