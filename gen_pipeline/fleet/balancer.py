@@ -29,7 +29,6 @@ POLL_S = 0.25  # how often a waiting lease looks again without being woken
 # A lease whose prefix only a busy server holds waits for a slot there, and lets the leases whose prefix a free
 # server holds go first, for at most this many times the wait of a lease in turn; then it goes first, anywhere.
 AFFINITY_PATIENCE = 2.0
-AFFINITY_SCAN = 256  # queued leases looked at for a free server's cache (the oldest)
 
 
 class ServerPool:
@@ -331,17 +330,15 @@ class ServerPool:
         return free
 
     def _cached_first(self, now: float) -> Iterator[Lease]:
-        """The queued leases that may take a free slot now, oldest first: of the AFFINITY_SCAN oldest, those
-        not waiting for the busy server that holds their prefix (the spread step, `_widest_group`, serves
-        those), then the rest."""
-        queue = self._queue
-        if not self._linked:  # none waits for a prefix: the queue in order (a copy: grants take leases off it)
-            yield from queue.copy()
+        """The queued leases that may take a free slot now, oldest first: those not waiting for the busy server
+        that holds their prefix (pick would refuse them; the spread step, `_widest_group`, serves those). Looked
+        at lazily, from a copy (grants take leases off the queue): a slot is usually taken by one of the first."""
+        queue = self._queue.copy()
+        if not self._linked:  # none waits for a prefix: the queue in order
+            yield from queue
             return
-        head, rest = queue[:AFFINITY_SCAN], queue[AFFINITY_SCAN:]
-        later = self._elsewhere(now, head)
-        yield from (w for w in head if not later(w))
-        yield from rest
+        later = self._elsewhere(now, queue)
+        yield from (w for w in queue if not later(w))
 
     def _elsewhere(self, now: float, leases: list[Lease]) -> Callable[[Lease], bool]:
         """Whether a lease waits for the busy server that holds its prefix, as `pick` would have it: no server
