@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
 from gen_pipeline.errors import BadRequestError, ConnectError, OverloadedError, RequestTimeout, ServerError
 from gen_pipeline.fleet import health
+from gen_pipeline.fleet.affinity import chain
 from gen_pipeline.fleet.balancer import ServerPool, ServerState
 from gen_pipeline.fleet.pacing import queue_margin
 
@@ -456,3 +458,39 @@ def test_instant_failures_before_the_first_successes_return_do_not_take_a_server
             p.record_success(flaky, 2.0, 100, started=clock() - 2.0)
             clock.now += 0.1
         assert flaky.available(clock())
+
+
+@pytest.mark.parametrize("tail", [False, True])
+def test_many_leases_of_every_kind_all_run_and_leave_nothing_queued_or_indexed(tail):
+    """Leases of mixed sizes, prefixes, retries and cancels over a small fleet: every one not cancelled runs
+    exactly once, the pool's queue indexes always hold exactly the queued leases, and nothing stays behind."""
+    rng = random.Random(7)
+    systems = [{"role": "system", "content": f"system prompt {g} " * 30} for g in range(4)]
+
+    def indexed(p: ServerPool) -> list[int]:
+        return sorted(id(w) for members in p._by_size.values() for w in members)
+
+    async def scenario():
+        p = ServerPool([ServerState(f"s{i}", 2) for i in range(3)])
+        p.backlog = (lambda: 0) if tail else None
+        ran: list[int] = []
+
+        async def take(i: int) -> None:
+            links = chain([rng.choice(systems), {"role": "user", "content": f"q{i}"}]) if i % 3 else ()
+            exclude = frozenset({"s0"}) if i % 7 == 0 else frozenset()
+            async with p.lease(exclude=exclude, size=rng.choice([64, 128, 512]), links=links):
+                assert indexed(p) == sorted(id(w) for w in p._queue)
+                assert sum(map(len, p._groups.values())) == p._linked
+                ran.append(i)
+                await asyncio.sleep(rng.random() * 0.003)
+
+        tasks = [asyncio.create_task(take(i)) for i in range(300)]
+        await asyncio.sleep(0.002)
+        cancelled = {i for i in range(0, 300, 11) if not tasks[i].done() and tasks[i].cancel()}
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert sorted(ran + [i for i in cancelled if i not in ran]) == list(range(300))
+        assert len(ran) == len(set(ran)) and len(cancelled) > 10 and len(ran) > 250
+        assert (p._queue, p._by_size, p._groups, p._special, p._linked) == ([], {}, {}, 0, 0)
+        assert all(s.in_flight == 0 for s in p.servers)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
