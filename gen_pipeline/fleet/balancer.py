@@ -299,7 +299,7 @@ class ServerPool:
         later = self._elsewhere(now, self._queue) if linked else None
         if self._special:  # leases avoiding or preferring a server first, longest first
             special = [w for w in self._queue if _special(w)]
-            special.sort(key=_longest_first)  # (stable: of one size the oldest first)
+            special.sort(key=_size, reverse=True)  # (stable: of one size the oldest first)
             for lease in special:
                 if not (free := free - self._grant(lease)):
                     return
@@ -560,10 +560,6 @@ class ServerPool:
             server.out_of_service_s += max(0.0, min(now, server.down_until) - server.out_since)
             server.out_since = None
         server.down_until = min(server.down_until, now)
-
-
-def _longest_first(lease: Lease) -> float:
-    return -lease.size
 
 
 def _size(lease: Lease) -> float:
