@@ -105,3 +105,30 @@ def test_the_warning_reaches_check_and_the_summary(tmp_path: Path, monkeypatch: 
         assert bool(before) is bool(after) is warned, (name, report["warnings"], outcome.summary["warnings"])
         if warned:
             assert before == after  # the same rows, the same caches: the same figures
+
+
+def test_a_server_down_all_run_adds_no_cache_to_the_warning(tmp_path: Path, monkeypatch: Any) -> None:
+    """Of three servers one is down before and during the run: its cache holds nothing. `check` counts the two
+    that answer, and summary.json the two that served (not a default-sized cache for the dead one, which hid
+    the warning): the same warning before and after."""
+    from e2e import run_sim
+    from test_check import check
+
+    from gen_pipeline.sim import SimConfig, free_ports
+
+    monkeypatch.setattr(scatter, "SAMPLE", 1)
+    monkeypatch.setattr(scatter, "MIN_FAR", 1)
+    rows = [{"id": i, "messages": m} for i, m in enumerate(cuts(30))]
+    random.Random(5).shuffle(rows)
+    inp = tmp_path / "shuffled.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    ports = tuple(free_ports(3))
+    down = SimConfig(ports=ports, dead=(ports[1],), max_total_tokens=200, health_delay=0.0)
+    report = check([down], inp, tmp_path / "check", max_tokens=16)
+    before = [w for w in report["warnings"] if "prepare --group-prefixes" in w]
+    fleet = {"n_ports": 3, "max_total_tokens": 200, "per_port": lambda p: {"dead": (p[1],)}}
+    outcome, _ = run_sim(inp, tmp_path / "run", fleet, max_tokens=16)
+    assert outcome.summary["completed"] == len(rows)
+    after = [w for w in outcome.summary["warnings"] if "prepare --group-prefixes" in w]
+    assert before and before == after, (report["warnings"], outcome.summary["warnings"])
+    assert "400 prompt tokens" in before[0]

@@ -294,7 +294,9 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
     warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
     warnings += usage_warnings(runner.pool.servers)
-    caches = fleet_cache_tokens(s.prefixes.pool_tokens for s in runner.pool.servers)
+    # the caches of the servers that served (one down all run held nothing: check counts those that answer)
+    served = [s for s in runner.pool.servers if s.requests] or runner.pool.servers
+    caches = fleet_cache_tokens(s.prefixes.pool_tokens for s in served)
     late = [runner.stats.same_samples.warning(), runner.stats.scatter.warning(caches)]
     warnings += [w for w in late if w is not None] + runner.watch.cpu_warnings(runner.stats.elapsed())
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
