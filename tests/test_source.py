@@ -103,6 +103,43 @@ def test_repeats_without_id_collapse_even_when_whitespace_differs(write_jsonl):
     assert source.repeats == 1 and items[2].line == 4
 
 
+def test_rows_without_id_with_the_same_messages_and_other_settings_are_bad_not_dropped(write_jsonl):
+    """Id-less rows are known by their normalized messages: the same messages asked again with another
+    max_tokens, sampling, samples count or meta is not the same row (it was dropped as a repeat, its samples
+    never made and nothing said): it is bad_input, saying to give it an id. The same settings is a repeat."""
+    rows = [
+        {"prompt": "same text", "max_tokens": 10},
+        {"prompt": "same  text", "max_tokens": 10},
+        {"messages": [{"role": "user", "content": "same text"}], "max_tokens": 10},
+        {"prompt": "same text", "max_tokens": 40},
+        {"prompt": "same text", "max_tokens": 10, "sampling": {"temperature": 1.5}, "samples": 3},
+        {"prompt": "same text", "max_tokens": 10, "source": "second"},
+    ]
+    source = PromptSource(write_jsonl(rows))
+    items = list(source)
+    assert [type(i).__name__ for i in items] == ["Prompt", "BadRow", "BadRow", "BadRow"]
+    assert source.repeats == 2
+    assert [i.line for i in items[1:]] == [4, 5, 6]
+    assert all("give each such row its own id" in i.detail and i.id is None for i in items[1:])
+
+
+def test_batch_lines_with_one_custom_id_and_other_bodies_are_bad_not_dropped(write_jsonl):
+    """An OpenAI Batch line's id is its custom_id: a second line with it and another body is bad_input (it
+    was dropped as a repeat, the line in neither file); the very same line again is a repeat."""
+
+    def batch(content: str, **body: object) -> dict[str, object]:
+        messages = [{"role": "user", "content": content}]
+        request = {"model": "m", "messages": messages, **body}
+        return {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": request}
+
+    rows = [batch("first"), batch("first"), batch("second, different"), batch("first", temperature=0.5)]
+    source = PromptSource(write_jsonl(rows))
+    items = list(source)
+    assert [type(i).__name__ for i in items] == ["Prompt", "BadRow", "BadRow"]
+    assert source.repeats == 1 and [i.line for i in items[1:]] == [3, 4]
+    assert items[1].detail == "id 'r1' was seen before with different content"
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [

@@ -238,7 +238,8 @@ def own_samples(raw: bytes) -> bool:
 def same_content(a: bytes, b: bytes) -> bool:
     """Whether two lines with the same id are one row ("a repeat"): the same bytes, or the same JSON
     object (key order and spacing aside; the id may be written `42` in one and `"42"` in the other, which
-    is one id). An id-less row's id is its normalized messages, so two such rows with one id always are.
+    is one id). An id-less row's id is its normalized messages: two such rows are one when everything but
+    their messages (`prompt` or `messages`) is the same too; an OpenAI Batch line's id is its custom_id.
     Only called for rows whose id came before (rare)."""
     if a == b:
         return True
@@ -248,7 +249,27 @@ def same_content(a: bytes, b: bytes) -> bool:
         return False
     if not (isinstance(x, dict) and isinstance(y, dict)):
         return bool(x == y)
-    if x.get("id") is None and y.get("id") is None:
-        return True  # the same derived id: the same normalized messages
+    if is_batch_line(x) or is_batch_line(y):  # the same custom_id: the same body, method and url
+        return is_batch_line(x) and is_batch_line(y) and x == y
+    if x.get("id") is None and y.get("id") is None:  # the same normalized messages: the same settings?
+        return _besides(x, "id", "messages", "prompt") == _besides(y, "id", "messages", "prompt")
     same_id = x.keys() == y.keys() and str(x.get("id")) == str(y.get("id"))
     return same_id and all(x[k] == y[k] for k in x if k != "id")
+
+
+def _besides(row: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in keys}
+
+
+def conflict_detail(raw: bytes, rid: RowId | None) -> str:
+    """Why a row whose id came before with other content is bad_input (`raw`: the later row's line)."""
+    try:
+        row = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        row = None
+    if isinstance(row, dict) and not is_batch_line(row) and row.get("id") is None:
+        return (
+            "a row without an id is known by its messages, and an earlier row has the same messages with other "
+            f"fields (max_tokens, sampling, samples, tools, meta) (id {rid!r}): give each such row its own id"
+        )
+    return f"id {rid!r} was seen before with different content"

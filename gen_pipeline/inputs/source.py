@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..records import Prompt, RowId, id_key, parsed_id, peek_key
 from ..rundir.donekeys import KeyMap
 from .file import InputFile, strip_bom
-from .rows import BadRow, RowError, own_samples, parse_row, same_content
+from .rows import BadRow, RowError, conflict_detail, own_samples, parse_row, same_content
 
 # A line longer than this is a bad_input row, read in blocks and never held whole (a 20 MB row is fine).
 MAX_LINE_BYTES = 64 << 20
@@ -289,4 +289,4 @@ class PromptSource:
         self.note_bad(line)
         # ledgered without the id: this row is not that id's, so its entry must never stand for the id
         # ("the newest entry per id decides") and make a done or pending row read as failed
-        return BadRow(line, f"id {rid!r} was seen before with different content", shard_id=rid)
+        return BadRow(line, conflict_detail(raw, rid), shard_id=rid)
