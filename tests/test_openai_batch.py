@@ -89,7 +89,10 @@ def test_a_batch_file_runs_through_generate_and_comes_back_in_the_batch_format(t
             assert choice["message"] == {"role": "assistant", "content": line["completion"]}
             assert choice["finish_reason"] == line["finish_reason"]
         usage = body["usage"]
-        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+        if custom_id == "req-n":  # the server counts n choices together: no line has them, none is made up
+            assert usage["completion_tokens"] is usage["total_tokens"] is None and usage["prompt_tokens"] > 0
+        else:
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
     assert [c["index"] for c in results["req-n"]["response"]["body"]["choices"]] == [0, 1]
     errors = read_jsonl(tmp_path / "batch-out" / "errors.jsonl")
     assert len(errors) == 1
@@ -119,3 +122,31 @@ def test_a_prompts_samples_written_apart_are_one_output_line(tmp_path: Path) -> 
     assert [w["custom_id"] for w in written] == ["a", "b"]
     choices = [[(c["index"], c["message"]["content"]) for c in w["response"]["body"]["choices"]] for w in written]
     assert choices == [[(0, "a0"), (1, "a1")], [(0, "b0"), (1, "b1")]]
+
+
+def test_an_answers_tool_calls_are_in_its_choice(tmp_path: Path) -> None:
+    """A chat.completion's message carries the answer's tool calls (they were dropped); an answer of calls
+    alone has null content, one with text keeps it."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+    def line(row_id: str, text: str, **more: Any) -> dict[str, Any]:
+        return {"id": row_id, "sample": 0, "completion": text, "finish_reason": "tool_calls", "model": "m", **more}
+
+    lines = [line("calls", "", tool_calls=[call]), line("both", "let me look", tool_calls=[call]), line("text", "hi")]
+    write_batch(SimpleNamespace(runs=()), tmp_path / "out", iter(lines))  # type: ignore[arg-type]
+    written = [orjson.loads(x) for x in (tmp_path / "out" / "output.jsonl").read_bytes().splitlines()]
+    messages = {w["custom_id"]: w["response"]["body"]["choices"][0]["message"] for w in written}
+    assert messages["calls"] == {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert messages["both"] == {"role": "assistant", "content": "let me look", "tool_calls": [call]}
+    assert messages["text"] == {"role": "assistant", "content": "hi"}
+
+
+def test_a_turns_all_run_is_refused_with_the_batch_format(tmp_path: Path, capsys) -> None:
+    """A --turns all run answered every turn of its conversations, one Batch request answers one: refused
+    (it wrote the turns as choices of one line, every one index 0)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "completions.jsonl").write_text("")
+    (run / "manifest.json").write_text(orjson.dumps({"turns": "all"}).decode())
+    assert main(["export", str(run), "--out", str(tmp_path / "o"), "--format", "openai-batch"]) == 1
+    assert "a --turns all run answered every turn" in capsys.readouterr().err

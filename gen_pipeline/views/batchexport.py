@@ -30,9 +30,16 @@ def _digest(*parts: Any) -> str:
 
 
 def _choice(obj: dict[str, Any]) -> dict[str, Any]:
-    message = {"role": "assistant", "content": obj["completion"]}
+    calls = obj.get("tool_calls")
+    # an answer of tool calls alone has null content, as the API writes it
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": None if calls and not obj["completion"] else obj["completion"],
+    }
     if obj.get("reasoning_content") is not None:
         message["reasoning_content"] = obj["reasoning_content"]
+    if calls:
+        message["tool_calls"] = calls
     return {
         "index": int(obj.get("sample") or 0),
         "message": message,
@@ -46,14 +53,21 @@ def result_line(group: list[dict[str, Any]]) -> dict[str, Any]:
     first = group[0]
     key = _digest(first["id"], [o.get("sample") or 0 for o in group])
     prompt = first.get("prompt_tokens") or first.get("input_tokens") or 0
-    completion = sum(o.get("completion_tokens") or 0 for o in group)
+    # the samples of one request with `n` have null completion_tokens (the server counts them together): null
+    # here too, never a false sum
+    counts = [o.get("completion_tokens") for o in group]
+    completion = None if None in counts else sum(counts)
     body = {
         "id": f"chatcmpl-{key}",
         "object": "chat.completion",
         "created": int(first.get("time") or 0),
         "model": first.get("model"),
         "choices": [_choice(o) for o in group],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": None if completion is None else prompt + completion,
+        },
     }
     response = {"status_code": 200, "request_id": f"req_{key}", "body": body}
     return {"id": f"batch_req_{key}", "custom_id": _custom_id(first["id"]), "response": response, "error": None}

@@ -78,6 +78,11 @@ class ExportConfig:
             raise ConfigError(f"{self.out} exists and is not empty; use --overwrite to replace it")
         if self.turns and self.group_samples:
             raise ConfigError("--group-samples: a --turns all run exports one row per conversation")
+        if self.turns and self.format == "openai-batch":
+            raise ConfigError(
+                "--format openai-batch holds one answer per request: a --turns all run answered every turn of "
+                "its conversations; export it as a dataset (one row per conversation)"
+            )
         if self.drop_incomplete and not self.turns:
             raise ConfigError("--drop-incomplete is for runs made with --turns all")
 
