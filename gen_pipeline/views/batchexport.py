@@ -55,8 +55,8 @@ def result_line(group: list[dict[str, Any]]) -> dict[str, Any]:
     prompt = first.get("prompt_tokens") or first.get("input_tokens") or 0
     # the samples of one request with `n` have null completion_tokens (the server counts them together): null
     # here too, never a false sum
-    counts = [o.get("completion_tokens") for o in group]
-    completion = None if None in counts else sum(counts)
+    counts: list[int | None] = [o.get("completion_tokens") for o in group]
+    completion = None if None in counts else sum(c or 0 for c in counts)
     body = {
         "id": f"chatcmpl-{key}",
         "object": "chat.completion",
