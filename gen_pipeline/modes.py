@@ -14,7 +14,6 @@ import asyncio
 from .config import RunConfig
 from .engine.runner import run_single
 from .engine.summary import Outcome
-from .errors import ConfigError
 from .inputs.file import check_input
 from .rundir.layout import make_dir
 from .shards.run import claimed, run_claimer
@@ -28,8 +27,6 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     `handle_signals` installs the command's SIGINT/SIGTERM/SIGHUP handlers (a grace period, then a hard exit
     on the second); the Python API leaves them out, so a cancelled or interrupted call just stops.
     """
-    if not config.input.is_file():
-        raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
     make_dir(config.out)
     if claimed(config):  # claimed shards: many processes share the directory (shards/claims.py)

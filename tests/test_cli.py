@@ -45,6 +45,10 @@ def test_every_generate_flag_is_in_the_readme():
             ["generate", "--input", "nope.jsonl", "--out", "o", "--servers", "127.0.0.1:1"],
             "input file not found",
         ),
+        (["generate", "--input", ".", "--out", "o", "--servers", "127.0.0.1:1"], ". is a directory: --input takes"),
+        (["generate", "--input", ".", "--out", "o", "--servers", "127.0.0.1:1", "--workers", "2"], "is a directory"),
+        (["check", "--input", ".", "--servers", "127.0.0.1:1"], "is a directory"),
+        (["check", "--input", "nope.jsonl", "--servers", "127.0.0.1:1"], "input file not found"),
         (["generate", "--input", "x", "--out", "o", "--servers", "bad server"], "bad server"),
         (["generate", "--input", "x", "--out", "o", "--max-tokens", "0"], "--max-tokens"),
         (

@@ -142,6 +142,10 @@ def skip(f: BinaryIO, n: int) -> None:
 
 def check_input(path: Path) -> str | None:
     """Refuse, in one line, an input that is not (compressed) JSONL text; return its compression."""
+    if path.is_dir():
+        raise InputError(f"{path} is a directory: --input takes a prompts file (JSONL)")
+    if not path.is_file():
+        raise InputError(f"input file not found: {path}")
     kind = compression(path)
     head = b""
     try:

@@ -35,6 +35,7 @@ from ..engine import metrics
 from ..engine.summary import Outcome, merge_summaries
 from ..errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from ..http import Client, open_transport
+from ..inputs.file import check_input
 from ..rundir.layout import RunDir, make_dir, write_json_atomic
 from ..rundir.locks import refuse_shard_writers
 from ..rundir.store import repair_all
@@ -114,10 +115,7 @@ async def _settle(config: RunConfig) -> None:
 
 def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
     """Run `config.workers` worker processes over the input and merge what they report."""
-    if not config.input.is_file():
-        from ..errors import ConfigError
-
-        raise ConfigError(f"input file not found: {config.input}")
+    check_input(config.input)
     make_dir(config.out)
     config = with_shards(config)  # the workers are claimers of the run's shards (claims.py)
     lock = SharedRunLock(config.out, config.join)

@@ -199,8 +199,6 @@ async def _fleet_and_probes(
 
 async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, resume: bool = False) -> dict[str, Any]:
     """The whole preflight as one JSON-able report; `resume` reads config.out as a run to resume."""
-    if not config.input.is_file():
-        raise ConfigError(f"input file not found: {config.input}")
     check_input(config.input)
     found = Findings()
     report: dict[str, Any] = {"input": str(config.input), "servers": list(config.servers)}
