@@ -225,3 +225,26 @@ def test_capacity_table(tmp_path, reports, settings, want):
     assert (found.requests, found.source) == want
     warning = guess_warning(["s"] if found.source == "default" else [])
     assert (warning is not None) == (want[1] == "default") and (warning is None or "is a guess" in warning)
+
+
+def test_check_says_what_generate_does_with_an_unfinished_last_line_and_a_cut_stream(tmp_path):
+    """A last line with no newline that is not whole JSON: check warns as generate's summary does (it passed
+    saying nothing, and generate then exited 3). A gzip file cut short: a problem for check, as generate stops."""
+    import gzip
+
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(b'{"id": "a", "prompt": "hello"}\n{"id": "b", "prompt": "hel')
+    report = check([sim(2, context_length=CTX)], torn, tmp_path / "check", max_tokens=16)
+    assert report["ok"] and report["plan"]["full"] == 1, report["problems"]
+    [said] = [w for w in report["warnings"] if "line 2 of torn.jsonl has no newline" in w]
+    outcome, _ = run_sim(torn, tmp_path / "run", {"n_ports": 2, "context_length": CTX}, max_tokens=16)
+    assert outcome.exit_code == 3 and outcome.summary["completed"] == 1
+    assert [w for w in outcome.summary["warnings"] if "has no newline" in w] == [said.split(": generate exits")[0]]
+
+    rows = b"".join(orjson.dumps(r) + b"\n" for r in prompts(50))
+    cut = tmp_path / "cut.jsonl.gz"
+    packed = gzip.compress(rows)
+    cut.write_bytes(packed[: len(packed) * 2 // 3])
+    report = check([sim(2, context_length=CTX)], cut, tmp_path / "check-cut", max_tokens=16)
+    assert not report["ok"]
+    assert any(p.startswith(f"cannot read {cut} after line") and "(exit 1)" in p for p in report["problems"])

@@ -215,3 +215,21 @@ def with_system_prompt(prompt: Prompt, text: str | None) -> Prompt:
     if text is not None and not any(m.get("role") == "system" for m in prompt.messages):
         prompt.messages = [{"role": "system", "content": text}, *prompt.messages]
     return prompt
+
+
+def input_warnings(config: RunConfig, stats: RunStats) -> list[str]:
+    """What the summary says about an input that could not be read whole."""
+    warnings = []
+    if stats.unfinished_line is not None:
+        warnings.append(unfinished_warning(config, stats.unfinished_line))
+    if stats.input_error is not None:
+        warnings.append(f"{stats.input_error}; every row before that point is settled")
+    return warnings
+
+
+def unfinished_warning(config: RunConfig, line: int) -> str:
+    """What the summary (and `check`, before the run) says of a last line left unread."""
+    return (
+        f"line {line} of {config.input.name} has no newline at its end and is not whole JSON: left unread, as a "
+        "producer may still be writing it; it is read by the next run once it ends in a newline"
+    )

@@ -45,7 +45,7 @@ from ..tokens.budget import OffsetLearner, dispatch_budget
 from ..tokens.findings import drift_warning, over_length_advice, server_cut_warning
 from .converse import TurnDispatch
 from .metrics import exporting
-from .reader import BatchReader
+from .reader import BatchReader, input_warnings
 from .recorder import Recorder
 from .setup import build_pool, resume_point, settle_manifest
 from .summary import Outcome, run_summary, write_status
@@ -332,20 +332,6 @@ def run_error(runner: Runner) -> str | None:
     """The one line for stderr: why the output could not be written, or the input not read to its end."""
     fatal = runner.recorder.fatal
     return str(fatal) if fatal is not None else runner.stats.input_error
-
-
-def input_warnings(config: RunConfig, stats: RunStats) -> list[str]:
-    """What the summary says about an input that could not be read whole."""
-    warnings = []
-    if stats.unfinished_line is not None:
-        warnings.append(
-            f"line {stats.unfinished_line} of {config.input.name} has no newline at its end and is not whole JSON: "
-            "left unread, as a producer may still be writing it; it is read by the next run once it ends in a "
-            "newline"
-        )
-    if stats.input_error is not None:
-        warnings.append(f"{stats.input_error}; every row before that point is settled")
-    return warnings
 
 
 async def run_single(config: RunConfig, counter: TokenCounter | None, handle_signals: bool) -> Outcome:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import RunConfig
-from ..engine.reader import BatchReader
+from ..engine.reader import BatchReader, unfinished_warning
 from ..inputs.rows import BadRow
 from ..inputs.source import Skipped
 from ..progress.scatter import Scatter
@@ -57,6 +57,8 @@ class Plan:
     bad_examples: list[str] = field(default_factory=list)
     scatter: Scatter = field(default_factory=Scatter)  # the reader's: rows that begin alike, how far apart
     later_turns: int | None = None  # --turns all: the turns after the first, of the conversations owed
+    unfinished: str | None = None  # a last line left unread (no newline, not whole JSON yet): what generate says
+    read_error: str | None = None  # why the input cannot be read to its end (a cut gzip or zstd stream)
 
     @property
     def prompts(self) -> int:
@@ -121,6 +123,9 @@ def budget_plan(
             last_log = time.monotonic()
             log.info("check: counted %d rows", plan.rows)
     plan.repeats, plan.scatter = stats.repeats, stats.scatter
+    plan.read_error = stats.input_error
+    if stats.unfinished_line is not None:
+        plan.unfinished = unfinished_warning(config, stats.unfinished_line)
     return plan
 
 
@@ -161,6 +166,10 @@ def plan_findings(plan: Plan, found: Any, cache_tokens: int) -> None:
         found.warnings.append(f"{plan.over_length} prompt(s) go to the ledger as over_length (not sent)")
     if (scattered := plan.scatter.warning(cache_tokens)) is not None:
         found.warnings.append(scattered)
+    if plan.unfinished is not None:  # generate says the same, and exits 3 (incomplete)
+        found.warnings.append(f"{plan.unfinished}: generate exits 3 (incomplete) until it does")
+    if plan.read_error is not None:
+        found.problems.append(f"{plan.read_error}: generate settles every row before it, then stops (exit 1)")
 
 
 def plan_lines(report: dict[str, Any]) -> list[str]:
