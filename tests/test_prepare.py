@@ -182,8 +182,31 @@ def test_dedup_collapses_whitespace_and_unicode_variants_but_not_roles(tmp_path,
     assert len({r["id"] for r in rows}) == 3
     counts = orjson.loads(report.read_bytes())
     assert (counts["read"], counts["duplicates"], counts["written"]) == (6, 2, 3)
-    assert counts["invalid_reasons"] == {"not_json_object": 1}
+    assert counts["invalid_reasons"] == {"not_json": 1}
     assert "duplicates 2" in capsys.readouterr().out
+
+
+def test_blank_lines_are_skipped_and_a_line_that_is_not_json_is_named_so(tmp_path, write_jsonl):
+    """As generate reads a file: blank lines are no rows (they were counted invalid), a line that is not JSON
+    is `not_json` (it was `not_json_object`, the reason for a JSON array or string), an array `not_json_object`."""
+    src = write_jsonl([{"prompt": "a"}, b"", b"   ", {"prompt": "b"}, b"not json", b"[1, 2]"])
+    out, report = tmp_path / "prompts.jsonl", tmp_path / "report.json"
+    assert run_prepare("--input", src, "--out", out, "--report", report) == 0
+    counts = orjson.loads(report.read_bytes())
+    assert (counts["read"], counts["written"]) == (4, 2)
+    assert counts["invalid_reasons"] == {"not_json": 1, "not_json_object": 1}
+
+
+def test_an_id_beyond_64_bits_is_kept_as_its_digits(tmp_path, write_jsonl):
+    """orjson reads an integer beyond 64 bits as a float (1.1805916207174113e+21: digits lost); the source id
+    is written as the string of its digits, as generate wants such ids, and 64-bit ones stay integers."""
+    big = b'{"id": 1180591620717411303424, "prompt": "x", "n": 18446744073709551615}'
+    src = write_jsonl([big, {"id": 12, "prompt": "y"}, {"id": 9223372036854775807, "prompt": "z"}])
+    out = tmp_path / "prompts.jsonl"
+    assert run_prepare("--input", src, "--out", out) == 0
+    rows = read_rows(out)
+    assert [r["source_id"] for r in rows] == ["1180591620717411303424", 12, 9223372036854775807]
+    assert rows[0]["n"] == 18446744073709551615
 
 
 def test_ids_are_stable_across_runs(tmp_path, write_jsonl):

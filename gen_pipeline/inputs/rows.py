@@ -202,13 +202,13 @@ def from_batch(line: dict[str, Any]) -> dict[str, Any]:
 
 
 # An integer literal too long for 64 bits, which orjson reads as a float (1.58e+29).
-_BIG_INTEGER = re.compile(rb"-?\d{19,}(?![\d.eE])")
+BIG_INTEGER = re.compile(rb"-?\d{19,}(?![\d.eE])")
 
 
 def as_written(detail: str, raw: bytes) -> str:
     """`detail` with each integer the line holds beyond 64 bits shown as written, not as the float JSON
     parsing made of it ("not 158000000000000000000000000000", not "not 1.58e+29")."""
-    for literal in {m.group() for m in _BIG_INTEGER.finditer(raw)}:
+    for literal in {m.group() for m in BIG_INTEGER.finditer(raw)}:
         detail = detail.replace(repr(float(literal)), literal.decode())
     return detail
 

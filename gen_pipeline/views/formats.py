@@ -19,6 +19,7 @@ Parquet, CSV, TXT, Arrow, a `save_to_disk` folder, a folder of data files, or a 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,9 +27,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from ..errors import ConfigError, PipelineError
+from ..inputs.rows import BIG_INTEGER
 from ..records import Messages, content_digest, id_from_digest
-from ..rundir.store import iter_json_lines
 
 # Suffixes read by `datasets` builders; .jsonl is read directly (faster, no Arrow copy).
 BUILDERS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet"}
@@ -205,6 +208,8 @@ class RowConverter:
 
     def __call__(self, raw: Any) -> Converted:
         """One source row as a Converted row, or InvalidRowError."""
+        if raw is NOT_JSON:
+            raise InvalidRowError("not_json")
         if not isinstance(raw, dict):
             raise InvalidRowError("not_json_object")
         fmt = self.format or detect_format(raw)
@@ -242,13 +247,35 @@ def _builder(path: Path) -> str:
     return BUILDERS[suffixes[-1]]
 
 
+class NotJson:
+    """What `jsonl_rows` yields for a line that is not JSON (prepare counts it as `not_json`, as generate does)."""
+
+
+NOT_JSON = NotJson()
+
+
 def jsonl_rows(path: Path) -> Iterator[Any]:
-    """The objects of a JSONL file; a line that is not a JSON object (a torn tail) yields None."""
+    """The values of a JSONL file's lines, NOT_JSON for a line that is not JSON; blank lines are skipped, as
+    generate skips them. An integer beyond 64 bits (orjson reads it as a float, losing digits) is kept as its
+    digits, a string: how generate wants such ids written."""
     try:
-        for _, obj in iter_json_lines(path):
-            yield obj
+        with path.open("rb") as f:
+            for raw in f:
+                if not raw.strip():
+                    continue
+                try:
+                    value = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    yield NOT_JSON
+                    continue
+                yield json.loads(raw, parse_int=_int_or_digits) if BIG_INTEGER.search(raw) else value
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
+
+
+def _int_or_digits(literal: str) -> int | str:
+    value = int(literal)
+    return value if -(2**63) <= value < 2**64 else literal
 
 
 def _dataset_rows(src: str, split: str, subset: str | None, streaming: bool) -> Iterator[Any]:
