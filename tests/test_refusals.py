@@ -162,6 +162,18 @@ def test_a_row_that_breaks_every_server_is_poison_and_named(write_jsonl, tmp_pat
     assert check_invariant([r["id"] for r in rows], out) == {"done": 60, "ledger": 1}
 
 
+def test_rows_failing_as_often_as_the_fleet_fails_others_are_not_poison(write_jsonl, tmp_path):
+    """Servers answering 30% of all requests 500, two attempts a row: a row failing both (about one in eleven)
+    is what chance gives, not a row that breaks servers: server_error, retried by a rerun (it was ledgered
+    poison, permanent, when the probes afterwards happened to pass)."""
+    from gen_pipeline.config import RetryPolicy
+
+    path, out = write_jsonl(prompts(300)), tmp_path / "out"
+    outcome, _ = run_sim(path, out, {"p500": 0.3, "n_ports": 3}, retry=RetryPolicy.testing(max_attempts=2))
+    assert outcome.exit_code == 3 and "poison" not in outcome.summary["failed"]
+    assert outcome.summary["failed"]["server_error"] >= 5  # rows did fail every attempt
+
+
 def test_a_fleet_failing_everything_is_not_poison(write_jsonl, tmp_path):
     """Servers that answer every request 500 are sick, not the rows: server_error, retried by a rerun."""
     path, out = write_jsonl(prompts(4)), tmp_path / "out"

@@ -67,6 +67,8 @@ def shaping_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 
 # Reasons of answers refused by check_answer: a row's failure keeps one only when every attempt got it.
+# A row is poison only when the fleet's own failure rate makes its run of 5xx answers less likely than this.
+POISON_CHANCE = 1e-3
 REFUSED_ANSWERS = frozenset({EmptyCompletionError.reason, WrongModelError.reason})
 
 
@@ -320,10 +322,20 @@ class RequestPath:
 
     async def _breaks_servers(self, track: Track) -> bool:
         """Whether the row, not the fleet, is at fault: every attempt was answered 5xx, by at least two servers
-        (or the only one), and each of them answers a request of our own (a sick server fails that too)."""
+        (or the only one), the fleet's own rate of such answers to other requests does not explain that many
+        in a row (`by_chance`), and each of them answers a request of our own (a sick server fails that too)."""
         if track.other_failures or len(track.broke) < min(2, len(self.pool.servers)):
             return False
+        if self.by_chance(track.attempts):
+            return False
         return all(await asyncio.gather(*(self._serves(url) for url in sorted(track.broke))))
+
+    def by_chance(self, attempts: int) -> bool:
+        """Whether `attempts` failures in a row are likely (over POISON_CHANCE) at the rate the fleet fails
+        other requests: at 10% 5xx, two attempts both fail once in a hundred rows, which are not poison."""
+        failed = sum(s.failures["server_error"] for s in self.pool.servers) - attempts
+        sent = sum(s.requests for s in self.pool.servers) - attempts
+        return sent > 0 and (max(0, failed) / sent) ** attempts > POISON_CHANCE
 
     async def _serves(self, url: str) -> bool:
         """Whether `url` completes a one-token request that no row can spoil."""
