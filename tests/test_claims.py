@@ -130,6 +130,31 @@ def test_claimed_run_then_resume(write_jsonl, tmp_path):
     assert check_invariant([r["id"] for r in rows], out) == {"done": 300, "ledger": 0}
 
 
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]])
+def test_a_torn_line_in_a_settled_shard_reopens_it(write_jsonl, tmp_path, workers):
+    """A settled shard whose output or ledger ends in a torn line (the disk lost what a crash was writing, a
+    copy cut short) is settled no more: the line is moved aside and its row sent or ledgered again. The
+    marker was trusted: the row ended in neither file, every rerun said "completed 0" and exited 0."""
+    rows = prompts(200)
+    path, out = write_jsonl([*rows, b"{broken"]), tmp_path / "out"  # line 201: shard 201 % 4 = 1
+    with sim_fleet(2, "--token-latency", "0.001") as servers:
+        first = run_generate(path, out, servers, "--shards", "4", *workers)
+        assert first.returncode == 0, first.stderr
+        rundir = RunDir(out)
+        for index, file, cut in ((0, "completions", 40), (1, "failures", 10)):
+            assert rundir.shard(index).settled.exists()
+            with getattr(rundir.shard(index).writer, file).open("rb+") as f:
+                f.truncate(f.seek(0, 2) - cut)
+        again = run_generate(path, out, servers, *workers)
+        assert again.returncode == 0, again.stderr
+        summary = orjson.loads((out / "summary.json").read_bytes())
+        assert summary["completed"] == 1 and summary["failed"] == {"bad_input": 1}, summary
+        assert all(rundir.shard(s).settled.exists() for s in range(4))
+        ledgered = [e for f in rundir.failure_files() for e in read_jsonl(f)]
+        assert [(e["line"], e["reason"]) for e in ledgered] == [(201, "bad_input")]  # once, not twice
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 200, "ledger": 0}
+
+
 @pytest.mark.slow
 def test_second_generate_refused_unless_join(write_jsonl, tmp_path):
     """While one claimer runs, a plain generate is refused and a --join one claims beside it; kill -9 of

@@ -129,6 +129,10 @@ class RunDir:
         """Every claimer that left a status file or a summary (one that found nothing to claim), by name."""
         return sorted({p.stem.removesuffix("-summary") for p in (self.root / CLAIMERS_DIR).glob("*.json")})
 
+    def settled_marker_of(self, path: Path) -> Path | None:
+        """The settled marker of the claimed shard that `path` is a file of (None: not a shard's file)."""
+        return path.parent / SETTLED if path.parent.parent == self.root / SHARDS_DIR else None
+
     def shard_roots(self) -> list[Path]:
         """The folders of the claimed shards that exist."""
         return sorted(p for p in (self.root / SHARDS_DIR).glob("[0-9]" * 5) if p.is_dir())

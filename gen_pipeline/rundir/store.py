@@ -153,9 +153,15 @@ class ResumeState:
 
 
 def repair_all(out: Path) -> int:
-    """Repair the torn tail of every output and ledger file; the bytes moved aside."""
+    """Repair the torn tail of every output and ledger file; the bytes moved aside. A claimed shard whose file
+    was torn is settled no more: its next claimer sends (or ledgers) the torn line's row again."""
     run = RunDir(out)
-    return sum(repair_tail(p) for p in [*run.completion_files(), *run.failure_files()])
+    moved = 0
+    for path in [*run.completion_files(), *run.failure_files()]:
+        if (torn := repair_tail(path)) and (marker := run.settled_marker_of(path)) is not None:
+            marker.unlink(missing_ok=True)
+        moved += torn
+    return moved
 
 
 def scan(
