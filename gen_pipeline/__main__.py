@@ -19,9 +19,11 @@ SUPERVISOR_VARIABLE = "GEN_PIPELINE_SUPERVISOR_PID"
 
 def main() -> int:
     """Entry point: the stop handlers of `generate` first, then the command line (cli.main). They stay until the
-    process ends: a signal in its last moments, the run written, still exits 130 with one line (put back, the
-    default SIGINT raised KeyboardInterrupt out of the interpreter's shutdown)."""
-    from .runtime import die_with, install_stop_handlers
+    command returns: a signal in its last moments, the run written, still exits 130 with one line (put back, the
+    default SIGINT raised KeyboardInterrupt out of the interpreter's shutdown). Then the stop signals are
+    ignored: the interpreter's shutdown puts Python handlers back to the default (freeing a large run's memory
+    takes tens of ms, and a SIGTERM then killed a finished run, exit 143), and what is left to do writes nothing."""
+    from .runtime import die_with, ignore_stop_signals, install_stop_handlers
 
     supervisor = os.environ.pop(SUPERVISOR_VARIABLE, "")
     if supervisor.isdigit():
@@ -32,7 +34,10 @@ def main() -> int:
         install_stop_handlers()
     from .cli import main as run_command
 
-    return run_command(argv)
+    code = run_command(argv)
+    if command == "generate":
+        ignore_stop_signals()
+    return code
 
 
 if __name__ == "__main__":

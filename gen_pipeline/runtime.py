@@ -4,7 +4,8 @@ collector, the open-file limit), stop signals, and standard streams that never r
 `generate` owns SIGINT, SIGTERM and SIGHUP from its first line: until the run loop takes them over
 (install_run_handlers) and again after it, one of them prints one line and exits 130 at once. Nothing
 is lost by that: before the loop nothing has been sent, after it the summary is written, and anything
-between is what kill -9 would leave (torn tails are repaired on resume).
+between is what kill -9 would leave (torn tails are repaired on resume). Once the command has returned
+they are ignored (ignore_stop_signals): the interpreter's shutdown would put the default back.
 
 A stop must never be lost to a closed stream (the `tee` of a wrapper killed with the unit's group, a
 terminal gone): `QuietStream` swallows a failed write and points the descriptor at /dev/null, so every
@@ -99,6 +100,13 @@ def _exit_at_once(signum: int, _frame: Any) -> None:
 def install_stop_handlers() -> dict[int, Handler]:
     """SIGINT, SIGTERM and SIGHUP exit 130 with one line from now on; the handlers they replace."""
     return {sig: signal.signal(sig, _exit_at_once) for sig in STOP_SIGNALS}
+
+
+def ignore_stop_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP ignored from now on (kept so through the interpreter's shutdown, which puts
+    Python handlers back to the default)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def restore_handlers(previous: dict[int, Handler]) -> None:
