@@ -7,7 +7,8 @@
     │   ├── InputError               the input is not (compressed) JSONL: binary, or its first rows all bad
     │   └── ExportCheckError         export refused: shards still open (--partial), or a key written twice
     ├── FleetError                   no usable server, or the servers disagree in a way we cannot fix
-    │   └── PreflightError           what `check` calls a PROBLEM, found at start (use --force)
+    │   ├── PreflightError           what `check` calls a PROBLEM, found at start (use --force)
+    │   └── FleetRedeployedError     every server was redeployed mid-run (use --accept-checkpoint)
     ├── OutputError                  the output directory cannot be written (disk full, I/O error)
     ├── RequestShapeError            a row the server would refuse before rendering it     -> "bad_input"
     └── RequestError                 one request to one server failed; carries .server and .status
@@ -88,6 +89,16 @@ class PreflightError(FleetError):
             text = f"refusing to start on {len(problems)} problems (--force starts anyway):{lines}"
         super().__init__(text)
         self.problems = problems
+
+
+class FleetRedeployedError(FleetError):
+    """Every server of the run was retired mid-run: each answers as another checkpoint than the run's."""
+
+    def __init__(self, last: str) -> None:
+        super().__init__(
+            f"every server was redeployed mid-run (last: {last}); nothing they answered since was written. "
+            "Run again with --accept-checkpoint to go on with the new checkpoint (each line names its own)"
+        )
 
 
 class OutputError(PipelineError):

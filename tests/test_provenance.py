@@ -402,14 +402,18 @@ def test_a_server_down_at_start_comes_in_only_with_the_runs_checkpoint(write_jso
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out
-def test_a_server_restarted_on_another_checkpoint_while_out_is_retired(write_jsonl, tmp_path):
-    """A server goes down mid-run and comes back on another model_path with the same weight_version (SGLang
-    says "default" unless told): it is asked again when it answers, and retired; it wrote rows under the
-    identity it had before (51 of them in the reproduction)."""
+@pytest.mark.parametrize(
+    "change", [{"model_path": "/ckpt/step-2000"}, {"model": "other-model"}, {"deterministic": True}]
+)
+def test_a_server_restarted_on_another_checkpoint_while_out_is_retired(write_jsonl, tmp_path, change):
+    """A server goes down mid-run and comes back as another identity: another model_path with the same
+    weight_version (SGLang says "default" unless told), another served name, deterministic inference turned
+    on. It is asked again when it answers, and retired; it wrote rows under the identity it had before (51
+    of them in the reproduction; 59 and 63 for the setting and the name, compared by checkpoint only)."""
     same = {"weight_version": "default", "max_running": 4, "token_latency": 0.005}  # 400 rows take ~8 s
     a, b = _sim(1, model_path="/ckpt/step-1000", **same), free_ports(1)[0]
     before = SimConfig(ports=(b,), health_delay=0.0, model_path="/ckpt/step-1000", **same)
-    after = SimConfig(ports=(b,), health_delay=0.0, model_path="/ckpt/step-2000", **same)
+    after = SimConfig(**{**vars(before), **change})
     out = tmp_path / "run"
 
     async def scenario() -> tuple[Any, int]:
@@ -444,3 +448,28 @@ def test_export_of_two_checkpoints_conversations_keeps_both(write_jsonl, tmp_pat
     stats, ds = _export([tmp_path / "a", tmp_path / "b"], tmp_path / "ds")
     assert len(ds) == 6 and stats.conversations == {"complete": 6}
     assert sorted(Counter(ds["checkpoint"]).values()) == [3, 3]
+
+
+def test_every_server_restarted_as_another_checkpoint_while_out_stops_the_run(write_jsonl, tmp_path):
+    """The whole fleet goes down mid-run and comes back on another weight_version: every server is retired
+    as it answers, and the run stops at once, exit 1, saying to run again with --accept-checkpoint. It
+    waited as in an outage (ALL SERVERS DOWN, with both up) and exited 4 after --outage-timeout."""
+    same = {"max_running": 4, "token_latency": 0.005, "health_delay": 0.0}
+    ports = tuple(free_ports(2))
+    out = tmp_path / "run"
+
+    async def scenario() -> Any:
+        fleet = await start_fleet(SimConfig(ports=ports, weight_version="v1", **same))
+        config = RunConfig(input=write_jsonl(prompts(400)), out=out, servers=tuple(fleet.urls), max_tokens=16,
+                           progress="off", retry=RetryPolicy.testing(), outage_timeout=600)  # fmt: skip
+        run = asyncio.create_task(run_async(config))
+        await asyncio.to_thread(wait_for_lines, out / "completions.jsonl", 20, 60)
+        await fleet.aclose()
+        async with await start_fleet(SimConfig(ports=ports, weight_version="v2", **same)):
+            return await run
+
+    outcome = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert outcome.exit_code == 1
+    assert "every server was redeployed mid-run" in outcome.summary["stop_reason"]
+    assert {r["weight_version"] for r in read_jsonl(out / "completions.jsonl")} == {"v1"}
+    assert all(view["retired"] for view in outcome.summary["servers"].values())

@@ -7,9 +7,11 @@ up, although `/v1/*` already serves), and fails with "connection refused" while 
 A server that was down at start has told nothing of what it serves: when it first answers, it is asked
 (discovery.probe), and it comes in only when it serves one of the identities the fleet's other servers reported
 (and the manifest lists); otherwise it is retired, so that no line names a checkpoint the manifest does not.
-A server that comes back from an outage is asked again: restarted on another checkpoint (a new
-`model_path` under the same served name, a `weight_version` left at SGLang's "default"), it is retired, so
-that none of its answers is written under the identity it had before.
+A server that comes back from an outage is asked again: restarted as anything else (another checkpoint, a new
+`model_path` under the same served name, a `weight_version` left at SGLang's "default"; another served name;
+another setting that changes outputs), it is retired, so that none of its answers is written under the
+identity it had before. With every server retired the run stops (exit 1), as when every answer reports a new
+weight_version.
 """
 
 from __future__ import annotations
@@ -47,13 +49,16 @@ async def identify(client: Client, server: ServerState, pool: ServerPool) -> boo
         return False
     before = server.identity
     if before is not None:
-        if found is None or before.same_checkpoint(found):
+        # the whole identity: its served name and the settings that change outputs (deterministic inference,
+        # quantization) too, or its rows would be written under the fingerprint it had before
+        if found is None or found.fingerprint == before.fingerprint:
             return True
         log.warning(
-            "%s came back serving %s, not %s as before (redeployed while out of service): left out of the run",
+            "%s came back serving %s, not %s as before (redeployed while out of service%s): left out of the run",
             server.url,
             found.label(),
             before.label(),
+            "" if before.same_checkpoint(found) else ", on another checkpoint",
         )
         pool.retire(server)
         return False

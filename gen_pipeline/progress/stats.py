@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EXIT_OUTAGE
+from ..errors import EXIT_ERROR, EXIT_OUTAGE, FleetRedeployedError
 from .alerts import progress_text
 from .cost import cost_lines
 from .display import Progress
@@ -278,7 +278,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 async def watch_run(runner: Any) -> None:
     """While a Runner runs: the progress display, status.json every STATUS_INTERVAL, the input cursor when
-    due, and the stop after --outage-timeout with no usable server."""
+    due, and the stop after --outage-timeout with no usable server, or at once with every server retired."""
     progress = Progress(runner.config.progress)
     last_status = 0.0
     try:
@@ -295,7 +295,10 @@ async def watch_run(runner: Any) -> None:
             runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock(), tail)
             extra += progress_text(runner.alerts)
             show(progress, runner.stats, extra)
-            if outage > runner.config.outage_timeout:
+            if runner.pool.all_retired():  # each came back from an outage as another checkpoint (fleet/prober.py)
+                last = "a server came back from an outage serving another identity"
+                runner.request_stop(str(FleetRedeployedError(last)), EXIT_ERROR)
+            elif outage > runner.config.outage_timeout:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
             await asyncio.sleep(0.5)
     finally:

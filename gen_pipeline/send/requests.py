@@ -24,6 +24,7 @@ from ..errors import (
     EmptyCompletionError,
     EndpointError,
     FleetError,
+    FleetRedeployedError,
     RequestError,
     ServerError,
     WrongModelError,
@@ -291,10 +292,7 @@ class RequestPath:
         rows are written as the old checkpoint's or wait for an outage."""
         self.pool.retire(server)
         if self.pool.all_retired():
-            raise FleetError(
-                f"every server was redeployed mid-run (last: {exc}); nothing they answered since was written. "
-                "Run again with --accept-checkpoint to go on with the new checkpoint (each line names its own)"
-            ) from exc
+            raise FleetRedeployedError(str(exc)) from exc
 
     def completion(self, prompt: Prompt, result: ChatResult, max_tokens: int, track: Track) -> Completion:
         """The output line of a choice the server answered for `prompt` with `max_tokens`."""
