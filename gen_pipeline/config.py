@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import re
+import types
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,6 +284,9 @@ class RunConfig:
     on_stall: str | None = None
 
     def __post_init__(self) -> None:
+        for name, value in vars(self).items():  # the Python API's keywords are not typed by argparse
+            if not fits(value, _field_types()[name]):
+                raise ConfigError(f"{name} must be {type_name(_field_types()[name])}, not {value!r}")
         # a server string ("host:30000-30007") and str paths are taken as the CLI takes them
         servers = self.servers if isinstance(self.servers, str) else ",".join(self.servers)
         named = [server_name(url) for url in parse_servers(servers)]
@@ -340,3 +346,33 @@ class RunConfig:
         if self.request_timeout is not None:
             return self.request_timeout
         return BASE_REQUEST_TIMEOUT + TIMEOUT_PER_TOKEN * max_tokens
+
+
+# Fields a caller may give in another form, which __post_init__ turns into the declared one.
+GIVEN_AS = {"input": str | Path, "out": str | Path, "metrics_file": str | Path | None, "servers": str | tuple | list}
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return {**typing.get_type_hints(RunConfig), **GIVEN_AS}
+
+
+def fits(value: Any, hint: Any) -> bool:
+    """Whether `value` is of the declared type `hint` (an int for a float; never a bool for a number; a
+    container by its kind only)."""
+    if hint is Any:
+        return True
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return any(fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, int if hint is int else (int, float)) and not isinstance(value, bool)
+    return isinstance(value, typing.get_origin(hint) or hint)
+
+
+def type_name(hint: Any) -> str:
+    """A declared type as a user reads it: "int or None"."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return " or ".join(type_name(h) for h in typing.get_args(hint))
+    return "None" if hint is type(None) else str(getattr(hint, "__name__", hint))

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_SERVERS, RetryPolicy, RunConfig, parse_reasons, parse_servers
+from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_SERVERS, RetryPolicy, RunConfig, fits, parse_reasons, parse_servers
 from .errors import ConfigError
 from .inputs.rows import as_written
 from .records import TEMPLATE_FIELDS
@@ -53,6 +53,14 @@ def build_config(
     unknown = options.keys() - OPTIONS
     if unknown:
         raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted(OPTIONS)}")
+    for name, value, kind in (("temperature", temperature, float), ("top_p", top_p, float), ("seed", seed, int)):
+        if value is not None and not fits(value, kind):  # the Python API's keywords are not typed by argparse
+            raise ConfigError(f"{name} must be {kind.__name__}, not {value!r}")
+    if not fits(max_attempts, int):
+        raise ConfigError(f"max_attempts must be int, not {max_attempts!r}")
+    for name, path in (("input", input), ("out", out)):
+        if not isinstance(path, str | Path):
+            raise ConfigError(f"{name} must be a path (str or Path), not {path!r}")
     extra = {"temperature": temperature, "top_p": top_p, "seed": seed}
     fields = {**parse_sampling(sampling), **{k: v for k, v in extra.items() if v is not None}}
     try:

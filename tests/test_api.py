@@ -207,12 +207,21 @@ def test_run_config_takes_a_server_string_and_str_paths(tmp_path: Path) -> None:
         ({"sampling": "{not json"}, "--sampling is not valid JSON"),
         ({"retry_failed": "timeouts"}, "unknown ledger reason"),
         ({"limit": 0}, "--limit must be at least 1"),
+        # typed as argparse types the flags (a "hot" temperature was sent; "abc" raised a bare TypeError)
+        ({"temperature": "hot"}, "temperature must be float, not 'hot'"),
+        ({"top_p": True}, "top_p must be float, not True"),
+        ({"seed": 1.5}, "seed must be int, not 1.5"),
+        ({"max_attempts": "3"}, "max_attempts must be int"),
+        ({"max_tokens": "abc"}, "max_tokens must be int, not 'abc'"),
+        ({"concurrency": 2.5}, "concurrency must be int or None, not 2.5"),
+        ({"progress": 1}, "progress must be"),
+        ({"input": None}, "input must be a path"),
     ],
 )
 def test_bad_options_are_config_errors(tmp_path: Path, options: dict[str, Any], message: str) -> None:
     """Options are checked as the command line checks its flags."""
     with pytest.raises(ConfigError, match=message):
-        gen_pipeline.generate(input=tmp_path / "p.jsonl", out=tmp_path / "o", **options)
+        gen_pipeline.generate(**{"input": tmp_path / "p.jsonl", "out": tmp_path / "o", **options})
 
 
 def test_options_build_what_the_flags_build(tmp_path: Path) -> None:
