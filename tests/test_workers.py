@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
+from pathlib import Path
 
 import orjson
 import pytest
@@ -95,6 +98,35 @@ def test_ctrl_c_stops_every_worker_then_resume_completes(write_jsonl, tmp_path):
         again = run_generate(path, out, servers, "--workers", "2")
     assert again.returncode == 0, again.stderr
     assert check_invariant([r["id"] for r in rows], out) == {"done": 600, "ledger": 0}
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_claimer_killed_from_outside_is_no_interrupt_when_the_others_finish_its_shards(write_jsonl, tmp_path):
+    """kill -9 of one claimer (the OOM killer, say), not of the run: its claims die with it, the other claimer
+    takes its shards over and every row is done once, so the run exits 0 (it exited 130, "interrupted"),
+    with a warning that the dead claimer left no summary."""
+    rows = prompts(1200)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    with sim_fleet(2, "--token-latency", "0.005") as servers:
+        proc = generate(path, out, servers, "--workers", "2", "--shards", "16", "--concurrency", "4")
+        wait_for_done(out, 50, 60)
+        [victim, *_] = children(proc.pid)
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["exit_code"] == 0 and any("no summary from worker" in w for w in summary["warnings"])
+    assert check_invariant([r["id"] for r in rows], out) == {"done": 1200, "ledger": 0}
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds; make test-fast leaves it out

@@ -69,11 +69,17 @@ async def run_claimer(config: RunConfig, counter: TokenCounter | None, handle_si
         lock.release()
 
 
+def shard_table(config: RunConfig, reopen: bool = False) -> ShardTable:
+    """The run's shards, settled for this input and samples count (more samples reopen them); `reopen`
+    (--retry-failed): every shard open."""
+    wanted = {**input_fingerprint(config.input), "samples": config.samples}
+    return ShardTable(RunDir(config.out), int(config.shards or 1), wanted, reopen)
+
+
 async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter | None, handle: bool) -> Outcome:
     fleet, model, ctx, counter, _ = await settle_manifest(config, client, counter)
     rundir = RunDir(config.out)
-    wanted = {**input_fingerprint(config.input), "samples": config.samples}  # more samples reopen the shards
-    table = ShardTable(rundir, int(config.shards or 1), wanted, bool(config.retry_failed))
+    table = shard_table(config, reopen=bool(config.retry_failed))
     claimer = Claimer(rundir)
     claimer.register()
     await asyncio.to_thread(table.settle_empty, config.input, claimer.ident)

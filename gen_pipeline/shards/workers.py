@@ -41,7 +41,7 @@ from ..rundir.locks import refuse_shard_writers
 from ..rundir.store import repair_all
 from ..runtime import STOP_SIGNALS, say
 from .claims import SharedRunLock
-from .run import claimer_summaries, with_shards
+from .run import claimer_summaries, shard_table, with_shards
 
 # The exit code of the whole run is the most serious of the workers'.
 SEVERITY = [EXIT_ERROR, EXIT_OUTPUT, EXIT_OUTAGE, EXIT_INTERRUPTED, EXIT_INCOMPLETE, EXIT_OK]
@@ -106,6 +106,16 @@ def merged_exit_code(codes: list[int]) -> int:
     return next((c for c in SEVERITY if c in known), EXIT_ERROR)
 
 
+def killed_elsewhere(config: RunConfig, codes: list[int]) -> list[int]:
+    """The codes of claimers killed by a signal we did not pass on (the OOM killer, a kill -9): not an
+    interrupt of the run. Its claims died with it and the others took its shards over: the run is whole
+    when every shard is settled (0), else incomplete (3: run again)."""
+    if all(c >= 0 for c in codes):
+        return codes
+    left = shard_table(config).open_shards()
+    return [c if c >= 0 else EXIT_INCOMPLETE if left else EXIT_OK for c in codes]
+
+
 async def _settle(config: RunConfig) -> None:
     from ..engine.setup import settle_settings
 
@@ -141,7 +151,10 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
     finally:
         os.close(alive_r)
 
+    stopped: list[int] = []
+
     def forward(signum: int, _frame: Any) -> None:
+        stopped.append(signum)
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signum)
@@ -149,7 +162,8 @@ def _supervise(config: RunConfig, argv: list[str]) -> Outcome:
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     try:
         codes = [p.wait() for p in procs]
-        return _merge(config, codes, time.monotonic() - start, started)
+        judged = codes if stopped else killed_elsewhere(config, codes)
+        return _merge(config, codes, merged_exit_code(judged), time.monotonic() - start, started)
     finally:  # after summary.json: a signal meanwhile is passed on (to no one) rather than lose it
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -164,9 +178,8 @@ def _start_worker(config: RunConfig, argv: list[str], index: int, alive_r: int) 
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, pass_fds=(alive_r,), start_new_session=True)
 
 
-def _merge(config: RunConfig, codes: list[int], elapsed: float, started: float) -> Outcome:
-    """summary.json from the summaries of the claimers this run started; the run's outcome."""
-    exit_code = merged_exit_code(codes)
+def _merge(config: RunConfig, codes: list[int], exit_code: int, elapsed: float, started: float) -> Outcome:
+    """summary.json from the summaries of the claimers this run started (`codes`: theirs); the run's outcome."""
     parts = claimer_summaries(RunDir(config.out), since=started)
     summary = merge_summaries(parts, elapsed, exit_code)
     summary["claimers"] = summary["workers"]
