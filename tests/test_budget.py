@@ -44,13 +44,17 @@ def test_clamp_table(requested, input_tokens, margin, min_tokens, expected):
 @pytest.mark.parametrize(
     ("input_tokens", "max_input", "expected"),
     [
-        (8185, 8186, 7),  # under SGLang's max_req_input_len (context - 6): the context's room
+        # under SGLang's max_req_input_len (context - 6): what its scheduler makes, max_req_len - 1 - input,
+        # max_req_len being the cap + 5 (context - 1): 5, not the context's 7 (it trims the rest silently)
+        (8185, 8186, 5),
+        (8000, 8186, 190),  # the same 2 short of the context's 192 at any length
         (8186, 8186, None),  # at it: the scheduler refuses the prompt, though the context has room
         (8186, None, 6),  # no cap reported (vLLM, llama.cpp)
     ],
 )
 def test_the_servers_input_cap_is_kept(input_tokens, max_input, expected):
-    """A prompt of max_req_input_len tokens or more gets no budget, whatever room the context leaves."""
+    """A prompt of max_req_input_len tokens or more gets no budget, whatever room the context leaves; below it,
+    no more than the scheduler makes (a budget over that was recorded though no answer could reach it)."""
     got = clamp_max_tokens(
         256, context_length=CTX, input_tokens=input_tokens, margin=0, min_tokens=1, max_input=max_input
     )
@@ -149,3 +153,18 @@ def test_prompt_budget_table(kw, input_tokens, row_max_tokens, expected):
 def test_dispatch_budget_table(input_tokens, offset, expected):
     """The budget at dispatch includes the learned offset; over length it is the ledger's detail text."""
     assert dispatch_budget(config(), CTX, input_tokens, None, offset) == expected
+
+
+def test_with_no_margin_an_answer_at_the_edge_gets_every_token_it_was_budgeted(write_jsonl, tmp_path):
+    """--safety-margin 0 against the simulated SGLang (its scheduler trims max_tokens to max_req_len - 1 -
+    input): rows a few tokens from the context are budgeted what the server makes, so none is cut short of
+    its recorded max_tokens (they were, by 2, with a warning blaming --context-length)."""
+    from e2e import read_jsonl, run_sim
+
+    rows = [{"id": i, "messages": [{"role": "user", "content": "x" * n}]} for i, n in enumerate((900, 980, 1000))]
+    sim = {"n_ports": 1, "context_length": 1024, "completion_words": 100_000}
+    outcome, _ = run_sim(write_jsonl(rows), tmp_path / "out", sim, max_tokens=200, safety_margin=0, min_tokens=4)
+    lines = read_jsonl(tmp_path / "out" / "completions.jsonl")
+    assert len(lines) == 3 and outcome.summary["token_drift"]["differed"] == 0
+    assert all(r["completion_tokens"] == r["max_tokens"] < 200 for r in lines), lines
+    assert not [w for w in outcome.summary["warnings"] if "before their max_tokens" in w]

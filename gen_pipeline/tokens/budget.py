@@ -15,6 +15,9 @@ from ..errors import OverflowCounts
 
 # SGLang's scheduler refuses inputs of context - 6 tokens or more (server-api.md §1.2 C).
 SGLANG_INPUT_HEADROOM = 7
+# ... and quietly trims max_tokens to max_req_len - 1 - input (§1.3), where its input cap max_req_input_len
+# is max_req_len - 5: at most cap + 4 - input tokens are made, whatever the context leaves.
+SGLANG_TRIM_OVER_CAP = 4
 
 
 def clamp_max_tokens(
@@ -30,9 +33,16 @@ def clamp_max_tokens(
     `input_tokens` (SGLang's `max_req_input_len`: inputs of that many tokens or more)."""
     if max_input is not None and input_tokens >= max_input:
         return None
-    room = context_length - input_tokens - margin
-    budget = min(requested, room)
+    budget = min(requested, room_for(context_length, input_tokens, margin, max_input))
     return budget if budget >= min_tokens else None
+
+
+def room_for(context_length: int, input_tokens: int, margin: int, max_input: int | None) -> int:
+    """The most tokens a prompt of `input_tokens` may be sent with: what the context leaves less the margin,
+    and never more than SGLang's scheduler would make of it (it trims the rest without a word, so a budget
+    over that recorded a max_tokens no answer could reach: seen with --safety-margin 0)."""
+    room = context_length - input_tokens - margin
+    return room if max_input is None else min(room, max_input + SGLANG_TRIM_OVER_CAP - input_tokens)
 
 
 def prompt_budget(
@@ -71,7 +81,7 @@ def dispatch_budget(
     budget = prompt_budget(config, context_length, counted, row_max_tokens, max_input)
     if budget is not None:
         return budget
-    room = context_length - counted - config.safety_margin
+    room = room_for(context_length, counted, config.safety_margin, max_input)
     size = f"prompt has {f'at least {input_tokens} (from its size, not counted)' if at_least else input_tokens} "
     if max_input is not None and counted >= max_input:
         return f"{size}tokens (+{offset} learned offset); the servers refuse inputs of {max_input} tokens or more"
@@ -79,6 +89,9 @@ def dispatch_budget(
         f"{size}tokens (+{offset} learned offset); "
         f"context {context_length} - margin {config.safety_margin} leaves {room}, "
         f"below --min-tokens {room_needed(config, row_max_tokens)}"
+        if room == context_length - counted - config.safety_margin
+        else f"{size}tokens (+{offset} learned offset); the servers make at most {room} tokens after it (their "
+        f"input cap {max_input} + {SGLANG_TRIM_OVER_CAP}), below --min-tokens {room_needed(config, row_max_tokens)}"
     )
 
 
