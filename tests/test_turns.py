@@ -380,3 +380,33 @@ def test_the_workers_summaries_add_up_their_conversations():
     merged = merge_summaries([a, b, {"completed": 0}], 1.0, 0)
     assert merged["conversations"] == {"complete": 3, "ended_early": 3, "ended_at_turn": {"3": 2, "10": 1}}
     assert "conversations" not in merge_summaries([{"completed": 1}], 1.0, 0)
+
+
+def test_check_of_a_run_cut_mid_conversation_plans_only_the_turns_left(write_jsonl, tmp_path):
+    """check --out on a --turns all run whose conversation lost its last turns (a crash): the plan counts the
+    turns from where each conversation goes on, as generate then sends them (it counted them from turn 0
+    again: 225 turns planned for 210 made in the reproduction)."""
+    from gen_pipeline.config import RetryPolicy, RunConfig
+    from gen_pipeline.sim import SimConfig, free_ports, start_fleet
+    from gen_pipeline.views.check import run_check
+
+    rows = conversation_rows(4)  # 3, 4, 3, 4 user turns
+    path, run = write_jsonl(rows), tmp_path / "run"
+    first, _ = run_sim(path, run, turns="all", samples=2)
+    assert first.summary["completed"] == 2 * (3 + 4 + 3 + 4)
+    lines = read_jsonl(run / "completions.jsonl")
+    cut = rows[1]["id"]  # 4 turns: sample 0 keeps turn 0 only, sample 1 keeps turns 0 and 1
+    kept = [r for r in lines if r["id"] != cut or r["turn"] < 1 + r["sample"]]
+    (run / "completions.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in kept))
+    shutil.rmtree(run / ".index")  # as a crash leaves it: the input cursor never passed a conversation cut short
+
+    async def check() -> dict[str, Any]:
+        async with await start_fleet(SimConfig(ports=tuple(free_ports(1)), health_delay=0.0)) as fleet:
+            cfg = RunConfig(input=path, out=run, servers=tuple(fleet.urls), turns="all", samples=2,
+                            retry=RetryPolicy.testing(), progress="off")  # fmt: skip
+            return await run_check(cfg, resume=True)
+
+    plan = asyncio.run(asyncio.wait_for(check(), 30))["plan"]
+    assert plan["samples"] == 2 and plan["later_turns"] == 2 + 1  # turns 2, 3 of sample 0; turn 3 of sample 1
+    again, _ = run_sim(path, run, turns="all", samples=2)
+    assert again.summary["completed"] == plan["samples"] + plan["later_turns"] == 5

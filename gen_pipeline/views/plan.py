@@ -67,8 +67,10 @@ class Plan:
     def add(self, p: Prompt, requested: int, budget: int | None) -> None:
         """Count one valid row and the budget generate would give it."""
         self.lengths.append(p.input_tokens)
-        if p.turns is not None:  # only the first turn is planned: the others depend on the answers
-            self.later_turns = (self.later_turns or 0) + (len(p.turns) - 1) * (len(p.pending) or 1)
+        if p.turns is not None:  # only the next turn is planned: the others depend on the answers
+            # per conversation owed, the turns after the one it goes on at (turn 0, or where a run left it)
+            starts = [p.resume[s][0] if s in p.resume else 0 for s in p.pending or (0,)]
+            self.later_turns = (self.later_turns or 0) + sum(len(p.turns) - 1 - t for t in starts)
         self.own_budget += p.max_tokens is not None
         if budget is None:
             self.over_length += 1
