@@ -4,9 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 GP := $(BIN)/gen-pipeline
 
-# make generate: the main job against the configured fleet.
-INPUT ?= prompts/sample.jsonl
-OUT ?= runs/default
+# make generate: the main job against the configured fleet (INPUT and OUT have no default: a forgotten one
+# must not send the sample prompts to a real fleet).
+INPUT ?=
+OUT ?=
 SERVERS ?= 127.0.0.1:30000-30007
 TOKENIZER ?=
 ARGS ?=
@@ -39,6 +40,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 generate: install
+	@test -n "$$INPUT" -a -n "$$OUT" || { echo "make generate needs INPUT=FILE and OUT=DIR," \
+		"e.g. make generate INPUT=prompts/my.jsonl OUT=runs/my-run" >&2; exit 2; }
 	set -f; "$(GP)" generate --input "$$INPUT" --out "$$OUT" --servers "$$SERVERS" \
 		$${TOKENIZER:+--tokenizer "$$TOKENIZER"} $$ARGS
 

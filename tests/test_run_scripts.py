@@ -906,6 +906,15 @@ def test_make_generate_passes_paths_with_spaces_as_one_argument(tmp_path: Path) 
                     "127.0.0.1:30000-30007", "--tokenizer", "tok dir", "--max-tokens", "64", "--seed", "1"]  # fmt: skip
 
 
+@pytest.mark.parametrize("given", [[], ["INPUT=prompts/my.jsonl"], ["OUT=runs/my-run"], ["INPUT=", "OUT=runs/x"]])
+def test_make_generate_without_input_or_out_runs_nothing_and_says_so(tmp_path: Path, given: list[str]) -> None:
+    """INPUT and OUT have no default: `make generate` without one exits 2 with one line (it ran the sample
+    prompts into runs/default, against a real fleet when one was configured)."""
+    proc, argv = _make_generate(tmp_path, *given)
+    assert proc.returncode == 2 and argv == []
+    assert "make generate needs INPUT=FILE and OUT=DIR" in proc.stderr
+
+
 @pytest.mark.parametrize(
     "variable",
     ["OUT=x;touch pwned;true", "INPUT=$(shell touch pwned)", "SERVERS=`touch pwned`", "ARGS=--seed 1; touch pwned",
@@ -914,7 +923,9 @@ def test_make_generate_passes_paths_with_spaces_as_one_argument(tmp_path: Path) 
 def test_make_generate_runs_nothing_from_a_variable(tmp_path: Path, variable: str) -> None:
     """A value with shell or make syntax is passed as text: nothing in it runs, nothing is globbed."""
     (tmp_path / "sub").mkdir()
-    proc, argv = _make_generate(tmp_path / "sub", variable)
+    name = variable.partition("=")[0]
+    paths = [f"{v}=x" for v in ("INPUT", "OUT") if v != name]  # both are needed
+    proc, argv = _make_generate(tmp_path / "sub", variable, *paths)
     assert proc.returncode == 0, proc.stderr
     assert not list(tmp_path.rglob("pwned"))
     name, _, value = variable.partition("=")
