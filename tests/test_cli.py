@@ -78,8 +78,12 @@ def test_the_static_shard_flag_of_earlier_versions_is_refused_in_one_line(flag, 
     assert not (tmp_path / "o").exists()
 
 
-def test_unreachable_fleet_exits_1(write_jsonl, tmp_path, capsys):
-    """No server answering within --startup-timeout is a clear error."""
+def test_unreachable_fleet_exits_1(write_jsonl, tmp_path, capsys, caplog):
+    """No server answering within --startup-timeout is a clear error, saying why the first one did not; the
+    wait is said once, with that reason, not once a second (120 identical lines, no reason, before)."""
+    import logging
+
+    caplog.set_level(logging.INFO)
     path = write_jsonl(prompts(2))
     code = main(
         [
@@ -91,12 +95,15 @@ def test_unreachable_fleet_exits_1(write_jsonl, tmp_path, capsys):
             "--servers",
             "127.0.0.1:1",
             "--startup-timeout",
-            "0.2",
+            "2.5",
             "--progress",
             "off",
         ]
     )
-    assert code == 1 and "no server answered" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 1 and "no server answered within 2 s: http://127.0.0.1:1 (http://127.0.0.1:1: " in err, err
+    waits = [r.getMessage() for r in caplog.records if "waiting for servers" in r.getMessage()]
+    assert len(waits) == 1 and "1 down (http://127.0.0.1:1: " in waits[0], waits
 
 
 @pytest.mark.slow

@@ -151,3 +151,27 @@ def test_the_head_names_no_server_count_the_list_below_contradicts(tmp_path):
     text, _ = inspect_held(tmp_path)
     assert text.splitlines()[0] == f"run {tmp_path}: model m, input in.jsonl", text
     assert "servers: 1 of 2 healthy" in text, text
+
+
+def test_status_of_a_generate_still_waiting_for_its_servers_says_starting(write_jsonl, tmp_path):
+    """While generate waits for servers to answer (up to --startup-timeout), its directory holds only the
+    lock: status says starting and exits 0 (it said "not a run directory", exit 1, as if the job had failed);
+    a directory with nothing at all is still no run directory."""
+    from gen_pipeline.sim import free_ports
+
+    out = tmp_path / "out"
+    [port] = free_ports(1)  # nothing listens there
+    proc = generate(write_jsonl(prompts(3)), out, f"127.0.0.1:{port}", "--startup-timeout", "30")
+    try:
+        deadline = time.monotonic() + 30
+        while not (out / ".lock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the lock taken
+        said = status_cli(out)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert said.returncode == EXIT_RUNNING_OR_OK, said.stderr
+    assert said.stdout.splitlines()[1].startswith("starting (pid"), said.stdout
+    (tmp_path / "empty").mkdir()
+    assert "is not a run directory" in status_cli(tmp_path / "empty").stderr

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ log = logging.getLogger("gen_pipeline")
 
 DISCOVERY_TIMEOUT = 10.0
 POLL_INTERVAL = 1.0
+WAIT_NOTE_S = 15.0  # how often the wait for the servers at start is said
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,10 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-async def _probe_all(client: Client, urls: tuple[str, ...]) -> tuple[list[ServerInfo], list[str]]:
+async def _probe_all(client: Client, urls: tuple[str, ...]) -> tuple[list[ServerInfo], dict[str, str]]:
+    """The servers that answered, and why each other one did not (by URL)."""
     results = await asyncio.gather(*(probe(client, u) for u in urls), return_exceptions=True)
-    up, down = [], []
+    up, down = [], {}
     for url, result in zip(urls, results, strict=True):
         if isinstance(result, AuthError):
             raise FleetError(f"{url} refused the API key ({result}); check --api-key")
@@ -218,24 +221,35 @@ async def _probe_all(client: Client, urls: tuple[str, ...]) -> tuple[list[Server
         if isinstance(result, BaseException):
             if not isinstance(result, RequestError):
                 raise result
-            down.append(url)
+            down[url] = str(result)
         else:
             up.append(result)
     return up, down
 
 
 async def discover(client: Client, urls: tuple[str, ...], startup_timeout: float) -> FleetInfo:
-    """Probe every server; wait (up to startup_timeout) until at least one answers."""
-    deadline = time.monotonic() + startup_timeout
+    """Probe every server; wait (up to startup_timeout) until at least one answers, saying so now and then
+    with why the first one does not (every second, a line each, said nothing new)."""
+    start = time.monotonic()
+    said = -math.inf
     while True:
         up, down = await _probe_all(client, urls)
         if up:
             break
-        if time.monotonic() >= deadline:
-            raise FleetError(f"no server answered within {startup_timeout:.0f} s: {', '.join(urls)}")
-        log.info("waiting for servers to come up (%d down)", len(down))
+        waited = time.monotonic() - start
+        first = next(iter(down.items()))
+        if waited >= startup_timeout:
+            raise FleetError(
+                f"no server answered within {startup_timeout:.0f} s: {', '.join(urls)} ({first[0]}: {first[1]})"
+            )
+        if waited - said >= WAIT_NOTE_S:
+            said = waited
+            log.info(
+                "waiting for servers to come up: %d down (%s: %s); %.0f s of --startup-timeout left",
+                len(down), *first, startup_timeout - waited,
+            )  # fmt: skip
         await asyncio.sleep(POLL_INTERVAL)
-    fleet = FleetInfo(servers=up, down=down)
+    fleet = FleetInfo(servers=up, down=list(down))
     fleet.warnings.extend(fleet_warnings(fleet.identities()))
     if down:
         fleet.warnings.append(f"{len(down)} server(s) not answering at start: {', '.join(down)}")

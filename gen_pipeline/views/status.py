@@ -131,7 +131,8 @@ def inspect_run(run: Path, now: float | None = None) -> tuple[str, int]:
     now = time.time() if now is None else now
     status, summary, manifest = (read_json(run / name) for name in (STATUS, SUMMARY, MANIFEST))
     workers = read_workers(run, now)
-    if status is None and summary is None and manifest is None and not completion_files(run) and not workers:
+    empty = status is None and summary is None and manifest is None and not completion_files(run) and not workers
+    if empty and not is_held(run / LOCK):  # held: a generate starting there (waiting for its servers)
         raise ConfigError(f"{run} is not a run directory (no status.json, summary.json or completions)")
     m = manifest or {}
     # no server count here: the servers listed below are the ones that count (claimers on other nodes
@@ -160,7 +161,10 @@ def _describe_single(
     if state != "not running" and status is not None:
         return [render_status(status, now)], EXIT_RUNNING_OR_OK
     if status is None and alive:
-        return [f"starting ({holder(run / LOCK)}): no status.json yet"], EXIT_RUNNING_OR_OK
+        return [
+            f"starting ({holder(run / LOCK)}): no status.json yet (finding the fleet, waiting for its servers to "
+            "answer, loading the tokenizer)"
+        ], EXIT_RUNNING_OR_OK
     return _not_running(run, status, manifest, now), EXIT_NOT_RUNNING
 
 
