@@ -74,6 +74,17 @@ def test_fleet_faults_fail_with_their_reason(sims, reason, write_jsonl, tmp_path
     assert len(report["problems"]) == 1 and reason in report["problems"][0], report["problems"]
 
 
+def test_no_server_up_is_the_problem_and_no_flag_is_blamed(write_jsonl, tmp_path):
+    """Nothing listening: the problem says no server is up, and the missing plan says why (it said "the
+    servers report no model id; pass --model", as if a flag were the fix)."""
+    ports = tuple(free_ports(2))
+    report = check([SimConfig(ports=ports, dead=ports, health_delay=0.0)], write_jsonl(prompts(2)), tmp_path)
+    assert not report["ok"]
+    assert report["problems"][0].startswith("no server is up: ")
+    assert report["problems"][1].startswith("no budget plan: no server is up to report the model"), report
+    assert "pass --model" not in " ".join(report["problems"])
+
+
 def test_tokenizer_drift_suggests_a_margin(write_jsonl, tmp_path):
     """Five uncounted template tokens: drift +5 on every probe, and a margin of at least 5 + 16."""
     report = check([sim(1, template_extra_tokens=5)], write_jsonl(prompts(4)), tmp_path)

@@ -60,7 +60,7 @@ def test_a_row_of_ours_with_a_custom_id_field_keeps_it_in_meta() -> None:
     assert prompt.id == 7 and prompt.meta == {"custom_id": "x-1"}
 
 
-def test_a_batch_file_runs_through_generate_and_comes_back_in_the_batch_format(tmp_path: Path) -> None:
+def test_a_batch_file_runs_through_generate_and_comes_back_in_the_batch_format(tmp_path: Path, capsys) -> None:
     """generate takes the Batch file as it is; export --format openai-batch gives output and error files."""
     lines = [
         batch_line(f"req-{i}", f"question {i} " + "more " * i, max_tokens=8 + i, temperature=0.5) for i in range(6)
@@ -75,6 +75,8 @@ def test_a_batch_file_runs_through_generate_and_comes_back_in_the_batch_format(t
     sent = {r["id"]: r["max_tokens"] for r in read_jsonl(out / "completions.jsonl")}
     assert sent["req-3"] == 11  # the body's max_tokens is the row's budget
     assert main(["export", str(out), "--out", str(tmp_path / "batch-out"), "--format", "openai-batch"]) == 0
+    said = capsys.readouterr().out  # one line per prompt (req-n's two samples are one)
+    assert said.startswith(f"export: 7 output lines from 8 completion lines -> {tmp_path / 'batch-out'}"), said
     results = {r["custom_id"]: r for r in read_jsonl(tmp_path / "batch-out" / "output.jsonl")}
     assert set(results) == {f"req-{i}" for i in range(6)} | {"req-n"}
     completions = {(r["id"], r["sample"]): r for r in read_jsonl(out / "completions.jsonl")}

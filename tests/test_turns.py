@@ -130,19 +130,23 @@ def test_a_turn_that_no_longer_fits_ends_the_conversation(write_jsonl, tmp_path)
     """The context fills turn by turn: the turn without room is ledgered over_length with its number,
     the turns before it are kept, and the summary counts the conversation as ended early."""
     long = [{"role": "user", "content": "word " * 120} for _ in range(6)]
-    rows = [{"id": "long", "messages": long}, *conversation_rows(2)]
+    first = [{"role": "user", "content": "word " * 800}, {"role": "user", "content": "again"}]
+    rows = [{"id": "long", "messages": long}, {"id": "first", "messages": first}, *conversation_rows(2)]
     out = tmp_path / "out"
     outcome, _ = run_sim(write_jsonl(rows), out, sim={"n_ports": 1, "context_length": 700}, turns="all", max_tokens=32)
     assert outcome.exit_code == 0, outcome.summary
     ledger = read_jsonl(out / "failures.jsonl")
-    assert [(f["id"], f["reason"]) for f in ledger] == [("long", "over_length")]
+    assert sorted((f["id"], f["reason"]) for f in ledger) == [("first", "over_length"), ("long", "over_length")]
+    [no_answer] = [f for f in ledger if f["id"] == "first"]
+    assert "after turn -1" not in no_answer["detail"]  # a first turn too long ends it before any answer
+    ledger = [f for f in ledger if f["id"] == "long"]
     ended = ledger[0]["turn"]
     assert 0 < ended < 6 and f"turn {ended}" in ledger[0]["detail"]
     assert sorted(t for (i, _, t) in places(out) if i == "long") == list(range(ended))
-    assert outcome.summary["conversations"]["ended_early"] == 1
-    assert outcome.summary["conversations"]["ended_at_turn"] == {str(ended): 1}
+    assert outcome.summary["conversations"]["ended_early"] == 2
+    assert outcome.summary["conversations"]["ended_at_turn"] == {"0": 1, str(ended): 1}
     again, _ = run_sim(write_jsonl(rows), out, sim={"n_ports": 1, "context_length": 700}, turns="all", max_tokens=32)
-    assert again.summary["requests"] == 0 and sum(again.summary["skipped"].values()) == 3
+    assert again.summary["requests"] == 0 and sum(again.summary["skipped"].values()) == 4
 
 
 def test_rows_with_tool_turns_are_bad_input(write_jsonl, tmp_path):

@@ -65,8 +65,10 @@ def main(args: argparse.Namespace) -> int:
     if config.turns:
         kept = sum(stats.conversations.values()) - stats.conversations_left_out
         print(f"export: {kept} conversations {dict(stats.conversations)} from {stats.rows} turns")
+    what = "output lines" if config.format == "openai-batch" else "rows"
     print(
-        f"export: {stats.rows} rows -> {config.out} (left out: {stats.truncated} truncated, "
+        f"export: {stats.written} {what} from {stats.rows} completion lines -> {config.out} (left out: "
+        f"{stats.truncated} truncated, "
         f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
         + (f"; rows of {len(stats.checkpoints)} checkpoints" if len(stats.checkpoints) > 1 else "")
         + (f"; {stats.ledgered} ledger entries -> errors.jsonl" if config.format == "openai-batch" else "")

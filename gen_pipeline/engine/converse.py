@@ -147,7 +147,8 @@ class TurnDispatch:
         )
         if isinstance(budget, str):
             self.path.pool.unhome(home)
-            detail = f"turn {turn}: {budget}; the conversation ends after turn {turn - 1}"
+            ends = f"after turn {turn - 1}" if turn else "before its first answer"  # (not "after turn -1")
+            detail = f"turn {turn}: {budget}; the conversation ends {ends}"
             over = Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=request.input_tokens)
             return self._fail(over, sample, turn)
         track = Track(prefer=home, home=home is not None, keep=keep)

@@ -101,15 +101,17 @@ def prompt_groups(lines: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, An
         yield sorted(group, key=lambda o: int(o.get("sample") or 0))
 
 
-def write_batch(config: ExportConfig, out: Path, lines: Iterator[dict[str, Any]]) -> int:
+def write_batch(config: ExportConfig, out: Path, lines: Iterator[dict[str, Any]]) -> tuple[int, int]:
     """Write OUT/output.jsonl from the kept completion `lines` and OUT/errors.jsonl from the ledger;
-    returns the number of error lines."""
+    returns the number of output lines and of error lines."""
     out.mkdir(parents=True)
+    written = 0
     with (out / OUTPUT).open("wb") as f:
         for group in prompt_groups(lines):
             f.write(orjson.dumps(result_line(group)) + b"\n")
+            written += 1
     entries = standing(config.runs, None, lambda obj: obj)
     with (out / ERRORS).open("wb") as f:
         for entry in entries:
             f.write(orjson.dumps(error_line(entry)) + b"\n")
-    return len(entries)
+    return written, len(entries)

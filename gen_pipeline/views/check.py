@@ -183,7 +183,13 @@ async def _fleet_and_probes(
                 else await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
             )
         except ConfigError as exc:
-            found.problems.append(f"no budget plan: {exc}")
+            if any(c.info is not None for c in checks):
+                found.problems.append(f"no budget plan: {exc}")
+            else:  # the line above says why; what the servers would have told is missing, not a flag
+                found.problems.append(
+                    "no budget plan: no server is up to report the model, context and tokenizer (--model, "
+                    "--context-length and --tokenizer plan without them)"
+                )
             return None
         found.warnings.extend(fleet.warnings)
         cap = fleet.input_limit()

@@ -174,6 +174,7 @@ def export(config: ExportConfig) -> ExportStats:
             del ds
             _refuse_twice(stats)
         staged = Path(tmp) / "out"
+        stats.written = len(ds)
         write_dataset(ds, staged, config)
         (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
         if config.push_to_hub:
@@ -194,7 +195,7 @@ def _stage_batch(config: ExportConfig, stats: ExportStats, staged: Path) -> None
     """--format openai-batch: the output and error files, staged, then moved to `config.out`."""
     from .batchexport import write_batch
 
-    stats.ledgered = write_batch(config, staged, kept_completions(config, stats))
+    stats.written, stats.ledgered = write_batch(config, staged, kept_completions(config, stats))
     if stats.twice:
         _refuse_twice(stats)
     if config.out.exists():

@@ -96,7 +96,8 @@ class ExportConfig:
 class ExportStats:
     """What went into the dataset and what was left out."""
 
-    rows: int = 0
+    rows: int = 0  # completion lines kept (of a --turns all run: turns)
+    written: int = 0  # rows of the dataset (one per prompt with --group-samples, per conversation of turns)
     truncated: int = 0
     truncated_in_reasoning: int = 0  # of the rows kept
     duplicates: int = 0
