@@ -249,6 +249,9 @@ def test_resume_from_the_cursor_end_to_end(write_jsonl, tmp_path):
     second, fleet = run_sim(path, out)
     assert second.summary["input_cursor"]["line"] == len(rows)
     assert f"input read from line {len(rows) + 1} (the input cursor" in format_summary(second.summary)
+    idle = {u: {**v, "completions": 0, "mean_latency_s": None} for u, v in second.summary["servers"].items()}
+    said = format_summary({**second.summary, "servers": idle})  # servers that answered nothing in this run
+    assert "mean latency -," in said and "None s" not in said
     assert second.summary["completed"] == 10 and second.summary["failed"] == {"bad_input": 1}
     assert second.summary["skipped"] == {"done": 60, "bad_input": 2}
     assert second.summary["repeats_dropped"] == 2

@@ -269,11 +269,16 @@ def format_summary(summary: dict[str, Any]) -> str:
     for url, view in summary["servers"].items():
         lines.append(
             f"  {url}: {view['completions']} done, failures {view['failures'] or 0}, "
-            f"mean latency {view['mean_latency_s']} s, out of service {view['out_of_service_s']} s, "
+            f"mean latency {_seconds(view['mean_latency_s'])}, out of service {view['out_of_service_s']} s, "
             f"capacity {view.get('capacity')} ({view.get('capacity_source')}){_cache_note(view)}"
         )
     lines.extend(f"WARNING: {w}" for w in summary["warnings"])
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    """A figure in seconds, or "-" for none (a server that answered nothing in this run)."""
+    return "-" if value is None else f"{value} s"
 
 
 async def watch_run(runner: Any) -> None:
