@@ -147,6 +147,22 @@ def test_changed_settings_refused(write_jsonl, tmp_path):
     assert forced.exit_code == 0
 
 
+def test_a_changed_budget_is_taken_and_said(write_jsonl, tmp_path):
+    """Resuming with another --max-tokens is allowed (rows already written keep theirs; each line records it),
+    and the summary says so; the manifest records the new value (it changed without a word)."""
+    rows = prompts(6)
+    path, out = write_jsonl(rows[:3]), tmp_path / "out"
+    run_sim(path, out, max_tokens=64)
+    path = write_jsonl(rows)
+    again, _ = run_sim(path, out, max_tokens=32)
+    assert again.exit_code == 0 and again.summary["completed"] == 3
+    [said] = [w for w in again.summary["warnings"] if "--max-tokens 64 -> 32" in w]
+    assert "each line the max_tokens it was sent with" in said
+    assert orjson.loads((out / "manifest.json").read_bytes())["max_tokens"] == 32
+    same, _ = run_sim(path, out, max_tokens=32)
+    assert not [w for w in same.summary["warnings"] if "--max-tokens" in w]
+
+
 def test_flaky_and_dead_servers_are_routed_around(write_jsonl, tmp_path):
     """A dead port and a flaky one cost retries, never rows; retries go to another server."""
     rows = prompts(300)

@@ -217,7 +217,9 @@ async def settle_manifest(
         if counter is None:
             counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
         manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, counter, fleet.kind()))
-        check_manifest(config.out, manifest, config.force, write=True)
+        for moved in check_manifest(config.out, manifest, config.force, write=True):
+            log.warning("warning: %s", moved)
+            fleet.warnings.append(moved)
         extra = await background if background is not None else None
     except BaseException:
         if background is not None:
@@ -233,7 +235,8 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     start_findings(config, fleet)
     identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
     manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, identity, fleet.kind()))
-    check_manifest(config.out, manifest, config.force, write=True)
+    for moved in check_manifest(config.out, manifest, config.force, write=True):
+        log.warning("warning: %s", moved)  # the workers find the manifest already written: said here
 
 
 def with_provenance(config: RunConfig, fleet: FleetInfo, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from .locks import DirLock as DirLock
 
 __all__ = ["COMPLETIONS", "FAILURES", "LOCK", "MANIFEST", "SUMMARY", "DirLock", "write_json_atomic"]  # re-exported
 # Settings that change what a completion means; a resume must not mix them.
+# Budget settings a resume may change (the rows already written keep theirs); said, not refused.
+BUDGET_KEYS = ("max_tokens", "min_tokens", "safety_margin")
 MANIFEST_KEYS = (
     "model",
     "tokenizer",
@@ -207,18 +209,27 @@ def scan(
     return state
 
 
-def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool = True) -> None:
-    """Refuse to resume a run made with other settings (unless forced); then record ours (if `write`)."""
+def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool = True) -> list[str]:
+    """Refuse to resume a run made with other settings (unless forced); then record ours (if `write`).
+    Returns a warning for each budget setting that changed (allowed: each line records its own max_tokens)."""
     path = RunDir(out).manifest
-    if path.exists() and not force:
-        old = orjson.loads(path.read_bytes())
+    old = orjson.loads(path.read_bytes()) if path.exists() else {}
+    if old and not force:
         diffs = [f"{k}: {old.get(k)!r} -> {manifest.get(k)!r}" for k in MANIFEST_KEYS if old.get(k) != manifest.get(k)]
         if diffs:
             raise ManifestMismatchError(
                 f"{out} holds a run with other settings ({'; '.join(diffs)}); use another --out, or --force to mix them"
             )
+    changed = [k for k in BUDGET_KEYS if k in old and old[k] != manifest.get(k)]
+    moved = [f"--{k.replace('_', '-')} {old[k]} -> {manifest.get(k)}" for k in changed]
     if write:
         write_json_atomic(path, manifest)
+    if not moved:
+        return []
+    return [
+        f"{'; '.join(moved)} since this directory's earlier rows: the manifest records this run's, each line "
+        "the max_tokens it was sent with"
+    ]
 
 
 class RunWriter:
