@@ -248,12 +248,23 @@ def test_reasoning_truncations_are_marked_and_counted(write_jsonl, tmp_path):
 
 
 def test_thinking_budget_is_sent_by_server_kind(write_jsonl, tmp_path):
-    """--thinking-budget sends SGLang's thinking_budget (the simulator caps its thinking with it)."""
+    """--thinking-budget sends SGLang's thinking_budget: a server enforcing it caps the thinking, no warning;
+    one that ignores it (SGLang 0.5.23's chat API: the field is accepted and does nothing) thinks on, and the
+    summary says the budget was not enforced (it said nothing: seen against a real SGLang)."""
     path = write_jsonl(prompts(6))
-    sim = {"reasoning_words": 30, "completion_words": 5}
-    outcome, _ = run_sim(path, tmp_path / "out", sim=sim, thinking_budget=2)
+    sim = {"reasoning_words": 300, "completion_words": 100, "thinking_budget_enforced": True}
+    outcome, _ = run_sim(path, tmp_path / "out", sim=sim, thinking_budget=2, max_tokens=400)
     assert outcome.summary["completed"] == 6
     assert all(len(r["reasoning_content"].split()) <= 2 for r in read_jsonl(tmp_path / "out" / "completions.jsonl"))
+    assert not [w for w in outcome.summary["warnings"] if "thinking-budget" in w]
+    sim["thinking_budget_enforced"] = False
+    ignored, _ = run_sim(path, tmp_path / "ignored", sim=sim, thinking_budget=2, max_tokens=400)
+    thought = [r["reasoning_tokens"] for r in read_jsonl(tmp_path / "ignored" / "completions.jsonl")]
+    over = [t for t in thought if t > 2 + 2]
+    assert over, thought
+    [said] = [w for w in ignored.summary["warnings"] if "thought past --thinking-budget 2" in w]
+    assert said.startswith(f"{len(over)} answer(s)") and f"up to {max(over)} reasoning" in said
+    assert "the servers do not enforce it" in said
 
 
 def test_thinking_budget_is_refused_where_the_server_has_none(write_jsonl, tmp_path):

@@ -34,6 +34,10 @@ log = logging.getLogger("gen_pipeline")
 POISON_NAMED = 10
 
 
+# Reasoning tokens past --thinking-budget that a server enforcing it may still report (its closing marker).
+THINKING_SLACK = 2
+
+
 class Lines(Protocol):
     """What the Recorder writes to (the Runner's sink)."""
 
@@ -122,6 +126,10 @@ class Recorder:
         self.stats.finish_reasons[str(outcome.finish_reason)] += 1
         if outcome.extra.get("truncated_in") == "reasoning":
             self.stats.truncated_in_reasoning += 1
+        thought, budget = outcome.extra.get("reasoning_tokens"), self.config.thinking_budget
+        if budget is not None and isinstance(thought, int) and thought > budget + THINKING_SLACK:
+            self.stats.over_thinking_budget += 1
+            self.stats.most_thinking = max(self.stats.most_thinking, thought)
         self.stats.server_cut += cut_by_server(outcome)
         if outcome.prompt_tokens is not None:
             self.stats.note_drift(outcome.prompt_tokens - outcome.input_tokens, kinds)

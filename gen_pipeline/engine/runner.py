@@ -290,6 +290,19 @@ class Runner:
             write_status(self.status_path or RunDir(self.config.out).writer().status, doc)
 
 
+def thinking_warning(runner: Runner) -> str | None:
+    """What the summary says when answers thought past --thinking-budget: the servers did not enforce it."""
+    over, stats = runner.stats.over_thinking_budget, runner.stats
+    if not over:
+        return None
+    return (
+        f"{over} answer(s) thought past --thinking-budget {runner.config.thinking_budget} (up to "
+        f"{stats.most_thinking} reasoning tokens): the servers do not enforce it (SGLang 0.5.23's chat API takes "
+        "a thinking budget only with a custom logit processor or a grammar); cap the answers with --max-tokens, "
+        "or turn thinking off with --chat-template-kwargs"
+    )
+
+
 def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str, Any]:
     """summary.json of one Runner: its figures (summary.run_summary) and what only the Runner knows."""
     warnings = fleet.warnings + runner.warnings + input_warnings(runner.config, runner.stats)
@@ -297,7 +310,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     # the caches of the servers that served (one down all run held nothing: check counts those that answer)
     served = [s for s in runner.pool.servers if s.requests] or runner.pool.servers
     caches = fleet_cache_tokens(s.prefixes.pool_tokens for s in served)
-    late = [runner.stats.same_samples.warning(), runner.stats.scatter.warning(caches)]
+    late = [runner.stats.same_samples.warning(), runner.stats.scatter.warning(caches), thinking_warning(runner)]
     warnings += [w for w in late if w is not None] + runner.watch.cpu_warnings(runner.stats.elapsed())
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(

@@ -81,6 +81,9 @@ class RunStats:
     input_error: str | None = None  # why the input could not be read to its end (a truncated compressed file)
     reasoning_tokens: int = 0  # usage.completion_tokens_details.reasoning_tokens, where reported
     reasoned_output_tokens: int = 0  # completion tokens of the answers that reported reasoning tokens
+    # answers that thought past --thinking-budget (the servers did not enforce it), and the most thought
+    over_thinking_budget: int = 0
+    most_thinking: int = 0
     same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
     scatter: Scatter = field(default_factory=Scatter)  # how far apart the input has rows that begin alike
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"

@@ -60,7 +60,8 @@ class SimConfig:
     Content: a natural length in [1, `completion_words`] hashed from the prompt and `seed`; with
     `reasoning_words` > 0 a chat reply also carries up to that many words of `reasoning_content`, as SGLang does
     with `--reasoning-parser` (the thinking split out of `content`); the thinking spends max_tokens first
-    (capped by a request's `thinking_budget`), so a small budget ends "length" with empty content.
+    (capped by a request's `thinking_budget` only with `thinking_budget_enforced`: SGLang 0.5.23's chat API
+    accepts the field and ignores it), so a small budget ends "length" with empty content.
     Samples: a request's `n` and `seed` are honoured (each choice derived from the prompt, seed and its
     index; `ignore_sampling`: not, every choice is the prompt's one answer, as a server ignoring seed and
     sampling gives); a port's prefix cache holds `prefix_cache` conversation prefixes (a repeated prompt,
@@ -122,6 +123,7 @@ class SimConfig:
     prefix_cache_tokens: int = 0
     request_log: str | None = None
     ignore_sampling: bool = False
+    thinking_budget_enforced: bool = False
     # faults
     dead: tuple[int, ...] = ()
     flaky: Mapping[int, float] = field(default_factory=dict)

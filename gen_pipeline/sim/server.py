@@ -245,7 +245,7 @@ class PortServer:
             async with self.scheduler.slot(self.cfg.reservation(prompt_tokens, max_new)):
                 await self.scheduler.decode(gen.tokens, prompt_tokens)
             return sglang.text_body(req, gen, prompt_tokens)
-        budget = payload.get("thinking_budget")
+        budget = payload.get("thinking_budget") if self.cfg.thinking_budget_enforced else None
         made = [
             choices.generate_choice(self._choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
             for i in range(n)
