@@ -218,6 +218,8 @@ CAPACITY_TABLE = [
     ({"max_running_requests": 2048, "max_total_num_tokens": 8192}, {}, (8192 // 64, "token pool")),
     ({"max_running_requests": 8, "max_total_num_tokens": 10**6}, {}, (8, "reported")),
     ({"max_total_num_tokens": 100_000}, {"max_tokens": 10_000}, (100_000 // 4096, "token pool")),
+    # a request holds at most the context (its max_tokens is clamped to what is left): 8192 // 512, not // 2048
+    ({"max_total_num_tokens": 8192, "context_length": 512}, {"max_tokens": 2048}, (16, "token pool")),
     ({}, {}, (64, "default")),
     ({"max_running_requests": 48}, {"concurrency": 5}, (5, "--concurrency")),
 ]
@@ -232,7 +234,8 @@ def test_capacity_table(tmp_path, reports, settings, want):
 
     settings = {"max_tokens": 64, **settings}
     config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path / "out", servers=("127.0.0.1:1",), **settings)
-    found = server_capacity(config, ServerInfo("s", "m", 8192, **reports))
+    reports = {"context_length": 8192, **reports}
+    found = server_capacity(config, ServerInfo("s", "m", **reports))
     assert (found.requests, found.source) == want
     warning = guess_warning(["s"] if found.source == "default" else [])
     assert (warning is not None) == (want[1] == "default") and (warning is None or "is a guess" in warning)

@@ -8,8 +8,8 @@ The pool cap: SGLang admits a request only when its prompt plus its max_tokens (
 SGLANG_CLIP_MAX_NEW_TOKENS) fit in the `max_total_num_tokens` pool beside the running ones, so with long
 outputs the pool, not the running slots, decides how many run at once (../shared/reference/sglang-cpu.md,
 measured on 0.5.23: 2048 slots, a pool of 8192 tokens, 8 requests of max_tokens 1000 ran at once). The cap
-counts the run's max_tokens alone (prompts are unknown at start-up), so it is an upper bound: what does not
-fit waits in the server's queue.
+counts the run's max_tokens alone (prompts are unknown at start-up), at most the server's context (a request
+holds no more), so it is an upper bound: what does not fit waits in the server's queue.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def server_capacity(config: RunConfig, info: ServerInfo | None) -> Capacity:
     if info is None:
         return Capacity(DEFAULT_CONCURRENCY, "default")
     slots = info.max_running_requests
-    pool = pool_requests(info.max_total_num_tokens, config.max_tokens)
+    pool = pool_requests(info.max_total_num_tokens, config.max_tokens, info.context_length)
     if pool is not None and (slots is None or pool < slots):
         return Capacity(pool, "token pool", slots)
     if slots is not None:
@@ -67,8 +67,11 @@ def guess_warning(guessed: list[str], ceilings: Mapping[str, int] | None = None)
     )
 
 
-def pool_requests(pool_tokens: int | None, max_tokens: int) -> int | None:
-    """How many requests of `max_tokens` a KV pool of `pool_tokens` admits at once (None: unknown pool)."""
+def pool_requests(pool_tokens: int | None, max_tokens: int, context_length: int | None = None) -> int | None:
+    """How many requests of `max_tokens` a KV pool of `pool_tokens` admits at once (None: unknown pool). A
+    request never holds more than the context (its max_tokens is clamped to what the context leaves): a
+    --max-tokens over a small context counted whole held a 512-token server to a quarter of what it ran."""
     if pool_tokens is None:
         return None
-    return max(1, pool_tokens // min(max_tokens, SGLANG_CLIP_MAX_NEW_TOKENS))
+    held = min(max_tokens, SGLANG_CLIP_MAX_NEW_TOKENS, context_length or max_tokens)
+    return max(1, pool_tokens // held)
