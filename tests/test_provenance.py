@@ -434,7 +434,17 @@ def test_a_server_restarted_on_another_checkpoint_while_out_is_retired(write_jso
     assert served == 0, "the redeployed server got rows"
     [fingerprint] = {c["fingerprint"] for c in checkpoints(out).values()}
     assert {r["checkpoint"] for r in read_jsonl(out / "completions.jsonl")} == {fingerprint}
-    assert outcome.summary["servers"][f"http://127.0.0.1:{b}"]["retired"]
+    url = f"http://127.0.0.1:{b}"
+    assert outcome.summary["servers"][url]["retired"]
+    # said where users look: the printed summary and status (not only summary.json); never an under-use alert
+    from gen_pipeline.progress.stats import format_summary
+    from gen_pipeline.views.statustext import render_status
+
+    [line] = [x for x in format_summary(outcome.summary).splitlines() if x.strip().startswith(url)]
+    assert "RETIRED: its checkpoint is not the run's" in line
+    status = orjson.loads((out / "status.json").read_bytes())
+    assert status["servers"][url]["retired"] and not [a for a in status.get("alerts") or [] if url in a]
+    assert "RETIRED (another checkpoint)" in render_status(status, status["updated"])
 
 
 def test_export_of_two_checkpoints_conversations_keeps_both(write_jsonl, tmp_path):

@@ -204,6 +204,7 @@ STATUS_RULES: dict[str, Any] = {
             "queued": Rule(total, live=True, optional=True),
             "prompt_tokens": Rule(total, optional=True),
             "cached_tokens": Rule(total_if_any, optional=True),
+            "retired": Rule(lambda v: any(bool(x) for x in v), live=True, optional=True),
         }
     ),
 }

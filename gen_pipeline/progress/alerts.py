@@ -113,6 +113,7 @@ class Watch:
         keeps slow servers idle on purpose: shares are not judged."""
         if self.started is None:
             self.started = self.last_completion = now
+        servers = [s for s in servers if not getattr(s, "retired", False)]  # left out on purpose, for good
         self._sample(stats, servers, now, tail)
         judged = [] if tail else [*self._shares(), *self._cpu_limit()]
         alerts = [*self._idle(servers, now), *judged, *self._drift(stats), *self._cache()]

@@ -220,6 +220,7 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts
                 "queued": max(0, s.in_flight - s.capacity),
                 "prompt_tokens": s.prompt_tokens,
                 "cached_tokens": s.cached_tokens,
+                **({"retired": True} if s.retired else {}),  # its checkpoint changed: out for good
             }
             for s in servers
         },
@@ -274,6 +275,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  {url}: {view['completions']} done, failures {view['failures'] or 0}, "
             f"mean latency {_seconds(view['mean_latency_s'])}, out of service {view['out_of_service_s']} s, "
             f"capacity {view.get('capacity')} ({view.get('capacity_source')}){_cache_note(view)}"
+            + (f"; RETIRED: {view['retired']}" if view.get("retired") else "")
         )
     lines.extend(f"WARNING: {w}" for w in summary["warnings"])
     return "\n".join(lines)

@@ -15,7 +15,13 @@ STALLED_AFTER = 60.0
 
 
 def _server_line(url: str, s: dict[str, Any]) -> str:
-    health = "healthy" if s.get("healthy", True) else "OUT OF SERVICE"
+    health = (
+        "RETIRED (another checkpoint)"
+        if s.get("retired")
+        else "healthy"
+        if s.get("healthy", True)
+        else "OUT OF SERVICE"
+    )
     return (
         f"  {url}  in flight {s.get('in_flight', 0)}/{s.get('capacity', '?')}{_queued(s)}  {health}  "
         f"requests {s.get('requests', 0)}{cache_text(s)}  failures {s.get('failures') or {}}"
