@@ -405,7 +405,7 @@ def test_a_server_down_at_start_comes_in_only_with_the_runs_checkpoint(write_jso
 @pytest.mark.parametrize(
     "change", [{"model_path": "/ckpt/step-2000"}, {"model": "other-model"}, {"deterministic": True}]
 )
-def test_a_server_restarted_on_another_checkpoint_while_out_is_retired(write_jsonl, tmp_path, change):
+def test_a_server_restarted_on_another_checkpoint_while_out_is_retired(write_jsonl, tmp_path, change, caplog):
     """A server goes down mid-run and comes back as another identity: another model_path with the same
     weight_version (SGLang says "default" unless told), another served name, deterministic inference turned
     on. It is asked again when it answers, and retired; it wrote rows under the identity it had before (51
@@ -436,6 +436,10 @@ def test_a_server_restarted_on_another_checkpoint_while_out_is_retired(write_jso
     assert {r["checkpoint"] for r in read_jsonl(out / "completions.jsonl")} == {fingerprint}
     url = f"http://127.0.0.1:{b}"
     assert outcome.summary["servers"][url]["retired"]
+    [said] = [r.getMessage() for r in caplog.records if "came back serving" in r.getMessage()]
+    field = {"model_path": "model_path '/ckpt/step-1000' -> '/ckpt/step-2000'", "model": "served_model_name "
+             "'sim-model' -> 'other-model'", "deterministic": "settings "}[next(iter(change))]  # fmt: skip
+    assert field in said, said  # what changed is named (two labels that read the same said nothing)
     # said where users look: the printed summary and status (not only summary.json); never an under-use alert
     from gen_pipeline.progress.stats import format_summary
     from gen_pipeline.views.statustext import render_status

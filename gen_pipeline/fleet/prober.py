@@ -54,11 +54,11 @@ async def identify(client: Client, server: ServerState, pool: ServerPool) -> boo
         if found is None or found.fingerprint == before.fingerprint:
             return True
         log.warning(
-            "%s came back serving %s, not %s as before (redeployed while out of service%s): left out of the run",
+            "%s came back serving %s, not %s as before (redeployed while out of service: %s): left out of the run",
             server.url,
             found.label(),
             before.label(),
-            "" if before.same_checkpoint(found) else ", on another checkpoint",
+            before.changes(found),
         )
         pool.retire(server)
         return False

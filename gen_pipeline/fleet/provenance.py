@@ -76,6 +76,11 @@ class ServerIdentity:
             "settings": dict(self.settings),
         }
 
+    def changes(self, other: ServerIdentity) -> str:
+        """What differs from `other`, field by field ("served_model_name 'a' -> 'b'")."""
+        mine, theirs = self._fields(), other._fields()
+        return "; ".join(f"{k} {mine[k]!r} -> {theirs[k]!r}" for k in mine if mine[k] != theirs[k])
+
     @property
     def checkpoint(self) -> tuple[str | None, ...]:
         """What must not change under a run's rows without --accept-checkpoint."""
