@@ -27,9 +27,9 @@ from .layout import COMPLETIONS, FAILURES, LOCK, MANIFEST, SUMMARY, RunDir, writ
 from .locks import DirLock as DirLock
 
 __all__ = ["COMPLETIONS", "FAILURES", "LOCK", "MANIFEST", "SUMMARY", "DirLock", "write_json_atomic"]  # re-exported
-# Settings that change what a completion means; a resume must not mix them.
 # Budget settings a resume may change (the rows already written keep theirs); said, not refused.
 BUDGET_KEYS = ("max_tokens", "min_tokens", "safety_margin")
+# Settings that change what a completion means; a resume must not mix them.
 MANIFEST_KEYS = (
     "model",
     "tokenizer",

@@ -67,9 +67,9 @@ def shaping_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {**out, "sampling": sampling} if sampling else out
 
 
-# Reasons of answers refused by check_answer: a row's failure keeps one only when every attempt got it.
 # A row is poison only when the fleet's own failure rate makes its run of 5xx answers less likely than this.
 POISON_CHANCE = 1e-3
+# Reasons of answers refused by check_answer: a row's failure keeps one only when every attempt got it.
 REFUSED_ANSWERS = frozenset({EmptyCompletionError.reason, WrongModelError.reason})
 
 
