@@ -228,8 +228,8 @@ async def _probe_all(client: Client, urls: tuple[str, ...]) -> tuple[list[Server
 
 
 async def discover(client: Client, urls: tuple[str, ...], startup_timeout: float) -> FleetInfo:
-    """Probe every server; wait (up to startup_timeout) until at least one answers, saying so now and then
-    with why the first one does not (every second, a line each, said nothing new)."""
+    """Probe every server; wait (up to startup_timeout) until at least one answers, saying so every WAIT_NOTE_S
+    with why the first one does not answer (a line every second said only how many were down)."""
     start = time.monotonic()
     said = -math.inf
     while True:
