@@ -256,11 +256,12 @@ def _ledger(out: Path) -> dict[str, dict[str, Any]]:
     return {str(r["id"]): r for r in read_jsonl(out / "failures.jsonl")}
 
 
-def test_context_errors_are_rebudgeted_and_prompts_over_the_cap_unsent(servers, counter, write_jsonl, tmp_path):
-    """Told a larger context than the servers have: the rows that leave room get SGLang 0.5.23's 400s ("Requested
-    token count exceeds ...", "max_completion_tokens is too large ...") and are re-budgeted from the numbers they
-    give, then complete; prompts of max_req_input_len tokens or more (from /server_info), which the server would
-    refuse ("Input length ..." or "The input ... is longer than the model's context length"), are not sent."""
+def test_a_context_told_too_large_is_budgeted_under_the_input_cap_and_prompts_over_it_unsent(servers, counter, write_jsonl, tmp_path):
+    """Told a larger context than the servers have: the rows that leave room are budgeted under what the
+    server's scheduler makes after their input (its input cap from /server_info + 4 - input), so none gets the
+    400 ("Requested token count exceeds ...", "max_completion_tokens is too large ...") and its re-budget round
+    trip they got before; prompts of max_req_input_len tokens or more, which the server would refuse ("Input
+    length ..." or "The input ... is longer than the model's context length"), are not sent."""
     long = _sized(counter, 2000)
     rows = [
         {"id": "input-over-context", "prompt": "word " * 3000},
@@ -276,8 +277,9 @@ def test_context_errors_are_rebudgeted_and_prompts_over_the_cap_unsent(servers, 
     assert all(f"the servers refuse inputs of {MAX_INPUT} tokens or more" in r["detail"] for r in ledger.values())
     done = {r["id"]: r for r in read_jsonl(out / "completions.jsonl")}
     for rid in ("total-over-context", "max-tokens-over-context"):
-        assert done[rid]["prompt_tokens"] == 2000 and done[rid]["attempts"] == 2
-        assert done[rid]["prompt_tokens"] + done[rid]["max_tokens"] <= CTX - 1  # fitted to the server's numbers
+        assert done[rid]["prompt_tokens"] == 2000 and done[rid]["attempts"] == 1
+        assert done[rid]["max_tokens"] == MAX_INPUT + 4 - 2000  # all the scheduler makes: max_req_len - 1 - input
+        assert done[rid]["completion_tokens"] <= done[rid]["max_tokens"]
 
 
 # The simulator follows the real server: the same requests to both, compared.
