@@ -256,7 +256,9 @@ def _ledger(out: Path) -> dict[str, dict[str, Any]]:
     return {str(r["id"]): r for r in read_jsonl(out / "failures.jsonl")}
 
 
-def test_a_context_told_too_large_is_budgeted_under_the_input_cap_and_prompts_over_it_unsent(servers, counter, write_jsonl, tmp_path):
+def test_a_context_told_too_large_is_budgeted_under_the_input_cap_and_prompts_over_it_unsent(
+    servers, counter, write_jsonl, tmp_path
+):
     """Told a larger context than the servers have: the rows that leave room are budgeted under what the
     server's scheduler makes after their input (its input cap from /server_info + 4 - input), so none gets the
     400 ("Requested token count exceeds ...", "max_completion_tokens is too large ...") and its re-budget round
