@@ -80,7 +80,7 @@ _LEADING_ID = re.compile(rb'\{"id":\s*(?:"([^"\\]*)"|(-?[1-9]\d*|0))\s*,')
 
 
 # The integers orjson reads as integers (and can write back); past them it reads a float.
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
 
 def _leading_id(raw: bytes) -> tuple[RowId, bytes] | None:
@@ -91,7 +91,7 @@ def _leading_id(raw: bytes) -> tuple[RowId, bytes] | None:
         return None
     if m[2] is not None:
         number = int(m[2])
-        return (number, m[2]) if _INT_MIN <= number <= _INT_MAX else None
+        return (number, m[2]) if INT_MIN <= number <= INT_MAX else None
     try:
         return m[1].decode("utf-8"), m[1]
     except UnicodeDecodeError:

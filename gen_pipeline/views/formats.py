@@ -31,7 +31,7 @@ import orjson
 
 from ..errors import ConfigError, PipelineError
 from ..inputs.rows import BIG_INTEGER
-from ..records import Messages, content_digest, id_from_digest
+from ..records import INT_MAX, INT_MIN, Messages, content_digest, id_from_digest
 
 # Suffixes read by `datasets` builders; .jsonl is read directly (faster, no Arrow copy).
 BUILDERS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet"}
@@ -275,7 +275,7 @@ def jsonl_rows(path: Path) -> Iterator[Any]:
 
 def _int_or_digits(literal: str) -> int | str:
     value = int(literal)
-    return value if -(2**63) <= value < 2**64 else literal
+    return value if INT_MIN <= value <= INT_MAX else literal
 
 
 def _dataset_rows(src: str, split: str, subset: str | None, streaming: bool) -> Iterator[Any]:
