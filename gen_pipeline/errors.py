@@ -23,6 +23,9 @@
         │   ├── EmptyCompletionError a 200 with no content and no reasoning             -> "empty_completion"
         │   └── WrongModelError      a 200 whose `model` names another model            -> "wrong_model"
         │       └── CheckpointMovedError  a 200 from another weight_version than the server's at start
+        ├── RejectedAnswerError      a 200 whose answer is not one to train on: kept in rejected.jsonl, resampled
+        │   ├── DegenerateAnswerError  a repetition loop (stopped while it decoded)      -> "degenerate"
+        │   └── InvalidAnswerError   failed a check (--validate, --json-schema, hygiene)    -> "invalid"
         ├── BudgetError              the request must change before it can succeed
         │   └── ContextOverflowError a 400 that states the context limit and counts     -> "context_overflow"
         └── FatalRequestError        resending cannot help
@@ -180,6 +183,48 @@ class WrongModelError(RetryableError):
 class CheckpointMovedError(WrongModelError):
     """A 200 whose metadata.weight_version is not the one its server reported at start: the server was
     redeployed mid-run; it is taken out, and the row goes to another server."""
+
+
+class RejectedAnswerError(RequestError):
+    """A 200 that is a completion, but not one to keep: the answer checks (or the loop guard) refused it.
+
+    `check` names the check that refused it (for example "loop", "json", "schema", "regex", "python",
+    "empty", "think_marker", "unfinished_reasoning"); the answer's text and what it cost ride along, so the
+    reject can be kept (rejected.jsonl) and counted.
+    """
+
+    reason = "invalid"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        check: str,
+        server: str = "",
+        status: int | None = 200,
+        content: str = "",
+        reasoning: str | None = None,
+        completion_tokens: int | None = None,
+        finish_reason: str | None = None,
+    ) -> None:
+        super().__init__(message, server=server, status=status)
+        self.check = check
+        self.content = content
+        self.reasoning = reasoning
+        self.completion_tokens = completion_tokens
+        self.finish_reason = finish_reason
+
+
+class DegenerateAnswerError(RejectedAnswerError):
+    """The answer fell into a repetition loop; the loop guard stopped it while it decoded."""
+
+    reason = "degenerate"
+
+
+class InvalidAnswerError(RejectedAnswerError):
+    """The answer failed a check: --validate, --json-schema, or the hygiene checks that are always on."""
+
+    reason = "invalid"
 
 
 class BudgetError(RequestError):
