@@ -24,7 +24,7 @@ from ..errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OUTPUT, OutputError, Pip
 from ..runtime import install_stop_handlers, restore_handlers, say, silence, tune_process
 from .generate import config_from_args
 
-__all__ = ["build_parser", "config_from_args", "main"]
+__all__ = ["build_parser", "config_from_args", "main", "subcommands"]
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
 GENERATE_HELP = "generate completions for a prompts file"
@@ -57,7 +57,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gen-pipeline",
         description="Generate completions for a large prompts file on a fleet of SGLang servers.",
-        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        epilog=_user_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gen-pipeline {__version__}")
@@ -69,6 +69,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         else:
             sub.add_parser(name, help=help_text)
     return parser
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand's parser by name, each with all its flags (what a CLI reference walks)."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def _user_text(doc: str | None) -> str | None:
+    """The docstring below its first paragraph, without the "May import:" rule (for tests/test_imports.py,
+    not for users)."""
+    paragraphs = (doc or "").strip().split("\n\n")[1:]
+    return "\n\n".join(p for p in paragraphs if not p.startswith("May import:")) or None
 
 
 def _command(argv: list[str]) -> str | None:

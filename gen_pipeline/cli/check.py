@@ -10,13 +10,15 @@ from ..errors import EXIT_OK
 from ..rundir.store import write_json_atomic
 from ..views import check
 from ..views.check import EXIT_PROBLEMS, render_check, run_check
-from .generate import add_run_flags, config_from_args
+from .generate import add_run_flags, config_from_args, flag_groups
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `check` flags: generate's own, with --out optional, plus --json."""
     parser.epilog = check.__doc__.rsplit("\n\n", 1)[1] if check.__doc__ else None
-    parser.add_argument("--out", "-o", type=Path, help="a run directory to resume: what it settled is left out")
+    flag_groups(parser)["input and output"].add_argument(
+        "--out", "-o", type=Path, help="a run directory to resume: what it settled is left out"
+    )
     add_run_flags(parser, argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
 

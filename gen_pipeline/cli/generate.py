@@ -39,31 +39,55 @@ class _StaticShardGone(argparse.Action):
         parser.exit(2, f"error: {STATIC_SHARDS_GONE}\n")
 
 
+# generate's flag groups, in the order --help shows them. A new flag goes into the group of its kind:
+# `groups["answers"].add_argument(...)` in add_run_flags when `check` uses it too, else in add_arguments.
+# argparse leaves a group out of --help while it holds no flag (or only hidden ones), so none is a stub.
+GROUPS = (
+    "input and output",
+    "model and budget",
+    "sampling",
+    "answers",
+    "fleet",
+    "resume and safety",
+    "scale-out",
+    "observability",
+)
+Groups = dict[str, Any]  # title -> argparse's _ArgumentGroup (a private class)
+
+
+def flag_groups(p: argparse.ArgumentParser) -> Groups:
+    """p's flag groups by title, made in GROUPS order on first use."""
+    made = {g.title: g for g in p._action_groups if g.title in GROUPS}
+    return made or {title: p.add_argument_group(title) for title in GROUPS}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `generate` flags."""
-    p.add_argument("--out", "-o", type=Path, required=True, help="run directory (created)")
+    groups = flag_groups(p)
+    groups["input and output"].add_argument("--out", "-o", type=Path, required=True, help="run directory (created)")
     add_run_flags(p)
-    p.add_argument(
+    scale = groups["scale-out"]
+    scale.add_argument(
         "--workers",
         type=int,
         default=1,
         help="claimer processes on this node, each claiming open shards of the run (default 1)",
     )
-    p.add_argument(
+    scale.add_argument(
         "--shards",
         type=int,
         help="virtual shards of a new run directory, by the stable id hash (default 256; kept in the manifest)",
     )
-    p.add_argument(
+    scale.add_argument(
         "--join",
         action="store_true",
         help="claim open shards beside the other processes writing this run directory (one per node)",
     )
-    p.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # set by --workers K: K share a server
+    scale.add_argument("--share", type=int, default=1, help=argparse.SUPPRESS)  # set by --workers K: K share a server
     # an exact match wins over abbreviations: without it, `--shard 0/2` was read as --shards and failed on '0/2'
-    p.add_argument("--shard", nargs="?", action=_StaticShardGone, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    p.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
-    add_watch_flags(p)
+    scale.add_argument("--shard", nargs="?", action=_StaticShardGone, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    scale.add_argument("--parent-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipe from its parent
+    add_watch_flags(groups["observability"])
 
 
 def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
@@ -72,139 +96,165 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
     `run_only` replaces the help of the flags that only shape a run (timeouts, retries, shutdown,
     progress): `check` passes argparse.SUPPRESS, so its --help lists only the flags it uses.
     """
-    p.add_argument("--input", "-i", type=Path, required=True, help="prompts JSONL")
-    p.add_argument("--limit", type=int, metavar="N", help="only the first N lines of the input (a smoke test)")
-    p.add_argument(
+    groups = flag_groups(p)
+    _add_input_flags(groups["input and output"])
+    _add_budget_flags(groups["model and budget"])
+    _add_sampling_flags(groups["sampling"])
+    _add_fleet_flags(groups["fleet"], run_only)
+    _add_safety_flags(groups["resume and safety"], run_only)
+    groups["observability"].add_argument(
+        "--progress",
+        choices=["auto", "bar", "log", "off"],
+        default="auto",
+        help=run_only or "auto (default): a bar on a terminal or in a notebook, else a log line every 30 s",
+    )
+
+
+def _add_input_flags(g: Any) -> None:
+    """What to read, and how a row becomes a request."""
+    g.add_argument("--input", "-i", type=Path, required=True, help="prompts JSONL")
+    g.add_argument("--limit", type=int, metavar="N", help="only the first N lines of the input (a smoke test)")
+    g.add_argument(
         "--system-prompt",
         metavar="TEXT",
         help="a system turn for every row that has none (@FILE reads it from FILE); counted, and kept in the manifest",
     )
-    p.add_argument(
-        "--servers",
-        "-s",
-        default=DEFAULT_SERVERS,
-        help=f"host:lo-hi, host:port or URLs, comma separated (default {DEFAULT_SERVERS})",
-    )
-    p.add_argument("--tokenizer", help="tokenizer folder or hub name (default: what servers report)")
-    p.add_argument("--context-length", type=int, help="default: smallest max_model_len of the fleet")
-    p.add_argument("--model", help="model name to send (default: the id the servers report)")
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=DEFAULT_MAX_TOKENS,
-        help=f"output budget per prompt, clamped to fit the context (default {DEFAULT_MAX_TOKENS})",
-    )
-    p.add_argument(
-        "--min-tokens",
-        type=int,
-        default=DEFAULT_MIN_TOKENS,
-        help=f"skip a prompt as over_length when less room is left (default {DEFAULT_MIN_TOKENS})",
-    )
-    p.add_argument(
-        "--safety-margin",
-        type=int,
-        default=DEFAULT_SAFETY_MARGIN,
-        help=f"tokens kept free beyond the exact count (default {DEFAULT_SAFETY_MARGIN})",
-    )
-    p.add_argument("--temperature", type=float, help="sampling temperature")
-    p.add_argument("--top-p", type=float, help="nucleus sampling")
-    p.add_argument("--seed", type=int, help="sampling seed (each sample's seed derives from it, the id and the sample)")
-    p.add_argument(
-        "--samples",
-        type=int,
-        help='completions per prompt, each a line with its "sample" (default 1; a row\'s "samples" overrides it)',
-    )
-    p.add_argument(
-        "--samples-via",
-        choices=["n", "requests"],
-        default="n",
-        help="n: one request with n per prompt (default); requests: one per sample, on the same server",
-    )
-    p.add_argument(
+    g.add_argument(
         "--turns",
         choices=["last", "all"],
         default="last",
         help="last: answer each row's last user turn (default); all: regenerate every turn of the conversation",
     )
-    p.add_argument(
-        "--thinking-budget",
-        type=int,
-        help="the servers' thinking-token budget (SGLang thinking_budget, vLLM thinking_token_budget)",
-    )
-    p.add_argument("--sampling", help="JSON object of other request fields, e.g. '{\"top_k\": 20}'")
-    p.add_argument(
+    g.add_argument(
         "--tools", metavar="FILE", help="a JSON file with an OpenAI tools list for every row without its own (counted)"
     )
-    p.add_argument(
+    g.add_argument(
         "--chat-template-kwargs",
         metavar="JSON",
         help="template switches for every row without its own, e.g. '{\"enable_thinking\": false}' (counted)",
     )
-    p.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
-    p.add_argument(
+
+
+def _add_budget_flags(g: Any) -> None:
+    """The model, its tokenizer and context, and each request's token budget."""
+    g.add_argument("--tokenizer", help="tokenizer folder or hub name (default: what servers report)")
+    g.add_argument("--model", help="model name to send (default: the id the servers report)")
+    g.add_argument("--context-length", type=int, help="default: smallest max_model_len of the fleet")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"output budget per prompt, clamped to fit the context (default {DEFAULT_MAX_TOKENS})",
+    )
+    g.add_argument(
+        "--min-tokens",
+        type=int,
+        default=DEFAULT_MIN_TOKENS,
+        help=f"skip a prompt as over_length when less room is left (default {DEFAULT_MIN_TOKENS})",
+    )
+    g.add_argument(
+        "--safety-margin",
+        type=int,
+        default=DEFAULT_SAFETY_MARGIN,
+        help=f"tokens kept free beyond the exact count (default {DEFAULT_SAFETY_MARGIN})",
+    )
+    g.add_argument(
+        "--thinking-budget",
+        type=int,
+        help="the servers' thinking-token budget (SGLang thinking_budget, vLLM thinking_token_budget)",
+    )
+
+
+def _add_sampling_flags(g: Any) -> None:
+    """How each completion is sampled, and how many per prompt."""
+    g.add_argument("--temperature", type=float, help="sampling temperature")
+    g.add_argument("--top-p", type=float, help="nucleus sampling")
+    g.add_argument("--seed", type=int, help="sampling seed (each sample's seed derives from it, the id and the sample)")
+    g.add_argument(
+        "--samples",
+        type=int,
+        help='completions per prompt, each a line with its "sample" (default 1; a row\'s "samples" overrides it)',
+    )
+    g.add_argument(
+        "--samples-via",
+        choices=["n", "requests"],
+        default="n",
+        help="n: one request with n per prompt (default); requests: one per sample, on the same server",
+    )
+    g.add_argument("--sampling", help="JSON object of other request fields, e.g. '{\"top_k\": 20}'")
+
+
+def _add_fleet_flags(g: Any, run_only: Any) -> None:
+    """The servers, how hard each is driven, and how long a request or an outage may last."""
+    g.add_argument(
+        "--servers",
+        "-s",
+        default=DEFAULT_SERVERS,
+        help=f"host:lo-hi, host:port or URLs, comma separated (default {DEFAULT_SERVERS})",
+    )
+    g.add_argument("--api-key", help=f"Bearer token (default: ${API_KEY_ENV})")
+    g.add_argument(
         "--concurrency",
         type=int,
         help=f"requests in flight per server (default: the server's max_running_requests, else {DEFAULT_CONCURRENCY})",
     )
-    p.add_argument(
+    g.add_argument(
         "--queue-margin",
         type=int,
         help="requests kept queued on each server beyond the max_running_requests it reports, so its queue "
         "never runs dry (default: an eighth of them, at least 2; 0 with --concurrency)",
     )
-    p.add_argument(
+    g.add_argument(
         "--request-timeout",
         type=float,
         help="seconds per request (default: 120 + 0.1 per max_tokens)",
     )
-    p.add_argument(
-        "--retry-failed",
-        metavar="REASONS",
-        help="resend rows whose ledger reason is one of these (comma list, or all)",
-    )
-    p.add_argument("--force", action="store_true", help="resume despite changed settings")
-    p.add_argument(
-        "--accept-checkpoint",
-        action="store_true",
-        help="resume although the servers serve another checkpoint (model_path, weight_version or server "
-        "version) than the one that wrote the run's rows; the manifest keeps both, each line names its own",
-    )
-    _add_shaping_flags(p, run_only)
-
-
-def _add_shaping_flags(p: argparse.ArgumentParser, run_only: Any) -> None:
-    """The flags that only shape a running generate (retries, waits, shutdown, disk, display)."""
-    p.add_argument(
+    g.add_argument(
         "--max-attempts",
         type=int,
         default=DEFAULT_MAX_ATTEMPTS,
         help=run_only or f"transport attempts per prompt (default {DEFAULT_MAX_ATTEMPTS})",
     )
-    p.add_argument(
+    g.add_argument(
         "--startup-timeout",
         type=float,
         default=DEFAULT_STARTUP_TIMEOUT,
         help=run_only or "wait this long for a first server to answer",
     )
-    p.add_argument(
+    g.add_argument(
         "--outage-timeout",
         type=float,
         default=DEFAULT_OUTAGE_TIMEOUT,
         help=run_only or "stop (exit 4) after this long with no usable server",
     )
-    p.add_argument(
+
+
+def _add_safety_flags(g: Any, run_only: Any) -> None:
+    """Resuming a run directory: what to resend, what to accept, and how a stop keeps the output whole."""
+    g.add_argument(
+        "--retry-failed",
+        metavar="REASONS",
+        help="resend rows whose ledger reason is one of these (comma list, or all)",
+    )
+    g.add_argument("--force", action="store_true", help="resume despite changed settings")
+    g.add_argument(
+        "--accept-checkpoint",
+        action="store_true",
+        help="resume although the servers serve another checkpoint (model_path, weight_version or server "
+        "version) than the one that wrote the run's rows; the manifest keeps both, each line names its own",
+    )
+    g.add_argument(
         "--grace-period",
         type=float,
         default=DEFAULT_GRACE_PERIOD,
         help=run_only or "seconds in-flight requests get after Ctrl-C",
     )
-    p.add_argument(
+    g.add_argument(
         "--fsync-interval",
         type=float,
         default=DEFAULT_FSYNC_INTERVAL,
         help=run_only or "seconds between fsyncs of the output (lines are flushed at once)",
     )
-    p.add_argument("--progress", choices=["auto", "bar", "log", "off"], default="auto", help=run_only)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
-def add_watch_flags(p: argparse.ArgumentParser) -> None:
-    """--metrics-port/--metrics-host/--metrics-file (engine/metrics.py), --gpus-per-server (progress/cost.py),
-    --stall-minutes/--on-stall (progress/alerts.py)."""
+def add_watch_flags(p: Any) -> None:
+    """Into p (generate's "observability" group): --metrics-port/--metrics-host/--metrics-file
+    (engine/metrics.py), --gpus-per-server (progress/cost.py), --stall-minutes/--on-stall (progress/alerts.py)."""
     p.add_argument(
         "--metrics-port",
         type=int,
