@@ -26,7 +26,7 @@ DEMO_OUT ?= runs/demo
 LLAMA_DIR ?= $(or $(GEN_PIPELINE_CACHE),$(HOME)/.cache/gen-pipeline)/llama
 LLAMA_MODELS := $(LLAMA_DIR)/models
 
-.PHONY: install generate demo simulate test test-fast lint fmt check bench nightly realserver realserver-vllm realserver-sglang clean
+.PHONY: install generate demo simulate test test-fast lint fmt check docs bench nightly realserver realserver-vllm realserver-sglang clean
 
 install: $(VENV)/.installed
 
@@ -61,15 +61,24 @@ test-fast: install
 	$(BIN)/python -m pytest -m "$(FAST_TESTS)" $(ARGS)
 
 lint: install
-	$(BIN)/ruff check gen_pipeline tests run bench
-	$(BIN)/ruff format --check gen_pipeline tests run bench
+	$(BIN)/ruff check gen_pipeline tests run bench docs/hooks
+	$(BIN)/ruff format --check gen_pipeline tests run bench docs/hooks
 	$(BIN)/mypy gen_pipeline
 
 fmt: install
-	$(BIN)/ruff check --fix gen_pipeline tests run bench
-	$(BIN)/ruff format gen_pipeline tests run bench
+	$(BIN)/ruff check --fix gen_pipeline tests run bench docs/hooks
+	$(BIN)/ruff format gen_pipeline tests run bench docs/hooks
 
 check: lint test
+
+# make docs: the docs site (docs/ and mkdocs.yml, with the `docs` extra) built into site/; --strict makes a
+# broken link, a missing page or a flag the CLI reference cannot describe an error.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[dev,docs]'
+	touch $@
 
 realserver: install
 	bash run/llama/build.sh
@@ -98,4 +107,4 @@ bench: install
 	$(BIN)/python bench/perf.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
