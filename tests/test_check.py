@@ -13,8 +13,8 @@ from e2e import fleet_in_thread, prompts, read_jsonl, run_sim
 from gen_pipeline.cli import main
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.modes import run_async
+from gen_pipeline.preflight.check import render_check, run_check
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-from gen_pipeline.views.check import render_check, run_check
 
 CTX = 1024
 MAX_TOKENS = 600
@@ -168,7 +168,7 @@ def test_command_line_exit_codes_and_json(write_jsonl, tmp_path, capsys):
 
 def test_a_fleet_larger_than_the_open_file_limit_is_a_warning(write_jsonl, tmp_path, monkeypatch):
     """check says what generate will do when the servers take more requests than the open-file limit allows."""
-    import gen_pipeline.views.checkfleet as check_module
+    import gen_pipeline.preflight.checkfleet as check_module
 
     monkeypatch.setattr(check_module, "open_file_limit", lambda: 100)  # 2 servers x 64 slots need 128
     roomy = sim(2, context_length=CTX, max_total_tokens=64 * MAX_TOKENS)  # the KV pool admits all 64

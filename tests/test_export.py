@@ -13,11 +13,11 @@ import pytest
 
 from gen_pipeline.cli import export as cli_export
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.export.exportconfig import DEFAULT_COLUMNS
+from gen_pipeline.export.trainrow import REQUEST_COLUMNS
 from gen_pipeline.records import Completion, Failure
 from gen_pipeline.resume.ledger import ledger_reasons
 from gen_pipeline.views import status
-from gen_pipeline.views.exportconfig import DEFAULT_COLUMNS
-from gen_pipeline.views.trainrow import REQUEST_COLUMNS
 
 MANIFEST = {
     "model": "sim-model",

@@ -115,6 +115,31 @@ def test_nothing_below_the_command_line_imports_it() -> None:
     assert upward == []
 
 
+MAX_MODULES = 12
+
+
+def package_sizes(package: Path = PACKAGE) -> dict[str, int]:
+    """Sub-package -> the modules it holds (its __init__ not counted), sub-packages within it counted whole."""
+    return {
+        init.parent.name: sum(1 for p in init.parent.glob("*.py") if p.name != "__init__.py")
+        + sum(1 for p in init.parent.glob("*/__init__.py"))
+        for init in sorted(package.glob("*/__init__.py"))
+    }
+
+
+def test_no_package_holds_more_than_twelve_modules() -> None:
+    """A package is one job a reader can hold in mind: past twelve modules it is split by job, as views/ was."""
+    assert {name: n for name, n in package_sizes().items() if n > MAX_MODULES} == {}
+
+
+def test_an_oversized_package_is_counted(tmp_path: Path) -> None:
+    """Modules are counted without the __init__."""
+    (tmp_path / "big").mkdir()
+    for name in ["__init__", *(f"m{i}" for i in range(MAX_MODULES + 1))]:
+        (tmp_path / "big" / f"{name}.py").write_text("")
+    assert package_sizes(tmp_path) == {"big": MAX_MODULES + 1}
+
+
 BASE_RULE = "the base modules"
 RULE = re.compile(r"^May import: (.+?)\.?$", re.M)
 

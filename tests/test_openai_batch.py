@@ -12,8 +12,8 @@ import pytest
 from e2e import read_jsonl, run_sim
 
 from gen_pipeline.cli import main
+from gen_pipeline.export.batchexport import write_batch
 from gen_pipeline.inputs.rows import RowError, parse_row
-from gen_pipeline.views.batchexport import write_batch
 
 
 def batch_line(custom_id: str, text: str, **body: Any) -> dict[str, Any]:

@@ -15,11 +15,11 @@ import pytest
 from gen_pipeline import cli
 from gen_pipeline.cli import prepare as cli_prepare
 from gen_pipeline.errors import ConfigError
+from gen_pipeline.inputs.formats import InvalidRowError, RowConverter, detect_format
 from gen_pipeline.inputs.rows import RowError, parse_row
+from gen_pipeline.prepare import convert as prepare
+from gen_pipeline.prepare.convert import valid_line
 from gen_pipeline.records import Completion, Failure, content_id
-from gen_pipeline.views import prepare
-from gen_pipeline.views.formats import InvalidRowError, RowConverter, detect_format
-from gen_pipeline.views.prepare import valid_line
 
 U = "user"
 
@@ -401,7 +401,7 @@ def test_prepare_writes_exactly_the_rows_generate_takes(raw, reason, tmp_path, w
 def test_a_tool_call_and_its_result_after_the_last_user_turn_stay_in_the_prompt():
     """The model's answer to a tool's result is asked with the call and the result: they are the prompt,
     and the answer after them is the reference (they were cut away, leaving the bare user turn)."""
-    from gen_pipeline.views.formats import split_prompt
+    from gen_pipeline.inputs.formats import split_prompt
 
     final = {"role": "assistant", "content": "Sunny in Oslo."}
     assert split_prompt([*TOOL_TURNS[:3], final]) == (TOOL_TURNS[:3], "Sunny in Oslo.")

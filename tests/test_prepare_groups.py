@@ -12,7 +12,7 @@ import pytest
 
 from gen_pipeline import cli
 from gen_pipeline.errors import OutputError
-from gen_pipeline.views import prepare as prepare_view
+from gen_pipeline.prepare import convert as prepare_view
 
 
 def turns(conv: int, k: int, system: str | None = None) -> list[dict[str, str]]:

@@ -195,7 +195,7 @@ def test_identity_from_each_server_kind():
 def _export(runs: list[Path], out: Path, **kw: Any) -> Any:
     import datasets
 
-    from gen_pipeline.views.export import ExportConfig, export
+    from gen_pipeline.export.export import ExportConfig, export
 
     stats = export(ExportConfig(runs=tuple(runs), out=out, **kw))
     files = sorted(str(p) for p in (out / "data").glob("*.parquet"))
@@ -206,7 +206,7 @@ def test_export_keeps_every_answer_of_two_checkpoints_over_the_same_ids(write_js
     """runA (step-1000) and runB (step-2000) over the same 10 ids, 2 samples each: 40 rows side by side, the
     checkpoint column naming each; --group-samples groups within a checkpoint; the card names both."""
     from gen_pipeline.errors import ExportCheckError
-    from gen_pipeline.views.export import ExportConfig
+    from gen_pipeline.export.export import ExportConfig
 
     inp = write_jsonl(prompts(10))
     night(_sim(**NIGHT1), inp, tmp_path / "runA", samples=2)
@@ -224,7 +224,7 @@ def test_export_keeps_every_answer_of_two_checkpoints_over_the_same_ids(write_js
     _, grouped = _export(runs, tmp_path / "grouped", group_samples=True)
     assert len(grouped) == 20 and all(len(set(row["checkpoint"])) == 1 and row["sample"] == [0, 1] for row in grouped)
     with pytest.raises(ExportCheckError, match=r"2 checkpoints.*add checkpoint to --columns"):
-        from gen_pipeline.views.export import export
+        from gen_pipeline.export.export import export
 
         export(ExportConfig(runs=tuple(runs), out=tmp_path / "refused", columns=("id", "sample")))
 
@@ -239,7 +239,7 @@ def test_export_drops_only_the_same_checkpoints_repeats(write_jsonl, tmp_path):
 
 
 async def _check(sims: list[SimConfig], inp: Path, out: Path, resume: bool, **run: Any) -> dict[str, Any]:
-    from gen_pipeline.views.check import run_check
+    from gen_pipeline.preflight.check import run_check
 
     fleets = [await start_fleet(s) for s in sims]
     try:
@@ -258,7 +258,7 @@ def check(sims: list[SimConfig], inp: Path, out: Path, **run: Any) -> dict[str, 
 def test_check_prints_each_checkpoint_and_warns_when_servers_disagree(write_jsonl, tmp_path):
     """Two identities in one fleet: both listed (deterministic on / off), one warning; --seed on a server
     without deterministic inference is warned about; nothing of it is a problem."""
-    from gen_pipeline.views.check import render_check
+    from gen_pipeline.preflight.check import render_check
 
     sims = [_sim(1, deterministic=True, **NIGHT1), _sim(1, **NIGHT2)]
     report = check(sims, write_jsonl(prompts(4)), tmp_path / "none", sampling={"seed": 7})

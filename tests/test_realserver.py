@@ -120,7 +120,7 @@ def test_forced_overflow_gets_the_real_400_and_is_ledgered(servers, tokenizer, w
 
 def test_check_passes_against_the_real_fleet(servers, tokenizer, write_jsonl, tmp_path):
     """The preflight finds a consistent fleet and exact tokenizer agreement."""
-    from gen_pipeline.views.check import run_check
+    from gen_pipeline.preflight.check import run_check
 
     config = _config(write_jsonl(prompts(20)), tmp_path / "out", servers, tokenizer)
     report = asyncio.run(asyncio.wait_for(run_check(config), 120))

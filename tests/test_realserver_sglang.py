@@ -26,9 +26,9 @@ from provenance_checks import OUTPUT_SETTINGS, assert_manifest_matches_servers
 
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.modes import run_async
+from gen_pipeline.preflight.check import render_check, run_check
 from gen_pipeline.sim import free_ports
 from gen_pipeline.tokens import load_counter
-from gen_pipeline.views.check import render_check, run_check
 
 pytestmark = [pytest.mark.realserver, pytest.mark.slow]
 

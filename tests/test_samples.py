@@ -345,7 +345,7 @@ def test_a_short_answer_to_n_is_topped_up_one_request_a_sample(write_jsonl, tmp_
 def _export(runs: list[Path], out: Path, **kw: Any) -> Any:
     import datasets
 
-    from gen_pipeline.views.export import ExportConfig, export
+    from gen_pipeline.export.export import ExportConfig, export
 
     stats = export(ExportConfig(runs=tuple(runs), out=out, **kw))
     files = sorted(str(p) for p in (out / "data").glob("*.parquet"))
@@ -402,8 +402,8 @@ def test_logprobs_asked_for_are_an_export_column(write_jsonl, tmp_path):
 
 def test_check_plans_every_sample(write_jsonl, tmp_path):
     """check's plan counts the samples to make and budgets output for each; a resume's are left out."""
+    from gen_pipeline.preflight.check import run_check
     from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-    from gen_pipeline.views.check import run_check
 
     rows = [*prompts(6), {"id": "own", "prompt": "just two", "samples": 2}]
     path, out = write_jsonl(rows), tmp_path / "out"

@@ -17,12 +17,12 @@ from gen_pipeline.engine.reader import BatchReader
 from gen_pipeline.errors import ConfigError, ManifestMismatchError
 from gen_pipeline.inputs.rows import BadRow
 from gen_pipeline.options import read_system_prompt
+from gen_pipeline.preflight.check import run_check
 from gen_pipeline.progress.stats import RunStats
 from gen_pipeline.records import Prompt
 from gen_pipeline.rundir.store import ResumeState
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
-from gen_pipeline.views.check import run_check
 
 SYSTEM = "You are terse."
 

@@ -19,12 +19,12 @@ from gen_pipeline.errors import ConfigError, ManifestMismatchError
 from gen_pipeline.inputs.rows import RowError, parse_row
 from gen_pipeline.modes import run_async
 from gen_pipeline.options import build_config
+from gen_pipeline.preflight.check import run_check
 from gen_pipeline.records import Completion
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.tokens import load_counter
 from gen_pipeline.tokens.conversation import Conversation
 from gen_pipeline.tokens.findings import TEMPLATE_BLAME, drift_cause
-from gen_pipeline.views.check import run_check
 
 CTX = 4096
 WEATHER = {

@@ -15,8 +15,8 @@ from e2e import WEATHER_TOOL, read_jsonl, run_sim, shape_rows
 from test_answers import fleet
 
 from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.export.export import ExportConfig, export
 from gen_pipeline.modes import run_async
-from gen_pipeline.views.export import ExportConfig, export
 
 CALL = {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
 

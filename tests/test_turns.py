@@ -167,9 +167,9 @@ def test_rows_with_tool_turns_are_bad_input(write_jsonl, tmp_path):
 
 def test_check_plans_the_first_turns_and_says_the_rest_wait_for_answers(write_jsonl, tmp_path):
     from gen_pipeline.config import RetryPolicy, RunConfig
+    from gen_pipeline.preflight.check import run_check
+    from gen_pipeline.preflight.plan import plan_lines
     from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-    from gen_pipeline.views.check import run_check
-    from gen_pipeline.views.plan import plan_lines
 
     rows = conversation_rows(4)  # 3, 4, 3, 4 user turns
     path = write_jsonl(rows)
@@ -192,7 +192,7 @@ def test_export_writes_one_row_per_conversation(write_jsonl, tmp_path):
     complete or ended early; --drop-incomplete leaves the ended ones out."""
     import pyarrow.parquet as pq
 
-    from gen_pipeline.views.export import ExportConfig, export
+    from gen_pipeline.export.export import ExportConfig, export
 
     long = [{"role": "user", "content": "word " * 120} for _ in range(6)]
     rows = [{"id": "long", "messages": long}, *conversation_rows(3)]
@@ -391,8 +391,8 @@ def test_check_of_a_run_cut_mid_conversation_plans_only_the_turns_left(write_jso
     turns from where each conversation goes on, as generate then sends them (it counted them from turn 0
     again: 225 turns planned for 210 made in the reproduction)."""
     from gen_pipeline.config import RetryPolicy, RunConfig
+    from gen_pipeline.preflight.check import run_check
     from gen_pipeline.sim import SimConfig, free_ports, start_fleet
-    from gen_pipeline.views.check import run_check
 
     rows = conversation_rows(4)  # 3, 4, 3, 4 user turns
     path, run = write_jsonl(rows), tmp_path / "run"

@@ -1,4 +1,4 @@
-"""`gen-pipeline check`: generate's flags (--out optional) and the call into views/check.py."""
+"""`gen-pipeline check`: generate's flags (--out optional) and the call into preflight/check.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 from pathlib import Path
 
 from ..errors import EXIT_OK
+from ..preflight import check
+from ..preflight.check import EXIT_PROBLEMS, render_check, run_check
 from ..rundir.store import write_json_atomic
-from ..views import check
-from ..views.check import EXIT_PROBLEMS, render_check, run_check
 from .generate import add_run_flags, config_from_args, flag_groups
 
 

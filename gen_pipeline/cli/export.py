@@ -1,12 +1,12 @@
-"""`gen-pipeline export`: its flags and the call into views/export.py."""
+"""`gen-pipeline export`: its flags and the call into export/export.py."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..views.export import export
-from ..views.exportconfig import DEFAULT_COLUMNS, DEFAULT_SHARD_ROWS, EXPORT_FORMATS, ExportConfig
+from ..export.export import export
+from ..export.exportconfig import DEFAULT_COLUMNS, DEFAULT_SHARD_ROWS, EXPORT_FORMATS, ExportConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,13 +1,13 @@
-"""`gen-pipeline prepare`: its flags and the call into views/prepare.py."""
+"""`gen-pipeline prepare`: its flags and the call into prepare/convert.py."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from ..inputs.formats import FORMATS
+from ..prepare.convert import PrepareConfig, prepare
 from ..rundir.layout import write_json_atomic
-from ..views.formats import FORMATS
-from ..views.prepare import PrepareConfig, prepare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
-"""Reading a run directory (status, report, plots, export and its formats, the card) or planning one
-(prepare, check, plan). The run path never imports these.
+"""Reading a run directory: status (one run or a claimed-shard run), report and its plots, and what the run
+files say (rundata), for the commands that look at a run from outside. The run path never imports these.
 
 May import: the base modules, tokens, http, rundir, progress, inputs, fleet, resume, send, engine, shards.
 """

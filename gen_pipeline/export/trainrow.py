@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 
 from ..tokens.conversation import SERVER_KINDS, content_texts, join_texts
+from ..views.rundata import read_manifest
 from .exportconfig import REQUEST_COLUMNS, ExportConfig, column_value
-from .rundata import read_manifest
 
 TURN_FIELDS = ("role", "content", "reasoning_content", "name", "tool_call_id")
 

@@ -20,7 +20,7 @@ from ..records import Prompt
 from ..rundir.store import ResumeState
 from ..tokens import TokenCounter
 from ..tokens.budget import prompt_budget
-from .rundata import distribution
+from ..views.rundata import distribution
 
 log = logging.getLogger("gen_pipeline")
 

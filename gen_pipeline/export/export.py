@@ -26,8 +26,10 @@ from typing import Any
 
 from ..errors import ExportCheckError
 from ..fleet.provenance import checkpoint_key, unnamed_checkpoints
+from ..inputs.formats import jsonl_rows
 from ..records import id_key
 from ..samples import place_key, record_place
+from ..views.rundata import completion_files, read_manifest
 from .card import dataset_card
 from .exportconfig import (
     COLUMN_TYPES,
@@ -36,14 +38,12 @@ from .exportconfig import (
     ExportStats,
     is_completion,
 )
-from .formats import jsonl_rows
-from .rundata import completion_files, read_manifest
 from .trainrow import server_kind, training_row, turn_features
 
 
 def check_settled(config: ExportConfig) -> None:
     """Refuse a claimed-shard run whose shards are not all settled (unless --partial)."""
-    from .claimstatus import open_shards
+    from ..views.claimstatus import open_shards
 
     for run in config.runs:
         manifest = read_manifest(run)

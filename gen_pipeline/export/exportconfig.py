@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from ..errors import ConfigError
-from .rundata import completion_files, read_manifest
+from ..views.rundata import completion_files, read_manifest
 
 DEFAULT_COLUMNS = ("id", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "model", "checkpoint")
 DEFAULT_SHARD_ROWS = 100_000

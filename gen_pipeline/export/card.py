@@ -11,8 +11,8 @@ import orjson
 from ..fleet.provenance import recorded
 from ..resume.ledger import ledger_reasons
 from ..rundir.layout import SUMMARY
+from ..views.rundata import read_json, read_manifest
 from .exportconfig import ExportConfig, ExportStats
-from .rundata import read_json, read_manifest
 
 # Manifest fields shown in the card's settings table (the whole manifest follows it).
 CARD_SETTINGS = ("model", "tokenizer", "context_length", "max_tokens", "safety_margin", "sampling")

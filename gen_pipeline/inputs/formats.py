@@ -30,8 +30,8 @@ from typing import Any
 import orjson
 
 from ..errors import ConfigError, PipelineError
-from ..inputs.rows import BIG_INTEGER
 from ..records import INT_MAX, INT_MIN, Messages, content_digest, id_from_digest
+from .rows import BIG_INTEGER
 
 # Suffixes read by `datasets` builders; .jsonl is read directly (faster, no Arrow copy).
 BUILDERS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet"}

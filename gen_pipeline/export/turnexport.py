@@ -22,11 +22,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..fleet.provenance import checkpoint_key
+from ..inputs.formats import jsonl_rows
 from ..records import id_key
 from ..samples import record_place, sample_key
+from ..views.rundata import completion_files
 from .exportconfig import REQUEST_COLUMNS, ExportConfig, ExportStats, is_completion
-from .formats import jsonl_rows
-from .rundata import completion_files
 from .trainrow import server_kind, training_row, turn_features
 
 TURN_COLUMNS = {"conversation": "string", "turns": "int64"}  # the columns a conversation row adds

@@ -33,10 +33,10 @@ from typing import IO, Any
 import orjson
 
 from ..errors import ConfigError, OutputError
+from ..inputs.formats import FORMATS, InvalidRowError, RowConverter, jsonl_rows, open_source
 from ..inputs.rows import RowError, parse_row
 from ..records import PERMANENT_REASONS, group_digest, id_key
 from ..rundir.layout import RunDir
-from .formats import FORMATS, InvalidRowError, RowConverter, jsonl_rows, open_source
 
 log = logging.getLogger(__name__)
 
