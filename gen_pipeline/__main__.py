@@ -2,7 +2,7 @@
 
 `generate` owns the stop signals before anything else is imported: the command line, the pipeline and
 their dependencies take most of start-up (0.6-1 s on a busy node), and a SIGTERM, SIGHUP or Ctrl-C then
-must exit 130 with one line, as it does later (the README promises it "also during start-up").
+must exit 130 with one line, as it does later (docs/reference/exit-codes.md promises it "also during start-up").
 
 A wrapper that supervises this process names itself in GEN_PIPELINE_SUPERVISOR_PID: the process then
 dies with it (runtime.die_with). The variable is taken out of the environment, so that a process this one

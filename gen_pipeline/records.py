@@ -265,7 +265,7 @@ class Failure:
 
 
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.
-# empty_completion: every attempt got a 200 with no content and no reasoning (README's ledger table).
+# empty_completion: every attempt got a 200 with no content and no reasoning (docs/reference/ledger.md).
 # poison: every server answered the row 5xx while it served other rows (the row breaks them, resending it
 # cannot help; --retry-failed poison sends it again once the servers are fixed).
 PERMANENT_REASONS = frozenset(

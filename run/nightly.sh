@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nightly expansion: prepare tonight's new prompts, minus everything the dataset already holds, and
-# generate them into the same dataset directory. See the README, "Nightly expansion".
+# generate them into the same dataset directory. See docs/how-to/nightly.md.
 #
 #   run/nightly.sh --source /data/incoming.parquet --dataset-dir /data/gen/nightly \
 #       [--servers 127.0.0.1:30000-30007] [--tokenizer DIR] [--log-dir DIR] [-- GENERATE_ARGS...]

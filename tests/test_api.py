@@ -1,4 +1,4 @@
-"""The Python API: generate / agenerate with the command line's options, the README example, the exports."""
+"""The Python API: generate / agenerate with the command line's options, the docs' example, the exports."""
 
 from __future__ import annotations
 
@@ -51,12 +51,11 @@ def test_importing_the_package_imports_no_dependency() -> None:
     assert out.splitlines() == ["[]", "gen_pipeline.api"]
 
 
-def readme_example() -> str:
-    """The Python block of the README's API section, as a user would paste it."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## From Python", 1)[1]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "the README's API section has no python block"
+def notebook_example() -> str:
+    """The first Python block of the notebook guide (docs/how-to/notebook.md), as a user would paste it."""
+    page = (REPO / "docs" / "how-to" / "notebook.md").read_text()
+    match = re.search(r"```python\n(.*?)```", page, re.S)
+    assert match, "the notebook guide has no python block"
     return match.group(1)
 
 
@@ -90,7 +89,7 @@ def notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _example(servers: str, out: str) -> str:
-    code = readme_example().replace('servers="127.0.0.1:30000-30007"', f'servers="{servers}"')
+    code = notebook_example().replace('servers="127.0.0.1:30000-30007"', f'servers="{servers}"')
     assert f'servers="{servers}"' in code
     return code.replace('out="runs/notebook"', f'out="{out}"')
 
@@ -110,14 +109,14 @@ def _check_example_run(namespace: dict[str, Any], out: Path) -> None:
     assert 0 < added < 20  # the sample has rows with their own system turn: those keep theirs
 
 
-def test_readme_example_runs_as_written(notebook: str) -> None:
-    """The README's example, pasted into a script, runs against a simulated fleet."""
+def test_notebook_example_runs_as_written(notebook: str) -> None:
+    """The notebook guide's example, pasted into a script, runs against a simulated fleet."""
     namespace: dict[str, Any] = {}
     in_thread(lambda: exec(_example(notebook, "runs/script"), namespace))
     _check_example_run(namespace, Path("runs/script"))
 
 
-def test_readme_example_runs_inside_a_running_event_loop(notebook: str) -> None:
+def test_notebook_example_runs_inside_a_running_event_loop(notebook: str) -> None:
     """The same example in a notebook cell (a loop is running): generate() runs the job on its own thread."""
     namespace: dict[str, Any] = {}
 

@@ -27,17 +27,6 @@ def test_help_lists_the_commands_and_exit_codes(capsys):
         assert word in text
 
 
-def test_every_generate_flag_is_in_the_readme():
-    """The README documents each generate flag, so the docs cannot drift from the CLI."""
-    from pathlib import Path
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    sub = build_parser()._subparsers._group_actions[0].choices["generate"]  # type: ignore[union-attr]
-    flags = [s for a in sub._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
-    missing = [f for f in flags if f"`{f}" not in readme]
-    assert not missing, f"README lacks {missing}"
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

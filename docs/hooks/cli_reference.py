@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gen_pipeline.cli import build_parser
+from gen_pipeline.cli import build_parser, subcommands
 
 PAGE = "reference/cli.md"
 
@@ -28,14 +28,6 @@ INTRO = """# Command-line reference
 Every subcommand and every flag, generated from the command's own parsers when these pages are built, so it
 says what `gen-pipeline SUBCOMMAND --help` says. The guides explain what the flags are for.
 """
-
-
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """The subcommand parsers of the top-level parser, in the order --help lists them."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def _cell(text: str) -> str:
@@ -121,7 +113,7 @@ def _visible_flags(parser: argparse.ArgumentParser) -> set[str]:
 def render() -> str:
     """The whole reference page, as Markdown."""
     top = build_parser()
-    commands = subcommands(top)
+    commands = subcommands()
     shown_elsewhere = set().union(*(_visible_flags(p) for p in commands.values()))
     lines = [INTRO]
     lines += ["| command | what it does |", "|---|---|"]

@@ -1,6 +1,6 @@
 """One prompt row: validated, given its id and its options, or refused with the reason (`bad_input`).
 
-What a row may hold is the README's "Input format"; the message shapes servers accept are
+What a row may hold is docs/how-to/inputs.md; the message shapes servers accept are
 tokens.conversation's to judge, so that the count and the request agree.
 """
 

@@ -1,6 +1,6 @@
 """Claimed shards: any number of `generate` processes, on any hosts, share one run directory.
 
-The contract (README "Many nodes"): the run's input is split into V virtual shards by the stable id
+The contract (docs/how-to/slurm.md, "Many nodes"): the run's input is split into V virtual shards by the stable id
 hash (shard = id key mod V; a row without an id: its line number mod V). V is fixed when the run
 directory is created and recorded in manifest.json as "shards". A claimer
 
