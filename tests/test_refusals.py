@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from e2e import check_invariant, prompts, read_jsonl, run_sim
+from e2e import assert_regenerated, check_invariant, conversation_rows, prompts, read_jsonl, run_sim
 
 from gen_pipeline.config import RetryPolicy, RunConfig
 from gen_pipeline.modes import run_async
@@ -38,6 +38,24 @@ def test_a_fleet_refusing_every_row_the_same_way_stops_the_run(write_jsonl, tmp_
     mended, _ = run_sim(path, out, {"n_ports": 3})
     assert mended.exit_code == 0 and mended.summary["completed"] == n
     assert check_invariant([r["id"] for r in rows], out) == {"done": n, "ledger": 0}
+
+
+@pytest.mark.parametrize("n", [5, 60], ids=["a small run", "a long run"])
+def test_a_fleet_refusing_every_conversation_the_same_way_stops_the_run(write_jsonl, tmp_path, n):
+    """--turns all goes through the same judge: a broken template stops the run (exit 4) with nothing
+    ledgered (every conversation was ledgered bad_request at turn 0, exit 0), and the mended fleet then
+    answers every turn of every conversation."""
+    rows = conversation_rows(n)
+    path, out = write_jsonl(rows), tmp_path / "out"
+    broken, _ = run_sim(path, out, {"template_error": BROKEN, "n_ports": 3}, turns="all", samples=2)
+    assert broken.exit_code == 4, broken.summary
+    assert BROKEN in broken.summary["stop_reason"] and "misconfigured" in broken.summary["stop_reason"]
+    assert broken.summary["failed"] == {} and not read_jsonl(out / "failures.jsonl")
+    assert "ended_early" not in broken.summary.get("conversations", {})
+    mended, _ = run_sim(path, out, {"n_ports": 3}, turns="all", samples=2)
+    assert mended.exit_code == 0 and mended.summary["failed"] == {}, mended.summary
+    assert mended.summary["conversations"] == {"complete": 2 * n, "ended_at_turn": {}}
+    assert_regenerated(rows, out, samples=2)
 
 
 def test_a_row_every_server_refuses_is_still_a_bad_request(write_jsonl, tmp_path):

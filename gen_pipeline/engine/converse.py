@@ -6,6 +6,11 @@ Every turn is counted exactly (a long conversation in a thread of its own; the r
 first turns) and budgeted like any prompt. A turn with too little room is ledgered `over_length` with its
 turn number and the conversation ends there; a context 400 no budget fixes ends it as `context_overflow`.
 A transient failure leaves the conversation where it is: the next run goes on at that turn.
+
+A conversation's last failure is not written here: `run` hands the prompt's failures back to the Runner, which
+puts them before the refusal judge as it does a `--turns last` prompt's (send/refusals.py: the same 400 from
+the whole fleet is the fleet's fault, never the rows'). Each answer is shown to the judge too: it is the
+completion that tells a fleet serving rows.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from ..fleet.balancer import ServerPool
 from ..records import TRANSIENT_REASONS, Failure, Messages, Prompt
 from ..samples import place_key
 from ..send.dispatch import SampleDispatch, Sent
+from ..send.refusals import RefusalJudge
 from ..send.requests import Track
 from ..send.turns import answer_turn, turn_request
 from ..tokens import TokenCounter
@@ -32,16 +38,22 @@ INLINE_CHARS = 20_000
 AFFINITY = True  # a next turn prefers the server that answered the last (bench/turns.py measures it off)
 
 End = Literal["complete", "ended", "waiting", "stopped"]  # ended: a permanent failure; waiting: a transient one
+ENDS: tuple[End, ...] = ("stopped", "waiting", "ended", "complete")  # the least settled first
 
 
 class TurnDispatch:
     """Runs the conversations one prompt still owes; the Runner's worker awaits one prompt at a time."""
 
     def __init__(
-        self, dispatch: SampleDispatch, counter: TokenCounter, recorder: Recorder, stopping: asyncio.Event
+        self,
+        dispatch: SampleDispatch,
+        counter: TokenCounter,
+        recorder: Recorder,
+        stopping: asyncio.Event,
+        judge: RefusalJudge,
     ) -> None:
         self.dispatch, self.path = dispatch, dispatch.path
-        self.counter, self.recorder, self.stopping = counter, recorder, stopping
+        self.counter, self.recorder, self.stopping, self.judge = counter, recorder, stopping, judge
         self.stats = recorder.stats
         self._count_thread = ThreadPoolExecutor(1, thread_name_prefix="turns-count")
         self.owed = 0  # turns still to send of the conversations read: the run's backlog
@@ -69,15 +81,15 @@ class TurnDispatch:
     def close(self) -> None:
         self._count_thread.shutdown(wait=False, cancel_futures=True)
 
-    async def run(self, prompt: Prompt) -> End:
-        """Every owed conversation of the prompt, side by side; the least settled outcome of them."""
-        ends = await asyncio.gather(*(self._conversation(prompt, s) for s in prompt.pending))
-        for end in ("stopped", "waiting", "ended"):
-            if end in ends:
-                return end
-        return "complete"
+    async def run(self, prompt: Prompt) -> tuple[End, Sent]:
+        """Every owed conversation of the prompt, side by side: the least settled outcome of them, and the
+        failures they stopped at, not written yet (the Runner judges and writes them)."""
+        outs = await asyncio.gather(*(self._conversation(prompt, s) for s in prompt.pending))
+        failures = [o for o in outs if isinstance(o, Failure)]
+        ends = {o if isinstance(o, str) else _end(o) for o in outs}
+        return next(e for e in ENDS if e in ends or e == "complete"), Sent(list(failures))
 
-    async def _conversation(self, prompt: Prompt, sample: int) -> End:
+    async def _conversation(self, prompt: Prompt, sample: int) -> End | Failure:
         assert prompt.turns is not None
         start, history = prompt.resume.get(sample, (0, []))
         left = len(prompt.turns) - start
@@ -92,20 +104,14 @@ class TurnDispatch:
                 home = None  # used by this turn, or given back (_ask)
                 self._pay(1)
                 left -= 1
-                if isinstance(answer, str):
-                    return self._ended(answer, turn)
+                if not isinstance(answer, tuple):
+                    return answer
                 history, home = answer
             self.stats.conversations["complete"] += 1
             return "complete"
         finally:
             self._pay(left)  # the turns it will not send
             self.path.pool.unhome(home)
-
-    def _ended(self, end: End, turn: int) -> End:
-        if end == "ended":
-            self.stats.conversations["ended_early"] += 1
-            self.stats.ended_at_turn[turn] += 1
-        return end
 
     async def _counted(self, prompt: Prompt, messages: Messages, turn: int) -> Prompt | str:
         """Turn `turn`'s request as a prompt with its exact count (turn 0's the reader made), or why it
@@ -125,16 +131,16 @@ class TurnDispatch:
 
     async def _ask(
         self, request: Prompt | str, prompt: Prompt, sample: int, turn: int, place: tuple[str | None, bool]
-    ) -> tuple[Messages, str | None] | End:
+    ) -> tuple[Messages, str | None] | Failure:
         """Send one turn and write its answer: the history with it and the server that keeps room for the next
-        turn, if any; or how the conversation stops here (its ledger entry written). `place`: the server that
+        turn, if any; or the failure the conversation stops at (not written). `place`: the server that
         keeps room for this turn (its home, given back here when not used), and whether to keep room for the
         next on the server that answers."""
         home, keep = place
         if isinstance(request, str):
             self.path.pool.unhome(home)
             detail = f"turn {turn} cannot be rendered: {request}"
-            return self._fail(Failure(prompt.id, prompt.line, "bad_input", detail), sample, turn)
+            return Failure(prompt.id, prompt.line, "bad_input", detail, sample=sample, turn=turn)
         path = self.path
         budget = dispatch_budget(
             path.config,
@@ -149,26 +155,28 @@ class TurnDispatch:
             self.path.pool.unhome(home)
             ends = f"after turn {turn - 1}" if turn else "before its first answer"  # (not "after turn -1")
             detail = f"turn {turn}: {budget}; the conversation ends {ends}"
-            over = Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=request.input_tokens)
-            return self._fail(over, sample, turn)
+            tokens = request.input_tokens
+            return Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=tokens, sample=sample, turn=turn)
         track = Track(prefer=home, home=home is not None, keep=keep)
         answer = await path.send(request, budget, self.dispatch.turn_fields(prompt, sample, turn), track)
         if track.home:  # never given a slot
             self.path.pool.unhome(home)
         if isinstance(answer, Failure):
-            return self._fail(answer, sample, turn)
+            return dataclasses.replace(answer, sample=sample, turn=turn)
         result, sent_budget = answer
         done = self.dispatch.completion(request, result, sent_budget, track, sample, result)
         done.turn, done.key = turn, place_key(prompt.key, sample, turn)
         done.extra["turns"] = len(prompt.turns or ())  # export tells a complete conversation by it
         outcome = Sent([done])
         outcome.count(result)
+        self.judge.hold(request, outcome)  # never held (an answer): the fleet serves rows
         self.recorder.sent(request, outcome)
         return [
             *request.messages,
             answer_turn(result.content, result.reasoning_content),
         ], track.server if keep else None
 
-    def _fail(self, failure: Failure, sample: int, turn: int) -> End:
-        self.recorder.failure(dataclasses.replace(failure, sample=sample, turn=turn))
-        return "waiting" if failure.reason in TRANSIENT_REASONS else "ended"
+
+def _end(failure: Failure) -> End:
+    """How a conversation stopped at `failure` stands: waiting (transient) or ended (permanent)."""
+    return "waiting" if failure.reason in TRANSIENT_REASONS else "ended"

@@ -112,6 +112,9 @@ class Recorder:
         failure.source = self.config.input.name
         self._write(self.writer.write_failure, failure)
         self.stats.failed[failure.reason] += 1
+        if failure.turn is not None and failure.reason not in TRANSIENT_REASONS:
+            self.stats.conversations["ended_early"] += 1  # --turns all: a permanent failure ends it at its turn
+            self.stats.ended_at_turn[failure.turn] += 1
         self.stats.last_error[failure.reason] = f"{failure.server or failure.source}: {failure.detail}"[:300]
         if failure.reason == "poison" and self.stats.failed["poison"] <= POISON_NAMED:
             self.warnings.append(

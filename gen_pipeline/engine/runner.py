@@ -37,7 +37,7 @@ from ..rundir.locks import refuse_shard_writers
 from ..rundir.store import DirLock, RunWriter, repair_all, write_json_atomic
 from ..runtime import install_run_handlers
 from ..send.dispatch import SampleDispatch, Sent, thinking_fields
-from ..send.refusals import RefusalJudge
+from ..send.refusals import RefusalJudge, refused
 from ..send.requests import RequestPath
 from ..send.usage import usage_warnings
 from ..tokens import TokenCounter
@@ -139,7 +139,7 @@ class Runner:
     def use_turns(self) -> None:
         """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
         dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
-        self.turns = TurnDispatch(dispatch, self.counter, self.recorder, self.stopping)
+        self.turns = TurnDispatch(dispatch, self.counter, self.recorder, self.stopping, self.judge)
 
     def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
@@ -273,8 +273,14 @@ class Runner:
         """--turns all: the conversations one prompt owes, each budgeted turn by turn; None when the run
         stopped before they settled."""
         assert self.turns is not None
-        end = await self.turns.run(prompt)
-        return None if end == "stopped" else end == "waiting"
+        end, sent = await self.turns.run(prompt)
+        if end == "stopped":  # unsettled; its refusals are the judge's to write, and it writes none on a stop
+            if sent.outcomes and refused(sent) is None:
+                self.recorder.sent(prompt, sent)
+            return None
+        if not sent.outcomes:
+            return False
+        return None if self.judge.hold(prompt, sent) else self.recorder.sent(prompt, sent)
 
     def save_cursor(self) -> None:
         """Record how far the input is settled (the next run starts reading there)."""
