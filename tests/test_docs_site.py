@@ -77,3 +77,93 @@ def test_no_page_points_outside_the_repository(path: Path):
         assert resolved.is_relative_to(REPO), f"{target} leaves the repository"
         generated = resolved == DOCS / cli_reference().PAGE  # written by the hook at build time
         assert resolved.exists() or generated, f"{target} does not exist"
+
+
+def reference(page: str) -> str:
+    return (DOCS / "reference" / page).read_text()
+
+
+def test_every_ledger_reason_has_a_row_in_the_reference():
+    """Each reason a ledger entry can carry (records' permanent and transient sets, and the `reason` of every
+    request error in errors.py's tree) is a row of reference/ledger.md."""
+    from gen_pipeline import errors
+    from gen_pipeline.records import ALL_REASONS
+
+    def subclasses(cls: type) -> list[type]:
+        return [cls, *(s for sub in cls.__subclasses__() for s in subclasses(sub))]
+
+    reasons = set(ALL_REASONS) | {c.reason for c in subclasses(errors.RequestError)}
+    rows = set(re.findall(r"^\| `(\w+)` \|", reference("ledger.md"), re.M))
+    assert reasons <= rows, f"reference/ledger.md lacks {sorted(reasons - rows)}"
+
+
+def test_every_exit_code_has_a_row_in_the_reference():
+    """Each exit code the commands define (errors.py's EXIT_*, check's, status's, a closed pipe's) is a row of
+    reference/exit-codes.md."""
+    from gen_pipeline import cli, errors
+    from gen_pipeline.preflight import check
+    from gen_pipeline.views import status
+
+    codes = {v for m in (errors, check, status, cli) for k, v in vars(m).items() if k.startswith("EXIT_")}
+    rows = {int(c) for c in re.findall(r"^\|(?: [^|]+ \|)? (\d+) \|", reference("exit-codes.md"), re.M)}
+    assert codes <= rows, f"reference/exit-codes.md lacks {sorted(codes - rows)}"
+
+
+def test_every_metric_has_a_row_in_the_reference():
+    """Each series engine/metrics.py writes is a row of reference/metrics.md (counters with their _total)."""
+    from gen_pipeline.engine import metrics
+
+    source = Path(metrics.__file__).read_text()
+    names = set(re.findall(r'"(gen_pipeline_[a-z_]+)"', source))
+    assert len(names) >= 10, names
+    rows = set(re.findall(r"^\| `(gen_pipeline_[a-z_]+)", reference("metrics.md"), re.M))
+    missing = [n for n in names if n not in rows and f"{n}_total" not in rows]
+    assert not missing, f"reference/metrics.md lacks {missing}"
+
+
+def documented_keys(doc: dict[str, object], nested: tuple[str, ...]) -> set[str]:
+    """The document's keys, and those of its `nested` objects (per-server objects: their first server's)."""
+    keys = set(doc)
+    for name in nested:
+        value = doc.get(name)
+        if isinstance(value, dict):
+            inner = next(iter(value.values()), {}) if name == "servers" else value
+            keys |= set(inner) if isinstance(inner, dict) else set()
+    return keys
+
+
+@pytest.mark.slow
+def test_every_field_a_run_writes_is_in_the_run_directory_reference(tmp_path: Path):
+    """A run on the simulated fleet (thinking, samples with seeds, an over-length row, a carried field) writes
+    no field of completions.jsonl, failures.jsonl, manifest.json, summary.json or status.json that
+    reference/run-directory.md does not name."""
+    import orjson
+    from procs import run_generate, sim_fleet
+
+    rows = [{"id": i, "prompt": f"Question {i}: why?", "topic": "t"} for i in range(6)]
+    rows.append({"id": "long", "prompt": "word " * 2000})
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    out = tmp_path / "run"
+    with sim_fleet(2, "--context-length", "1024", "--reasoning-words", "5", "--cache-report") as servers:
+        done = run_generate(inp, out, servers, "--samples", "2", "--seed", "3", "--max-tokens", "64")
+    assert done.returncode == 0, done.stderr
+    page = reference("run-directory.md")
+    named = set(re.findall(r"`(\w+)`", page))
+
+    def line_keys(name: str) -> set[str]:
+        return set().union(*(orjson.loads(line) for line in (out / name).read_bytes().splitlines()))
+
+    written = {
+        "completions.jsonl": line_keys("completions.jsonl"),
+        "failures.jsonl": line_keys("failures.jsonl"),
+        "manifest.json": documented_keys(orjson.loads((out / "manifest.json").read_bytes()), ("provenance",)),
+        "summary.json": documented_keys(orjson.loads((out / "summary.json").read_bytes()), ("servers",)),
+        "status.json": documented_keys(
+            orjson.loads((out / "status.json").read_bytes()), ("counts", "rates", "servers")
+        ),
+    }
+    assert "reasoning_content" in written["completions.jsonl"] and "reason" in written["failures.jsonl"]
+    for name, keys in written.items():
+        assert f"## `{name}`" in page, name
+        assert keys <= named, f"reference/run-directory.md does not name {sorted(keys - named)} of {name}"
