@@ -123,15 +123,42 @@ def test_the_card_counts_the_ledger_as_status_and_report_do(run_dir, tmp_path):
 
 
 def test_save_to_disk_with_meta_columns(run_dir, tmp_path):
-    """--save-to-disk writes a load_from_disk folder; meta.KEY columns hold strings."""
+    """--save-to-disk writes a load_from_disk folder; --columns adds meta.KEY columns (strings) to the default
+    ones (they replaced them, and the dataset lost its ids)."""
     out = tmp_path / "ds"
-    run_export(run_dir, "--out", out, "--save-to-disk", "--columns", "id,meta.source_id,meta.label")
+    run_export(run_dir, "--out", out, "--save-to-disk", "--columns", "meta.source_id,meta.label")
     ds = datasets.load_from_disk(str(out))
-    assert ds.column_names == ["messages", *REQUEST_COLUMNS, "id", "meta.source_id", "meta.label"]
+    assert ds.column_names == ["messages", *REQUEST_COLUMNS, *DEFAULT_COLUMNS, "meta.source_id", "meta.label"]
     row = next(r for r in ds if r["id"] == "0")
     assert (row["meta.source_id"], row["meta.label"]) == ("100", '{"a":1}')
     assert next(r for r in ds if r["id"] == "2")["meta.source_id"] is None
     assert (out / "README.md").exists()
+    assert "meta.source_id, meta.label" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("columns", "expected"),
+    [
+        ("meta.source_id", [*DEFAULT_COLUMNS, "meta.source_id"]),
+        ("finish_reason,latency_s", [*DEFAULT_COLUMNS, "latency_s"]),  # a default named again: once, in place
+        ("", list(DEFAULT_COLUMNS)),
+    ],
+)
+def test_columns_add_to_the_default_columns(run_dir, tmp_path, columns, expected):
+    """--columns names columns besides the default ones; every default stays, `id` first among them."""
+    out = tmp_path / "ds"
+    run_export(run_dir, "--out", out, "--columns", columns)
+    assert read_parquet(out, tmp_path).column_names == ["messages", *REQUEST_COLUMNS, *expected]
+
+
+def test_id_is_always_kept(run_dir, tmp_path):
+    """A configuration that leaves `id` out of its columns still exports each row's id."""
+    from gen_pipeline.export.export import ExportConfig, export
+
+    export(ExportConfig(runs=(run_dir,), out=tmp_path / "ds", columns=("sample", "finish_reason")))
+    ds = read_parquet(tmp_path / "ds", tmp_path)
+    assert ds.column_names == ["messages", *REQUEST_COLUMNS, "id", "sample", "finish_reason"]
+    assert sorted(ds["id"]) == ["0", "1", "2"]
 
 
 def test_shards_hold_every_row_once(run_dir, tmp_path):

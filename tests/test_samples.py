@@ -358,7 +358,7 @@ def test_export_one_row_per_sample_or_grouped(write_jsonl, tmp_path):
     _, flat = _export([tmp_path / "run"], tmp_path / "flat")
     assert len(flat) == 15 and sorted(Counter(flat["sample"]).items()) == [(0, 5), (1, 5), (2, 5)]
     stats, grouped = _export([tmp_path / "run"], tmp_path / "grouped", group_samples=True)
-    assert len(grouped) == stats.written == 5 and stats.rows == 15  # what export says it wrote (it said 15)
+    assert len(grouped) == stats.written == 5 and stats.lines == 15  # what export says it wrote (it said 15)
     by_id = _by_id(tmp_path / "run")
     for row in grouped:
         lines = sorted(by_id[int(row["id"])], key=lambda r: r["sample"])

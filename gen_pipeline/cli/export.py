@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..export.counts import summary_lines
 from ..export.export import export
-from ..export.exportconfig import DEFAULT_COLUMNS, DEFAULT_SHARD_ROWS, EXPORT_FORMATS, ExportConfig
+from ..export.exportconfig import (
+    DEFAULT_COLUMNS,
+    DEFAULT_SHARD_ROWS,
+    EXPORT_FORMATS,
+    REASONING,
+    ExportConfig,
+    with_default_columns,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,9 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--out", "-o", type=Path, required=True, help="dataset folder to create")
     add(
         "--columns",
-        default=",".join(DEFAULT_COLUMNS),
-        help="columns besides messages: completion fields or meta.KEY, comma separated "
-        f"(default {','.join(DEFAULT_COLUMNS)})",
+        default="",
+        help="more columns, comma separated: completion fields or meta.KEY, added to the default ones "
+        f"({','.join(DEFAULT_COLUMNS)})",
     )
     add("--drop-truncated", action="store_true", help='leave out finish_reason "length" rows')
     add(
@@ -37,8 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=EXPORT_FORMATS,
         default="dataset",
-        help="dataset (Parquet or save_to_disk, with a card) or openai-batch (the OpenAI Batch API's "
-        "output.jsonl and errors.jsonl)",
+        help="dataset (Parquet or save_to_disk, with a card), openai-batch (the OpenAI Batch API's "
+        'output.jsonl and errors.jsonl), or for draft-model trainers: conversations ({"id", "conversations"} '
+        'lines) or text ({"id", "text"} lines rendered with the run\'s chat template), in OUT/train.jsonl',
+    )
+    add(
+        "--reasoning",
+        choices=REASONING,
+        default="separate",
+        help="--format conversations: an answer's reasoning as reasoning_content (separate), in its content as "
+        "the chat template shows it, <think>...</think> (inline), or left out (drop)",
     )
     add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
 
@@ -48,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     config = ExportConfig(
         runs=tuple(args.runs),
         out=args.out,
-        columns=tuple(c.strip() for c in args.columns.split(",") if c.strip()),
+        columns=with_default_columns(tuple(c.strip() for c in args.columns.split(",") if c.strip())),
         drop_truncated=args.drop_truncated,
         drop_truncated_reasoning=args.drop_truncated_reasoning,
         group_samples=args.group_samples,
@@ -60,17 +76,8 @@ def main(args: argparse.Namespace) -> int:
         partial=args.partial,
         drop_incomplete=args.drop_incomplete,
         format=args.format,
+        reasoning=args.reasoning,
     )
     stats = export(config)
-    if config.turns:
-        kept = sum(stats.conversations.values()) - stats.conversations_left_out
-        print(f"export: {kept} conversations {dict(stats.conversations)} from {stats.rows} turns")
-    what = "output lines" if config.format == "openai-batch" else "rows"
-    print(
-        f"export: {stats.written} {what} from {stats.rows} completion lines -> {config.out} (left out: "
-        f"{stats.truncated} truncated, "
-        f"{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
-        + (f"; rows of {len(stats.checkpoints)} checkpoints" if len(stats.checkpoints) > 1 else "")
-        + (f"; {stats.ledgered} ledger entries -> errors.jsonl" if config.format == "openai-batch" else "")
-    )
+    print("\n".join(summary_lines(config, stats)))
     return 0

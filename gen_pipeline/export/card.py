@@ -12,6 +12,7 @@ from ..fleet.provenance import recorded
 from ..resume.ledger import ledger_reasons
 from ..rundir.layout import SUMMARY
 from ..views.rundata import read_json, read_manifest
+from .counts import count_rows
 from .exportconfig import ExportConfig, ExportStats
 
 # Manifest fields shown in the card's settings table (the whole manifest follows it).
@@ -29,21 +30,7 @@ def _front_matter(config: ExportConfig) -> list[str]:
 def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
     """OUT/README.md: what the dataset holds, how it was made, and what was left out."""
     layout = "a save_to_disk folder" if config.save_to_disk else "Parquet shards (data/)"
-    reasons = ", ".join(f"{k} {v}" for k, v in stats.finish_reasons.most_common()) or "-"
-    rows = [
-        ("rows", stats.rows),
-        ("finish reasons", reasons),
-        ("prompt tokens", stats.prompt_tokens),
-        ("completion tokens", stats.completion_tokens),
-        ("of them cut while reasoning (truncated_in reasoning)", stats.truncated_in_reasoning),
-        ("left out: truncated (finish_reason length)", stats.truncated),
-        ("left out: duplicate (id, sample)", stats.duplicates),
-        ("left out: unreadable lines", stats.unreadable),
-    ]
-    if stats.conversations:  # a --turns all run: rows are conversations, the counts above are turns
-        rows[0] = ("turns (rows of the output)", stats.rows)
-        rows += [(f"conversations: {k}", n) for k, n in stats.conversations.items()]
-        rows.append(("left out: conversations (a turn left out, or --drop-incomplete)", stats.conversations_left_out))
+    rows = count_rows(config, stats)
     ledger = ledger_reasons(config.runs)  # as status and report count it
     rows += [(f"not generated: {reason} (ledger)", n) for reason, n in ledger.most_common()]
     rows += _cost_rows(config)

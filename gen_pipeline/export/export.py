@@ -36,6 +36,7 @@ from .exportconfig import (
     REQUEST_COLUMNS,
     ExportConfig,
     ExportStats,
+    dropped,
     is_completion,
 )
 from .trainrow import server_kind, training_row, turn_features
@@ -56,17 +57,23 @@ def check_settled(config: ExportConfig) -> None:
             )
 
 
-def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
-    """Every exportable completion line of every run, once per (id, sample), counted into `stats`."""
+def unique_lines(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
+    """Every readable completion line of every run, once per (id, sample, turn) and checkpoint; unreadable and
+    repeated lines are counted into `stats` (and a claimed-shard run's keys written twice, named)."""
     for run in config.runs:
-        whole = read_manifest(run).get("shards") is not None  # a claimed-shard run: each key once, checked
-        seen: dict[int, Path] = {}
-        for f in completion_files(run):
-            yield from _kept(config, stats, f, seen if whole else None)
+        yield from run_lines(config, stats, run)
 
 
-def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterator[dict[str, Any]]:
-    """kept_completions for one file; `seen`: the keys of this claimed-shard run so far and their files."""
+def run_lines(config: ExportConfig, stats: ExportStats, run: Path) -> Iterator[dict[str, Any]]:
+    """unique_lines of one of the runs (the lines of the runs before it already in `stats.seen`)."""
+    whole = read_manifest(run).get("shards") is not None  # a claimed-shard run: each key once, checked
+    seen: dict[int, Path] = {}
+    for f in completion_files(run):
+        yield from _unique(stats, f, seen if whole else None)
+
+
+def _unique(stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterator[dict[str, Any]]:
+    """unique_lines for one file; `seen`: the keys of this claimed-shard run so far and their files."""
     for obj in jsonl_rows(f):
         place = record_place(obj) if is_completion(obj) else None
         if place is None:
@@ -79,39 +86,48 @@ def _kept(config: ExportConfig, stats: ExportStats, f: Path, seen: dict[int, Pat
                 stats.twice.append(f"id {obj['id']!r} sample {place[0]}{turn} ({seen[key]} and {f})")
             seen.setdefault(key, f)
         mixed = checkpoint_key(key, obj)
-        if mixed in stats.kept:
+        if mixed in stats.seen:
             stats.duplicates += 1
-        elif _dropped(config, obj):
+            continue
+        stats.seen.add(mixed)
+        yield obj
+
+
+def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
+    """Every exportable completion line of every run, once per (id, sample); the lines the --drop-* flags
+    leave out are counted into `stats`."""
+    for obj in unique_lines(config, stats):
+        if dropped(config, obj):
             stats.truncated += 1
         else:
-            stats.kept.add(mixed)
-            stats.add(obj)
             yield obj
 
 
-def _dropped(config: ExportConfig, obj: dict[str, Any]) -> bool:
-    """Whether --drop-truncated (any cut) or --drop-truncated-reasoning (a cut while thinking) leaves it out."""
-    if config.drop_truncated and obj.get("finish_reason") == "length":
-        return True
-    return config.drop_truncated_reasoning and obj.get("truncated_in") == "reasoning"
+def answered_rows(config: ExportConfig, stats: ExportStats) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each row's completion line (of a --turns all run, each conversation's last turn) with the columns a
+    conversation adds; every line in a row and every row counted into `stats`."""
+    if config.turns:
+        from .turnexport import conversation_rows
+
+        yield from conversation_rows(config, stats, run_lines)
+        return
+    for obj in kept_completions(config, stats):
+        stats.add(obj)
+        stats.row(obj)
+        yield obj, {}
 
 
 def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
     """Every exportable completion as a training row (or, with group_samples, every prompt's group; of a
     --turns all run, every conversation)."""
-    if config.turns:
-        from .turnexport import conversation_rows
-
-        yield from conversation_rows(config, stats, kept_completions(config, stats))
-        return
+    kind = server_kind(config)
     if config.group_samples:
         from .grouped import grouped_rows
 
-        yield from grouped_rows(kept_completions(config, stats), config.columns, server_kind(config))
+        yield from grouped_rows(kept_completions(config, stats), config.columns, kind, stats)
         return
-    kind = server_kind(config)
-    for obj in kept_completions(config, stats):
-        yield training_row(obj, config.columns, kind)
+    for obj, extra in answered_rows(config, stats):
+        yield {**training_row(obj, config.columns, kind), **extra}
 
 
 def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> Any:
@@ -140,7 +156,7 @@ def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> 
             training_rows, gen_kwargs=kwargs, features=features, cache_dir=str(cache_dir)
         )
     except ValueError:
-        if stats.rows:
+        if stats.written:
             raise
         # datasets refuses to build an empty split from a generator
         return datasets.Dataset.from_dict({k: [] for k in features}, features=features)
@@ -195,12 +211,18 @@ def _stage_batch(config: ExportConfig, stats: ExportStats, staged: Path) -> None
     """--format openai-batch: the output and error files, staged, then moved to `config.out`."""
     from .batchexport import write_batch
 
-    stats.written, stats.ledgered = write_batch(config, staged, kept_completions(config, stats))
+    stats.written, stats.ledgered = write_batch(config, staged, _counted(stats, kept_completions(config, stats)))
     if stats.twice:
         _refuse_twice(stats)
     if config.out.exists():
         shutil.rmtree(config.out)
     staged.rename(config.out)
+
+
+def _counted(stats: ExportStats, lines: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for obj in lines:
+        stats.add(obj)
+        yield obj
 
 
 def push(ds: Any, card: Path, config: ExportConfig) -> None:

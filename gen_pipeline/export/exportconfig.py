@@ -25,7 +25,14 @@ _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "at
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
 
-EXPORT_FORMATS = ("dataset", "openai-batch")
+EXPORT_FORMATS = ("dataset", "openai-batch", "conversations", "text")
+TRAINER_FORMATS = ("conversations", "text")  # JSON lines for draft-model trainers (trainerrows.py)
+REASONING = ("separate", "inline", "drop")  # where --format conversations puts an answer's reasoning
+
+
+def with_default_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """--columns: the default columns, then the ones named (each once, in the order first named)."""
+    return tuple(dict.fromkeys((*DEFAULT_COLUMNS, *columns)))
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,8 @@ class ExportConfig:
     Attributes:
         runs: run directories (completions*.jsonl, failures.jsonl, manifest.json), read in order.
         out: the dataset folder to create. overwrite: replace it if it exists.
-        columns: columns besides `messages`: completion fields or "meta.KEY".
+        columns: columns besides `messages`: completion fields or "meta.KEY"; `id` is always one (first
+            when not named).
         drop_truncated: leave out completions that stopped at max_tokens (finish_reason "length").
         drop_truncated_reasoning: leave out only those cut while still reasoning (truncated_in "reasoning").
         group_samples: one row per prompt with the list of its samples' completions.
@@ -57,8 +65,12 @@ class ExportConfig:
     partial: bool = False  # export a claimed-shard run with open shards
     drop_incomplete: bool = False  # a --turns all run: leave out conversations that ended early
     format: str = "dataset"  # or "openai-batch": the OpenAI Batch API's output and error files (batchexport.py)
+    # or "conversations" / "text": JSON lines for draft-model trainers (trainerrows.py)
+    reasoning: str = "separate"  # --format conversations: reasoning_content, <think> in the content, or none
 
     def __post_init__(self) -> None:
+        if "id" not in self.columns:  # a row without its id cannot be told apart from the others
+            object.__setattr__(self, "columns", ("id", *self.columns))
         unknown = [c for c in self.columns if c not in COLUMN_TYPES and not c.startswith("meta.")]
         if unknown:
             known = ", ".join(COLUMN_TYPES)
@@ -67,6 +79,10 @@ class ExportConfig:
             raise ConfigError("--shard-rows must be at least 1")
         if self.format not in EXPORT_FORMATS:
             raise ConfigError(f"--format: {' or '.join(EXPORT_FORMATS)}")
+        if self.reasoning not in REASONING:
+            raise ConfigError(f"--reasoning: {' or '.join(REASONING)}")
+        if self.reasoning != "separate" and self.format != "conversations":
+            raise ConfigError("--reasoning is for --format conversations (text shows reasoning as the template does)")
         dataset_only = {"--group-samples": self.group_samples, "--save-to-disk": self.save_to_disk}
         dataset_only["--push-to-hub"] = self.push_to_hub is not None
         if self.format != "dataset" and (flags := [f for f, on in dataset_only.items() if on]):
@@ -94,31 +110,47 @@ class ExportConfig:
 
 @dataclass
 class ExportStats:
-    """What went into the dataset and what was left out."""
+    """What went into the dataset and what was left out. Every readable line is in a row (`lines`), left out
+    by a flag (`truncated`), a duplicate, or (of a --turns all run) a turn of a conversation left out whole."""
 
-    rows: int = 0  # completion lines kept (of a --turns all run: turns)
     written: int = 0  # rows of the dataset (one per prompt with --group-samples, per conversation of turns)
-    truncated: int = 0
-    truncated_in_reasoning: int = 0  # of the rows kept
+    lines: int = 0  # completion lines in those rows (of a --turns all run: their turns)
+    truncated: int = 0  # lines left out by --drop-truncated / --drop-truncated-reasoning
+    truncated_in_reasoning: int = 0  # of the lines in rows
     duplicates: int = 0
     unreadable: int = 0
-    finish_reasons: Counter[str] = field(default_factory=Counter)
+    finish_reasons: Counter[str] = field(default_factory=Counter)  # of the lines in rows
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    kept: set[int] = field(default_factory=set)  # (id, sample) keys kept, each mixed with its checkpoint's
-    checkpoints: Counter[str] = field(default_factory=Counter)  # rows kept per checkpoint ("" not named)
+    seen: set[int] = field(default_factory=set)  # (id, sample, turn) keys read, each mixed with its checkpoint's
+    checkpoints: Counter[str] = field(default_factory=Counter)  # rows per checkpoint ("" not named)
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
-    conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    conversations: Counter[str] = field(default_factory=Counter)  # --turns all, of the rows: "complete", "ended_early"
+    conversations_left_out: Counter[str] = field(default_factory=Counter)  # --turns all: why (LEFT_OUT)
+    turns_left_out: int = 0  # --turns all: lines of the conversations left out (besides `truncated` ones)
     ledgered: int = 0  # --format openai-batch: lines of errors.jsonl
-    conversations_left_out: int = 0  # --turns all: with a turn left out, or (--drop-incomplete) ended early
 
     def add(self, obj: dict[str, Any]) -> None:
-        self.rows += 1
-        self.checkpoints[str(obj.get("checkpoint") or "")] += 1
+        """A completion line that is in a row."""
+        self.lines += 1
         self.truncated_in_reasoning += obj.get("truncated_in") == "reasoning"
         self.finish_reasons[str(obj.get("finish_reason"))] += 1
         self.prompt_tokens += obj.get("prompt_tokens") or 0
         self.completion_tokens += obj.get("completion_tokens") or 0
+
+    def row(self, obj: dict[str, Any]) -> None:
+        """A row written, named by the checkpoint of the line it was made from."""
+        self.written += 1
+        self.checkpoints[str(obj.get("checkpoint") or "")] += 1
+
+
+# Why a --turns all export leaves a conversation out (ExportStats.conversations_left_out), as the card says it.
+LEFT_OUT = {
+    "hole": "with a turn left out",
+    "ended_early": "ended early (--drop-incomplete)",
+    "superseded": "answered again under a newer checkpoint",
+    "continued": "continued on another checkpoint's answers",
+}
 
 
 def column_value(obj: dict[str, Any], column: str) -> Any:
@@ -128,6 +160,13 @@ def column_value(obj: dict[str, Any], column: str) -> Any:
     if COLUMN_TYPES.get(column, "string") != "string":
         return value
     return value if value is None or isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def dropped(config: ExportConfig, obj: dict[str, Any]) -> bool:
+    """Whether --drop-truncated (any cut) or --drop-truncated-reasoning (a cut while thinking) leaves it out."""
+    if config.drop_truncated and obj.get("finish_reason") == "length":
+        return True
+    return config.drop_truncated_reasoning and obj.get("truncated_in") == "reasoning"
 
 
 def is_completion(obj: Any) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..records import id_key
-from .exportconfig import column_value
+from .exportconfig import ExportStats, column_value
 from .trainrow import export_turn, request_columns, turn_features
 
 PROMPT_COLUMNS = ("id", "tools", "chat_template_kwargs")  # one value per row
@@ -27,19 +27,23 @@ ANSWER_COLUMNS = ("reasoning_content", "tool_calls", "sampling")  # always liste
 
 
 def grouped_rows(
-    lines: Iterable[dict[str, Any]], columns: tuple[str, ...], kind: str = "sglang"
+    lines: Iterable[dict[str, Any]], columns: tuple[str, ...], kind: str = "sglang", stats: ExportStats | None = None
 ) -> Iterator[dict[str, Any]]:
-    """One row per prompt from its kept completion lines, samples in order."""
+    """One row per prompt from its kept completion lines, samples in order (each line and row counted into
+    `stats`)."""
+    stats = stats if stats is not None else ExportStats()
     listed = _listed(columns)
     groups: dict[tuple[Any, int], tuple[dict[str, Any], list[tuple[int, str, list[Any]]]]] = {}
     for obj in lines:
+        stats.add(obj)
         key = (obj.get("checkpoint"), id_key(obj["id"]))
         group = groups.get(key)
         if group is None:
             head = {"id": column_value(obj, "id"), "messages": [export_turn(m, kind) for m in obj["messages"]]}
             group = groups[key] = ({**head, **request_columns(obj)}, [])
         group[1].append((obj.get("sample") or 0, obj["completion"], [column_value(obj, c) for c in listed]))
-    for head, samples in groups.values():
+    for (checkpoint, _), (head, samples) in groups.items():
+        stats.row({"checkpoint": checkpoint})
         samples.sort(key=lambda s: s[0])
         row = {**head, "completions": [text for _, text, _ in samples]}
         row.update((c, [values[i] for _, _, values in samples]) for i, c in enumerate(listed))

@@ -11,72 +11,138 @@ tools, chat_template_kwargs and sampling. `conversation` says whether every user
 `--drop-incomplete` leaves those out. The other columns are the last turn's. A conversation with a turn
 that export leaves out (`--drop-truncated`) is left out whole: a conversation with a hole is no data.
 
-Two passes over the output: the first finds each conversation's last turn (one int per conversation in
-memory), the second writes the line of that turn.
+Within one run, a conversation may hold the answers of two checkpoints: after a redeploy and
+`--accept-checkpoint`, `generate` answers a conversation begun under the old checkpoint again from its first
+turn under the new one. Export keeps each conversation's newest whole version (every turn from the first,
+all from one checkpoint; newest: its checkpoint recorded last in the run's manifest) and counts each other
+version as left out: "answered again under a newer checkpoint", or, turns without a first turn of their own
+(written on another checkpoint's answers, by versions before that rule), "continued on another checkpoint's
+answers". Runs exported side by side keep each its own versions (an A/B of two checkpoints).
+
+Two passes over the output: the first gathers each conversation's versions (a few numbers each), the second
+counts the lines of the rows and writes each row from the line of its last turn.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from ..fleet.provenance import checkpoint_key
-from ..inputs.formats import jsonl_rows
-from ..records import id_key
+from ..fleet.provenance import recorded
+from ..records import id_key, key_of
 from ..samples import record_place, sample_key
-from ..views.rundata import completion_files
-from .exportconfig import REQUEST_COLUMNS, ExportConfig, ExportStats, is_completion
-from .trainrow import server_kind, training_row, turn_features
+from ..views.rundata import read_manifest
+from .exportconfig import REQUEST_COLUMNS, ExportConfig, ExportStats, dropped
+from .trainrow import turn_features
 
 TURN_COLUMNS = {"conversation": "string", "turns": "int64"}  # the columns a conversation row adds
+Lines = Any  # export.run_lines(config, stats, run): one run's readable lines, each (id, sample, turn) once
+
+
+@dataclass(slots=True)
+class Version:
+    """The turns one checkpoint wrote of one conversation of one run."""
+
+    checkpoint: str | None
+    rank: int  # its checkpoint's place in the run's manifest (-1: not named there)
+    turns: int = 0
+    last: int = -1
+    first: bool = False  # holds the first turn
+    dropped: bool = False  # holds a turn the --drop-* flags leave out
+    complete: bool = False  # its last turn answered the conversation's last user turn
+
+    @property
+    def whole(self) -> bool:
+        return self.first and self.turns == self.last + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A conversation that is a row: the checkpoint whose version it is, its last turn, and its status."""
+
+    checkpoint: str | None
+    last: int
+    status: str
 
 
 def conversation_rows(
-    config: ExportConfig, stats: ExportStats, completions: Iterable[dict[str, Any]]
-) -> Iterator[dict[str, Any]]:
-    """One training row per conversation of the runs, in the order their last turns were written;
-    `completions`: the runs' kept completion lines (export.kept_completions)."""
-    last: dict[int, int] = {}
-    kept: Counter[int] = Counter()
-    for obj in completions:
-        key, turn = _conversation(obj)
-        kept[key] += 1
-        last[key] = max(last.get(key, -1), turn)
-    for f in (f for run in config.runs for f in completion_files(run)):
-        for obj in jsonl_rows(f):
-            if not is_completion(obj) or record_place(obj) is None:
+    config: ExportConfig, stats: ExportStats, run_lines: Lines
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """The line of each conversation's last turn, with the columns a conversation row adds, in the order
+    those lines were written; every line and conversation counted into `stats`."""
+    plan = _plan(_versions(config, stats, run_lines), config, stats)
+    stats.seen.clear()  # the first pass's; the second keeps its own
+    scratch = ExportStats()
+    for i, run in enumerate(config.runs):
+        for obj in run_lines(config, scratch, run):
+            if dropped(config, obj):
+                continue  # counted by the first pass
+            planned = plan.get(_key(i, obj))
+            if planned is None or planned.checkpoint != _checkpoint(obj):
+                stats.turns_left_out += 1
                 continue
-            key, turn = _conversation(obj)
-            if last.get(key) != turn:
-                continue
-            del last[key]
-            row = _row(obj, turn, kept[key], config, stats)
-            if row is not None:
-                yield row
+            stats.add(obj)
+            if obj["turn"] == planned.last:
+                stats.row(obj)
+                stats.conversations[planned.status] += 1
+                yield obj, {"conversation": planned.status, "turns": planned.last + 1}
 
 
-def _conversation(obj: dict[str, Any]) -> tuple[int, int]:
-    """The (id, sample) key of a line's conversation, mixed with its checkpoint's (two checkpoints' answers to
-    one conversation are two conversations; turns of one written by another checkpoint are not its own), and
-    its turn."""
+def _versions(config: ExportConfig, stats: ExportStats, run_lines: Lines) -> dict[int, list[Version]]:
+    """The first pass: each conversation's versions, by conversation key; dropped lines counted."""
+    found: dict[int, list[Version]] = {}
+    for i, run in enumerate(config.runs):
+        ranks = {c.fingerprint: n for n, c in enumerate(recorded(read_manifest(run)))}
+        for obj in run_lines(config, stats, run):
+            versions = found.setdefault(_key(i, obj), [])
+            checkpoint = _checkpoint(obj)
+            version = next((v for v in versions if v.checkpoint == checkpoint), None)
+            if version is None:
+                version = Version(checkpoint, ranks.get(checkpoint or "", -1))
+                versions.append(version)
+            turn = obj["turn"]
+            version.turns += 1
+            version.first |= turn == 0
+            if turn > version.last:
+                version.last, version.complete = turn, obj.get("turns") == turn + 1
+            if dropped(config, obj):
+                stats.truncated += 1
+                version.dropped = True
+    return found
+
+
+def _plan(found: dict[int, list[Version]], config: ExportConfig, stats: ExportStats) -> dict[int, Planned]:
+    """The conversations that are rows; every other version counted as left out, with its reason."""
+    plan: dict[int, Planned] = {}
+    for key, versions in found.items():
+        whole = [v for v in versions if v.whole]
+        chosen = max(whole, key=lambda v: v.rank) if whole else None
+        for v in versions:
+            if v is not chosen:
+                stats.conversations_left_out["superseded" if v.whole else "continued"] += 1
+        if chosen is None:
+            continue
+        if chosen.dropped:
+            stats.conversations_left_out["hole"] += 1
+        elif config.drop_incomplete and not chosen.complete:
+            stats.conversations_left_out["ended_early"] += 1
+        else:
+            plan[key] = Planned(chosen.checkpoint, chosen.last, "complete" if chosen.complete else "ended_early")
+    return plan
+
+
+def _key(run: int, obj: dict[str, Any]) -> int:
+    """The key of a line's conversation, (id, sample), in the run-th run of the export."""
     place = record_place(obj)
     assert place is not None
-    return checkpoint_key(sample_key(id_key(obj["id"]), place[0]), obj), place[1]
+    key = sample_key(id_key(obj["id"]), place[0])
+    return key ^ key_of(f"run {run}".encode()) if run else key
 
 
-def _row(obj: dict[str, Any], turn: int, kept: int, config: ExportConfig, stats: ExportStats) -> dict[str, Any] | None:
-    if kept != turn + 1:
-        stats.conversations_left_out += 1  # a turn of it was left out (--drop-truncated)
-        return None
-    complete = obj.get("turns") == turn + 1
-    stats.conversations[("complete" if complete else "ended_early")] += 1
-    if config.drop_incomplete and not complete:
-        stats.conversations_left_out += 1
-        return None
-    row = training_row(obj, config.columns, server_kind(config))  # the last turn's request holds every turn
-    row.update(conversation="complete" if complete else "ended_early", turns=turn + 1)
-    return row
+def _checkpoint(obj: dict[str, Any]) -> str | None:
+    checkpoint = obj.get("checkpoint")
+    return checkpoint if isinstance(checkpoint, str) and checkpoint else None
 
 
 def conversation_features(columns: tuple[str, ...], types: dict[str, str]) -> Any:
