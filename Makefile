@@ -5,16 +5,19 @@ BIN := $(VENV)/bin
 GP := $(BIN)/gen-pipeline
 
 # make generate: the main job against the configured fleet (INPUT and OUT have no default: a forgotten one
-# must not send the sample prompts to a real fleet).
+# must not send the sample prompts to a real fleet). CONFIG=FILE: generate's settings in a TOML file
+# (`generate --config`), which may name the input and output itself; the variables given here win over it.
+# SERVERS unset: the file's, else generate's default (127.0.0.1:30000-30007).
 INPUT ?=
 OUT ?=
-SERVERS ?= 127.0.0.1:30000-30007
+SERVERS ?=
 TOKENIZER ?=
+CONFIG ?=
 ARGS ?=
 # `make generate` hands these to the shell as environment variables, never as text of its command: a path
 # with spaces stays one argument and nothing in a value is run ($(value) keeps make from expanding one).
 # ARGS is split at whitespace into flags (no quotes, no globbing).
-GENERATE_VARS := INPUT OUT SERVERS TOKENIZER ARGS
+GENERATE_VARS := INPUT OUT SERVERS TOKENIZER CONFIG ARGS
 $(foreach v,$(GENERATE_VARS),$(eval override $(v) := $$(value $(v))))
 export $(GENERATE_VARS)
 
@@ -40,10 +43,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 generate: install
-	@test -n "$$INPUT" -a -n "$$OUT" || { echo "make generate needs INPUT=FILE and OUT=DIR," \
-		"e.g. make generate INPUT=prompts/my.jsonl OUT=runs/my-run" >&2; exit 2; }
-	set -f; "$(GP)" generate --input "$$INPUT" --out "$$OUT" --servers "$$SERVERS" \
-		$${TOKENIZER:+--tokenizer "$$TOKENIZER"} $$ARGS
+	@test -n "$$CONFIG" -o \( -n "$$INPUT" -a -n "$$OUT" \) || { echo "make generate needs INPUT=FILE and OUT=DIR" \
+		"(or CONFIG=FILE), e.g. make generate INPUT=prompts/my.jsonl OUT=runs/my-run" >&2; exit 2; }
+	set -f; "$(GP)" generate $${CONFIG:+--config "$$CONFIG"} $${INPUT:+--input "$$INPUT"} $${OUT:+--out "$$OUT"} \
+		$${SERVERS:+--servers "$$SERVERS"} $${TOKENIZER:+--tokenizer "$$TOKENIZER"} $$ARGS
 
 demo: install
 	bash run/demo.sh $(DEMO_PORTS) $(DEMO_OUT)

@@ -30,11 +30,12 @@ _EXPORTS = {
     "RunConfig": "config",
     "agenerate": "api",
     "generate": "api",
+    "read_config": "api",
     "run": "modes",
 }
 
 if TYPE_CHECKING:
-    from .api import agenerate, generate
+    from .api import agenerate, generate, read_config
     from .config import RetryPolicy, RunConfig
     from .engine.summary import Outcome
     from .errors import (
@@ -62,6 +63,7 @@ __all__ = [
     "__version__",
     "agenerate",
     "generate",
+    "read_config",
     "run",
 ]
 

@@ -7,9 +7,11 @@
     )
 
 Options are `generate`'s flags with `_` for `-` (`max_tokens=`, `system_prompt=`, `retry_failed="all"`,
-`sampling={"top_k": 20}`); the API key falls back to $GEN_PIPELINE_API_KEY as on the command line. Both return
-the run's summary, the dict written to summary.json (`summary["exit_code"]` is the command's exit code: 3, 4,
-5 and 130 leave the directory resumable; call again to resume). Bad options, an unusable fleet or a refused
+`sampling={"top_k": 20}`); `config="run.toml"` reads them from a TOML file first (`--config FILE`; a keyword
+wins over the file, as a flag does on the command line), and `read_config("run.toml")` builds the RunConfig
+alone. The API key falls back to $GEN_PIPELINE_API_KEY as on the command line. Both return the run's
+summary, the dict written to summary.json (`summary["exit_code"]` is the command's exit code: 3, 4, 5 and
+130 leave the directory resumable; call again to resume). Bad options, an unusable fleet or a refused
 resume raise a PipelineError.
 
 Where an event loop is already running (a Jupyter notebook, an async application), `await agenerate(...)`
@@ -35,18 +37,37 @@ from .errors import ConfigError
 from .modes import run_async
 from .options import build_config
 from .progress.display import in_notebook
+from .settings import merged_settings
 
 
-def api_config(input: str | Path, out: str | Path, servers: str | Sequence[str], options: dict[str, Any]) -> RunConfig:
-    """The RunConfig the command line would build from the same options (one process: no `workers`)."""
+def read_config(config: str | Path | None = None, **options: Any) -> RunConfig:
+    """The RunConfig of a TOML file of `generate`'s options (`--config FILE`), each keyword overriding the
+    file's (no file: the keywords alone); `gen_pipeline.run(config)` runs it."""
+    return api_config(None, None, None, {"config": config, **options})
+
+
+def api_config(
+    input: str | Path | None, out: str | Path | None, servers: str | Sequence[str] | None, options: dict[str, Any]
+) -> RunConfig:
+    """The RunConfig the command line would build from the same options and `config` file (one process:
+    no `workers`)."""
+    given = {k: v for k, v in (("input", input), ("out", out), ("servers", servers)) if v is not None}
+    options = merged_settings(options.pop("config", None), {**given, **options})
     if options.get("workers", 1) != 1:
         raise ConfigError("workers: the Python API runs one process; use the command line (generate --workers K)")
+    for name in ("input", "out"):
+        if options.get(name) is None:
+            raise ConfigError(f"{name} must be a path, not None: give {name}= or put {name} in the config file")
+    options.setdefault("servers", DEFAULT_SERVERS)
     options.setdefault("api_key", os.environ.get(API_KEY_ENV) or None)
-    return build_config(input, out, servers=servers, **options)
+    return build_config(options.pop("input"), options.pop("out"), **options)
 
 
 async def agenerate(
-    input: str | Path, out: str | Path, servers: str | Sequence[str] = DEFAULT_SERVERS, **options: Any
+    input: str | Path | None = None,
+    out: str | Path | None = None,
+    servers: str | Sequence[str] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Run `generate` on the running event loop and return its summary."""
     config = api_config(input, out, servers, options)
@@ -54,9 +75,14 @@ async def agenerate(
 
 
 def generate(
-    input: str | Path, out: str | Path, servers: str | Sequence[str] = DEFAULT_SERVERS, **options: Any
+    input: str | Path | None = None,
+    out: str | Path | None = None,
+    servers: str | Sequence[str] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Run `generate` to its end and return its summary (on a thread of its own inside a running loop)."""
+    """Run `generate` to its end and return its summary (on a thread of its own inside a running loop).
+
+    `config="run.toml"` reads the options from a TOML file first (`--config FILE`); keywords override it."""
     config = api_config(input, out, servers, options)
     try:
         asyncio.get_running_loop()

@@ -348,6 +348,9 @@ class RunConfig:
         return BASE_REQUEST_TIMEOUT + TIMEOUT_PER_TOKEN * max_tokens
 
 
+# RunConfig fields no flag sets (the environment, --workers' claimers, tests): a config file never sets them
+# and the manifest's "settings" leave them out.
+INTERNAL_FIELDS = frozenset({"tokenizer_loader", "server_auth", "tokenize_batch", "share", "metrics_worker"})
 # Fields a caller may give in another form, which __post_init__ turns into the declared one.
 GIVEN_AS = {"input": str | Path, "out": str | Path, "metrics_file": str | Path | None, "servers": str | tuple | list}
 

@@ -19,11 +19,20 @@ from .inputs.rows import as_written
 from .records import TEMPLATE_FIELDS
 from .samples import run_samples
 
-# The options `generate` takes (its flags, `-` written `_`) that are not RunConfig fields as they stand.
-BUILT_OPTIONS = frozenset(
-    {"sampling", "temperature", "top_p", "seed", "max_attempts", "retry_failed", "system_prompt"}
-    | {"tools", "chat_template_kwargs"}
-)
+# The options `generate` takes (its flags, `-` written `_`) that are not RunConfig fields as they stand, and
+# the types each is given as (`--config FILE`'s values are checked against them).
+BUILT_TYPES: dict[str, Any] = {
+    "sampling": str | Mapping,
+    "temperature": float,
+    "top_p": float,
+    "seed": int,
+    "max_attempts": int,
+    "retry_failed": str | Sequence,
+    "system_prompt": str,
+    "tools": str | Sequence,
+    "chat_template_kwargs": str | Mapping,
+}
+BUILT_OPTIONS = frozenset(BUILT_TYPES)
 OPTIONS = BUILT_OPTIONS | {f.name for f in fields(RunConfig) if f.name != "retry"}
 
 

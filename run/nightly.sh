@@ -3,11 +3,12 @@
 # generate them into the same dataset directory. See docs/how-to/nightly.md.
 #
 #   run/nightly.sh --source /data/incoming.parquet --dataset-dir /data/gen/nightly \
-#       [--servers 127.0.0.1:30000-30007] [--tokenizer DIR] [--log-dir DIR] [-- GENERATE_ARGS...]
+#       [--servers 127.0.0.1:30000-30007] [--tokenizer DIR] [--config FILE] [--log-dir DIR] [-- GENERATE_ARGS...]
 #
+# --config FILE: generate's settings in a TOML file (`generate --config`); the flags here win over it.
 # Every flag has an environment twin (the flag wins): NIGHTLY_SOURCE (one source), NIGHTLY_DATASET_DIR,
-# NIGHTLY_SERVERS, NIGHTLY_TOKENIZER, NIGHTLY_LOG_DIR (default DATASET_DIR/logs; empty: no log file),
-# NIGHTLY_GENERATE_ARGS and NIGHTLY_PREPARE_ARGS (extra flags, split on spaces), NIGHTLY_DATE
+# NIGHTLY_SERVERS, NIGHTLY_TOKENIZER, NIGHTLY_CONFIG, NIGHTLY_LOG_DIR (default DATASET_DIR/logs; empty: no
+# log file), NIGHTLY_GENERATE_ARGS and NIGHTLY_PREPARE_ARGS (extra flags, split on spaces), NIGHTLY_DATE
 # (YYYY-MM-DD, default today) and GEN_PIPELINE (the command, default the repo's .venv/bin/gen-pipeline).
 #
 # Layout under DATASET_DIR: completions.jsonl, failures.jsonl, manifest.json, summary.json (the run
@@ -28,6 +29,7 @@ SOURCES=()
 DATASET_DIR=${NIGHTLY_DATASET_DIR:-}
 SERVERS=${NIGHTLY_SERVERS:-}
 TOKENIZER=${NIGHTLY_TOKENIZER:-}
+CONFIG=${NIGHTLY_CONFIG:-}
 LOG_DIR_SET=${NIGHTLY_LOG_DIR+set}
 LOG_DIR=${NIGHTLY_LOG_DIR:-}
 DATE=${NIGHTLY_DATE:-$(date +%F)}
@@ -86,10 +88,11 @@ parse_args() {
             --dataset-dir) DATASET_DIR=${2:?}; shift 2 ;;
             --servers) SERVERS=${2:?}; shift 2 ;;
             --tokenizer) TOKENIZER=${2:?}; shift 2 ;;
+            --config) CONFIG=${2:?}; shift 2 ;;
             --log-dir) LOG_DIR=${2?}; LOG_DIR_SET="set"; shift 2 ;;
             --date) DATE=${2:?}; shift 2 ;;
             --) shift; GENERATE_ARGS+=("$@"); break ;;
-            -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0 ;;
+            -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
             *) usage "unknown argument $1" ;;
         esac
     done
@@ -101,6 +104,7 @@ parse_args() {
     PROMPTS=$DATASET_DIR/prompts
     [[ -n $SERVERS ]] && GENERATE_ARGS=(--servers "$SERVERS" "${GENERATE_ARGS[@]}")
     [[ -n $TOKENIZER ]] && GENERATE_ARGS=(--tokenizer "$TOKENIZER" "${GENERATE_ARGS[@]}")
+    [[ -n $CONFIG ]] && GENERATE_ARGS=(--config "$CONFIG" "${GENERATE_ARGS[@]}")
     return 0
 }
 

@@ -860,6 +860,7 @@ def test_slurm_submit_warns_when_no_gpu_is_asked_for(tmp_path: Path, sbatch_args
 def _make_generate(tmp_path: Path, *variables: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """`make generate VAR=...` with the repository's Makefile in a scratch folder whose venv is a fake
     gen-pipeline that records its argv; the argv it got."""
+    tmp_path.mkdir(exist_ok=True)
     shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
     (tmp_path / "pyproject.toml").write_text("")
     bin_dir = tmp_path / ".venv" / "bin"
@@ -902,8 +903,28 @@ def test_make_generate_passes_paths_with_spaces_as_one_argument(tmp_path: Path) 
     proc, argv = _make_generate(tmp_path, "INPUT=my prompts.jsonl", "OUT=runs/my run", "TOKENIZER=tok dir",
                                 "ARGS=--max-tokens 64 --seed 1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert argv == ["generate", "--input", "my prompts.jsonl", "--out", "runs/my run", "--servers",
-                    "127.0.0.1:30000-30007", "--tokenizer", "tok dir", "--max-tokens", "64", "--seed", "1"]  # fmt: skip
+    assert argv == ["generate", "--input", "my prompts.jsonl", "--out", "runs/my run", "--tokenizer", "tok dir",
+                    "--max-tokens", "64", "--seed", "1"]  # fmt: skip
+    proc, argv = _make_generate(tmp_path / "servers", "INPUT=x", "OUT=y", "SERVERS=gpu 1:30000")
+    assert argv == ["generate", "--input", "x", "--out", "y", "--servers", "gpu 1:30000"]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (["CONFIG=my run.toml"], ["generate", "--config", "my run.toml"]),
+        (
+            ["CONFIG=r.toml", "OUT=o", "SERVERS=h:1"],
+            ["generate", "--config", "r.toml", "--out", "o", "--servers", "h:1"],
+        ),
+    ],
+)
+def test_make_generate_takes_a_config_file(tmp_path: Path, given: list[str], expected: list[str]) -> None:
+    """CONFIG=FILE passes --config FILE, and then INPUT and OUT may come from the file; a variable given wins
+    over the file (it is passed as a flag), and SERVERS unset passes none (the file's, else generate's)."""
+    proc, argv = _make_generate(tmp_path, *given)
+    assert proc.returncode == 0, proc.stderr
+    assert argv == expected
 
 
 @pytest.mark.parametrize("given", [[], ["INPUT=prompts/my.jsonl"], ["OUT=runs/my-run"], ["INPUT=", "OUT=runs/x"]])

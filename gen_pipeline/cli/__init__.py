@@ -22,11 +22,12 @@ from typing import Any
 from .._version import __version__
 from ..errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OUTPUT, OutputError, PipelineError
 from ..runtime import install_stop_handlers, restore_handlers, say, silence, tune_process
-from .generate import config_from_args
+from .generate import config_from_args, with_config_file
 
-__all__ = ["build_parser", "config_from_args", "main", "subcommands"]
+__all__ = ["build_parser", "config_from_args", "main", "parse_argv", "subcommands"]
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a tool killed by SIGPIPE
+CONFIG_COMMANDS = ("generate", "check")  # the commands that take --config FILE
 GENERATE_HELP = "generate completions for a prompts file"
 # The other subcommands, each in a module of its own: name -> (module, help).
 PLUGGED = {
@@ -73,9 +74,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
     """Every subcommand's parser by name, each with all its flags (what a CLI reference walks)."""
-    parser = build_parser()
+    return _choices(build_parser())
+
+
+def _choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """parser's subcommands by name."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
+
+
+def parse_argv(argv: list[str]) -> argparse.Namespace:
+    """argv parsed, over the settings of a --config FILE for the commands that take one."""
+    command = _command(argv)
+    parser = build_parser(command)
+    if command in CONFIG_COMMANDS:
+        with_config_file(_choices(parser)[command], argv)
+    args = parser.parse_args(argv)
+    args.argv = argv  # --workers re-runs it per worker
+    return args
 
 
 def _user_text(doc: str | None) -> str | None:
@@ -105,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     tune_process()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    args = build_parser(_command(argv)).parse_args(argv)
-    args.argv = argv  # --workers re-runs it per worker
     try:
+        args = parse_argv(argv)
         return int(args.func(args))
     except OutputError as exc:
         say(f"error: {exc}")

@@ -24,6 +24,7 @@ from ..config import (
     RunConfig,
 )
 from ..options import OPTIONS, build_config
+from ..settings import read_settings
 from .watch import add_watch_flags
 
 STATIC_SHARDS_GONE = (
@@ -97,6 +98,12 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
     progress): `check` passes argparse.SUPPRESS, so its --help lists only the flags it uses.
     """
     groups = flag_groups(p)
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="a TOML file of these flags (keys as the long flags without --); a flag given here wins over it",
+    )
     _add_input_flags(groups["input and output"])
     _add_budget_flags(groups["model and budget"])
     _add_sampling_flags(groups["sampling"])
@@ -255,6 +262,20 @@ def _add_safety_flags(g: Any, run_only: Any) -> None:
         default=DEFAULT_FSYNC_INTERVAL,
         help=run_only or "seconds between fsyncs of the output (lines are flushed at once)",
     )
+
+
+def with_config_file(p: argparse.ArgumentParser, argv: list[str]) -> None:
+    """--config FILE's settings (when argv names one) as p's defaults: a flag on the command line still wins,
+    and one the file gives is no longer required."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--config", type=Path)
+    found, _ = early.parse_known_args(argv)
+    if found.config is None:
+        return
+    settings = read_settings(found.config)
+    for action in p._actions:
+        if action.dest in settings:
+            action.default, action.required = settings[action.dest], False
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -7,12 +7,14 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
 from .._version import __version__
-from ..config import RunConfig
+from ..config import INTERNAL_FIELDS, RunConfig, redact
 from ..errors import ConfigError, PreflightError
 from ..fleet.affinity import PrefixModel
 from ..fleet.balancer import ServerPool
@@ -77,7 +79,30 @@ def manifest_for(
         "input": str(config.input),
         "gen_pipeline_version": __version__,
         **({"shards": config.shards} if config.shards is not None else {}),
+        "settings": settings_record(config),
     }
+
+
+def settings_record(config: RunConfig) -> dict[str, Any]:
+    """The run's effective options (from its flags, --config file or keywords) as `--config` keys name them,
+    without the API key or server passwords (--servers are named without user:password@ already)."""
+    hidden = INTERNAL_FIELDS | {"api_key", "retry"}
+    record = {f.name: _plain(getattr(config, f.name)) for f in fields(config) if f.name not in hidden}
+    record["max_attempts"] = config.retry.max_attempts
+    if config.share > 1:  # a claimer started by --workers K (its own command line says --workers 1)
+        record["workers"] = config.share
+    if config.on_stall is not None:  # a command may name a URL with a password
+        record["on_stall"] = redact(config.on_stall)
+    return dict(sorted(record.items()))
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON writes it: paths as text, sets sorted, tuples as lists."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, frozenset | set):
+        return sorted(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
