@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gen_pipeline.cli import build_parser
+from gen_pipeline.cli import parse_argv
 from gen_pipeline.tokens import TINY_TOKENIZER
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,15 +64,26 @@ def pages() -> list[Path]:
     return [README, *sorted(DOCS.rglob("*.md"))]
 
 
+def config_files(text: str) -> dict[str, str]:
+    """The TOML blocks of a page that name their file in a first-line comment (`# runs/my-run.toml`)."""
+    blocks = re.findall(r"```toml\n# (\S+)\n(.*?)```", text, re.S)
+    return {name: body for name, body in blocks}
+
+
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
-def test_every_gen_pipeline_command_parses(page: Path):
+def test_every_gen_pipeline_command_parses(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """`gen-pipeline SUBCOMMAND ...` lines of the README and the docs (code blocks and complete inline
-    commands) are accepted by the real command-line parser (the best-of-n export line once lacked its --out)."""
-    commands = [argv for line in command_lines(page.read_text()) if (argv := gen_pipeline_argv(line))]
-    parser = build_parser()
+    commands) are accepted by the command line as it parses them (the best-of-n export line once lacked its
+    --out), over the page's own config files where a line names one with --config."""
+    text = page.read_text()
+    monkeypatch.chdir(tmp_path)
+    for name, body in config_files(text).items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    commands = [argv for line in command_lines(text) if (argv := gen_pipeline_argv(line))]
     for argv in commands:
         try:
-            parser.parse_args(argv)
+            parse_argv(argv)
         except SystemExit as exc:
             if exc.code == 0:  # --help
                 continue
