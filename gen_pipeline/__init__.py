@@ -30,6 +30,7 @@ _EXPORTS = {
     "RunConfig": "config",
     "agenerate": "api",
     "generate": "api",
+    "load": "export.load",
     "read_config": "api",
     "run": "modes",
 }
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         PipelineError,
         RequestError,
     )
+    from .export.load import load
     from .modes import run
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "__version__",
     "agenerate",
     "generate",
+    "load",
     "read_config",
     "run",
 ]

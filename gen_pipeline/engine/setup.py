@@ -31,6 +31,7 @@ from ..rundir.store import ResumeState, check_manifest, scan
 from ..runtime import open_file_limit
 from ..tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
 from ..tokens.conversation import SERVER_KINDS
+from ..tokens.whole import chat_template_hash
 
 log = logging.getLogger("gen_pipeline")
 
@@ -41,11 +42,6 @@ RESERVED_FILES = 64
 
 
 T = TypeVar("T")
-
-
-def chat_template_hash(counter: TemplateIdentity) -> str | None:
-    template = counter.chat_template
-    return hashlib.sha256(str(template).encode()).hexdigest()[:16] if template else None
 
 
 def template_inputs_hash(config: RunConfig) -> str | None:

@@ -25,20 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ExportCheckError
-from ..fleet.provenance import checkpoint_key, unnamed_checkpoints
-from ..inputs.formats import jsonl_rows
-from ..records import id_key
-from ..samples import place_key, record_place
-from ..views.rundata import completion_files, read_manifest
+from ..fleet.provenance import unnamed_checkpoints
+from ..views.rundata import read_manifest
 from .card import dataset_card
-from .exportconfig import (
-    COLUMN_TYPES,
-    REQUEST_COLUMNS,
-    ExportConfig,
-    ExportStats,
-    dropped,
-    is_completion,
-)
+from .exportconfig import COLUMN_TYPES, REQUEST_COLUMNS, TRAINER_FORMATS, ExportConfig, ExportStats
+from .lines import answered_rows, kept_completions
 from .trainrow import server_kind, training_row, turn_features
 
 
@@ -57,66 +48,6 @@ def check_settled(config: ExportConfig) -> None:
             )
 
 
-def unique_lines(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
-    """Every readable completion line of every run, once per (id, sample, turn) and checkpoint; unreadable and
-    repeated lines are counted into `stats` (and a claimed-shard run's keys written twice, named)."""
-    for run in config.runs:
-        yield from run_lines(config, stats, run)
-
-
-def run_lines(config: ExportConfig, stats: ExportStats, run: Path) -> Iterator[dict[str, Any]]:
-    """unique_lines of one of the runs (the lines of the runs before it already in `stats.seen`)."""
-    whole = read_manifest(run).get("shards") is not None  # a claimed-shard run: each key once, checked
-    seen: dict[int, Path] = {}
-    for f in completion_files(run):
-        yield from _unique(stats, f, seen if whole else None)
-
-
-def _unique(stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterator[dict[str, Any]]:
-    """unique_lines for one file; `seen`: the keys of this claimed-shard run so far and their files."""
-    for obj in jsonl_rows(f):
-        place = record_place(obj) if is_completion(obj) else None
-        if place is None:
-            stats.unreadable += 1
-            continue
-        key = place_key(id_key(obj["id"]), *place)
-        if seen is not None:
-            if key in seen:
-                turn = f" turn {place[1]}" if "turn" in obj else ""
-                stats.twice.append(f"id {obj['id']!r} sample {place[0]}{turn} ({seen[key]} and {f})")
-            seen.setdefault(key, f)
-        mixed = checkpoint_key(key, obj)
-        if mixed in stats.seen:
-            stats.duplicates += 1
-            continue
-        stats.seen.add(mixed)
-        yield obj
-
-
-def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
-    """Every exportable completion line of every run, once per (id, sample); the lines the --drop-* flags
-    leave out are counted into `stats`."""
-    for obj in unique_lines(config, stats):
-        if dropped(config, obj):
-            stats.truncated += 1
-        else:
-            yield obj
-
-
-def answered_rows(config: ExportConfig, stats: ExportStats) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """Each row's completion line (of a --turns all run, each conversation's last turn) with the columns a
-    conversation adds; every line in a row and every row counted into `stats`."""
-    if config.turns:
-        from .turnexport import conversation_rows
-
-        yield from conversation_rows(config, stats, run_lines)
-        return
-    for obj in kept_completions(config, stats):
-        stats.add(obj)
-        stats.row(obj)
-        yield obj, {}
-
-
 def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
     """Every exportable completion as a training row (or, with group_samples, every prompt's group; of a
     --turns all run, every conversation)."""
@@ -130,11 +61,17 @@ def training_rows(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str
         yield {**training_row(obj, config.columns, kind), **extra}
 
 
-def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> Any:
-    """The dataset, streamed to Arrow files under `cache_dir` (never the whole run in memory)."""
+def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path, in_memory: bool = False) -> Any:
+    """The dataset, streamed to Arrow files under `cache_dir` (never the whole run in memory), then read
+    from there, or into memory."""
     import datasets
 
-    if config.turns:
+    rows: Any = training_rows
+    if config.format in TRAINER_FORMATS:
+        from .trainerrows import trainer_features, trainer_rows
+
+        features, rows = trainer_features(config), trainer_rows
+    elif config.turns:
         from .turnexport import conversation_features
 
         features = conversation_features(config.columns, COLUMN_TYPES)
@@ -153,7 +90,7 @@ def build_dataset(config: ExportConfig, stats: ExportStats, cache_dir: Path) -> 
     kwargs = {"config": config, "stats": stats}
     try:
         return datasets.Dataset.from_generator(
-            training_rows, gen_kwargs=kwargs, features=features, cache_dir=str(cache_dir)
+            rows, gen_kwargs=kwargs, features=features, cache_dir=str(cache_dir), keep_in_memory=in_memory
         )
     except ValueError:
         if stats.written:
@@ -174,16 +111,24 @@ def write_dataset(ds: Any, out: Path, config: ExportConfig) -> None:
         part.to_parquet(str(out / "data" / f"train-{i:05d}-of-{shards:05d}.parquet"))
 
 
-def export(config: ExportConfig) -> ExportStats:
-    """Build the dataset and its card in a temporary folder, then move it to `config.out`."""
+def checked(config: ExportConfig) -> None:
+    """Refuse what export refuses before it reads a line: open shards, unnamed checkpoints side by side."""
     check_settled(config)
     if (refused := unnamed_checkpoints([read_manifest(run) for run in config.runs], config.columns)) is not None:
         raise ExportCheckError(refused)
+
+
+def export(config: ExportConfig) -> ExportStats:
+    """Build the dataset and its card in a temporary folder, then move it to `config.out`."""
+    checked(config)
     config.out.parent.mkdir(parents=True, exist_ok=True)
     stats = ExportStats()
     with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
         if config.format == "openai-batch":
             _stage_batch(config, stats, Path(tmp) / "out")
+            return stats
+        if config.format in TRAINER_FORMATS:
+            _stage_trainer(config, stats, Path(tmp) / "out")
             return stats
         ds = build_dataset(config, stats, Path(tmp) / "cache")
         if stats.twice:
@@ -196,10 +141,15 @@ def export(config: ExportConfig) -> ExportStats:
         if config.push_to_hub:
             push(ds, staged / "README.md", config)
         del ds
-        if config.out.exists():
-            shutil.rmtree(config.out)
-        staged.rename(config.out)
+        _move(staged, config.out)
     return stats
+
+
+def _move(staged: Path, out: Path) -> None:
+    """The staged output into place, replacing what was there (--overwrite)."""
+    if out.exists():
+        shutil.rmtree(out)
+    staged.rename(out)
 
 
 def _refuse_twice(stats: ExportStats) -> None:
@@ -214,9 +164,19 @@ def _stage_batch(config: ExportConfig, stats: ExportStats, staged: Path) -> None
     stats.written, stats.ledgered = write_batch(config, staged, _counted(stats, kept_completions(config, stats)))
     if stats.twice:
         _refuse_twice(stats)
-    if config.out.exists():
-        shutil.rmtree(config.out)
-    staged.rename(config.out)
+    _move(staged, config.out)
+
+
+def _stage_trainer(config: ExportConfig, stats: ExportStats, staged: Path) -> None:
+    """--format conversations / text: OUT/train.jsonl and the card, staged, then moved to `config.out`."""
+    from .trainerrows import TRAIN_FILE, trainer_rows, write_lines
+
+    staged.mkdir()
+    write_lines(trainer_rows(config, stats), staged / TRAIN_FILE)
+    if stats.twice:
+        _refuse_twice(stats)
+    (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
+    _move(staged, config.out)
 
 
 def _counted(stats: ExportStats, lines: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

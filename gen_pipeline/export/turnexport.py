@@ -37,7 +37,7 @@ from .exportconfig import REQUEST_COLUMNS, ExportConfig, ExportStats, dropped
 from .trainrow import turn_features
 
 TURN_COLUMNS = {"conversation": "string", "turns": "int64"}  # the columns a conversation row adds
-Lines = Any  # export.run_lines(config, stats, run): one run's readable lines, each (id, sample, turn) once
+Lines = Any  # lines.run_lines(config, stats, run): one run's readable lines, each (id, sample, turn) once
 
 
 @dataclass(slots=True)

@@ -83,6 +83,12 @@ def server_view(
     return ServerView(messages, None if tools is None else server_tools(tools, server), dict(template_kwargs or {}))
 
 
+def answered_view(view: ServerView, answer: dict[str, Any], content_format: str, server: str) -> ServerView:
+    """`view` (a request as the server shaped it) with its answer as the last turn, as the server shapes an
+    assistant turn of the history: the whole conversation, for a trainer's render."""
+    return ServerView([*view.messages, _message(answer, content_format, server)], view.tools, view.template_kwargs)
+
+
 def chosen_tools(tools: list[Any], tool_choice: Any) -> list[Any] | None:
     """The tools SGLang renders for a tool_choice (serving_chat: none for "none", the named one alone for
     {"type": "function", "function": {"name": ...}}, all of them otherwise)."""

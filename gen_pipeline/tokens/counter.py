@@ -77,10 +77,14 @@ def count_rendered(
     return out
 
 
-def hf_render(tokenizer: Any, view: ServerView) -> str:
+def hf_render(tokenizer: Any, view: ServerView, add_generation_prompt: bool = True) -> str:
     """transformers' own render of a request the server has shaped."""
     out: str = tokenizer.apply_chat_template(
-        view.messages, tools=view.tools, add_generation_prompt=True, tokenize=False, **view.template_kwargs
+        view.messages,
+        tools=view.tools,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **view.template_kwargs,
     )
     return out
 
@@ -160,11 +164,11 @@ class TransformersFallback:
         self.name_or_path = name_or_path
         self.tokenizer: Any = None
 
-    def __call__(self, view: ServerView) -> str:
+    def __call__(self, view: ServerView, add_generation_prompt: bool = True) -> str:
         if self.tokenizer is None:
             log.info("rendering with transformers for a request our renderer leaves to it")
             self.tokenizer = load_tokenizer(self.name_or_path).tokenizer
-        return hf_render(self.tokenizer, view)
+        return hf_render(self.tokenizer, view, add_generation_prompt)
 
 
 def encoded_lengths(tokenizer: Any, texts: list[str], chunk_chars: int = ENCODE_CHARS) -> list[int]:

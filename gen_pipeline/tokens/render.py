@@ -49,7 +49,7 @@ APPLY_PARAMETERS = frozenset(
     ]
 )
 
-Fallback = Callable[[ServerView], str]
+Fallback = Callable[..., str]  # (view, add_generation_prompt=True) -> text
 
 
 class NotRendered(Exception):
@@ -232,8 +232,9 @@ class ChatTemplate:
                 raise
             return self.fallback(view)
 
-    def render_view(self, view: ServerView) -> str:
-        """Our own render of a request the server has already shaped."""
+    def render_view(self, view: ServerView, add_generation_prompt: bool = True) -> str:
+        """Our own render of a request the server has already shaped (without the generation prompt: a
+        conversation that ends with its answer, as a trainer renders it)."""
         if APPLY_PARAMETERS.intersection(view.template_kwargs):
             raise NotRendered("a template kwarg is one of apply_chat_template's own parameters")
         kwargs = plain({**self.special_tokens, **view.template_kwargs})
@@ -241,7 +242,7 @@ class ChatTemplate:
             messages=template_messages(view.messages),
             tools=template_tools(view.tools),
             documents=None,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             **kwargs,
         )
         return out

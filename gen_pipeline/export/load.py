@@ -1,0 +1,53 @@
+"""`gen_pipeline.load`: a run as a `datasets.Dataset`, the rows `export` writes, in a notebook or script.
+
+    import gen_pipeline
+
+    gen_pipeline.generate("prompts/my.jsonl", "runs/my-run", servers="127.0.0.1:30000-30007")
+    ds = gen_pipeline.load("runs/my-run")
+
+Options are export's flags with `_` for `-` (`columns=["meta.src"]`, `drop_truncated=True`,
+`format="conversations"`, `reasoning="inline"`, ...), with the same defaults; several run directories go into
+one dataset as with `export runA runB`. It reads the run and never changes it. The dataset is built in a
+temporary folder and read into memory; `cache_dir=` keeps its Arrow files in that folder instead, read from
+there (for a run bigger than memory). Refusals are export's (ConfigError, ExportCheckError).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .export import build_dataset, checked
+from .exportconfig import TRAINER_FORMATS, ExportConfig, ExportStats, with_default_columns
+
+
+def load(
+    *runs: str | Path,
+    columns: Sequence[str] = (),
+    format: str = "dataset",
+    cache_dir: str | Path | None = None,
+    **options: Any,
+) -> Any:
+    """The rows `export RUNS...` would write with these options, as a `datasets.Dataset`."""
+    if not runs:
+        raise ConfigError("load: name at least one run directory")
+    if format not in ("dataset", *TRAINER_FORMATS):
+        raise ConfigError(f"load: format is dataset, {' or '.join(TRAINER_FORMATS)} (openai-batch is files)")
+    folder = Path(cache_dir) if cache_dir is not None else Path(tempfile.mkdtemp(prefix="gen-pipeline-load-"))
+    config = ExportConfig(
+        runs=tuple(Path(r) for r in runs),
+        out=folder / "out",  # never written
+        columns=with_default_columns(tuple(columns)),
+        format=format,
+        **options,
+    )
+    checked(config)
+    try:
+        return build_dataset(config, ExportStats(), folder / "cache", in_memory=cache_dir is None)
+    finally:
+        if cache_dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
