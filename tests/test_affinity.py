@@ -80,12 +80,12 @@ def test_a_freed_slot_goes_to_a_waiting_prompt_its_cache_holds_and_never_starves
         waiting_a = asyncio.ensure_future(p.lease(links=a).__aenter__())
         await asyncio.sleep(0)
         s0.in_flight = 0  # s0 frees a slot: the later prompt, whose prefix s0 holds, takes it
-        p._hand_out()
+        p.queue.hand_out()
         await asyncio.sleep(0)
         assert waiting_a.done() and waiting_a.result() is s0 and not waiting_b.done()
         # s0 frees again: nothing waiting matches it, the other prompt goes there rather than wait for s1
         s0.in_flight -= 1
-        p._hand_out()
+        p.queue.hand_out()
         await asyncio.sleep(0)
         assert waiting_b.done() and waiting_b.result() is s0
 
@@ -99,11 +99,11 @@ def test_a_prompt_kept_waiting_past_the_patience_goes_first():
         s0 = p.servers[0]
         waiting_b = asyncio.ensure_future(p.lease(links=b).__aenter__())
         await asyncio.sleep(0)
-        clock.now += 2 * p._patience() + 0.1  # past AFFINITY_PATIENCE times a lease's wait in turn, with a queued too
+        clock.now += 2 * p.queue.patience() + 0.1  # past AFFINITY_PATIENCE times a lease's wait in turn, a queued too
         waiting_a = asyncio.ensure_future(p.lease(links=a).__aenter__())
         await asyncio.sleep(0)
         s0.in_flight = 0
-        p._hand_out()
+        p.queue.hand_out()
         await asyncio.sleep(0)
         assert waiting_b.done() and waiting_b.result() is s0 and not waiting_a.done()
         waiting_a.cancel()
@@ -130,7 +130,7 @@ def test_a_free_server_holding_no_waiting_prefix_takes_the_group_most_in_need_an
         waiting_a = [asyncio.ensure_future(p.lease(links=ask(SYSTEM_A, f"q{i}")).__aenter__()) for i in range(3)]
         await asyncio.sleep(0)
         s2.in_flight = 0  # two slots free on a server that holds neither prefix
-        p._hand_out()
+        p.queue.hand_out()
         await asyncio.sleep(0)
         assert not waiting_b.done()
         assert [w.done() and w.result() is s2 for w in waiting_a] == [True, True, False]
@@ -168,7 +168,7 @@ def test_in_the_tail_a_holder_a_little_slower_than_the_rest_keeps_its_prefix():
     for s in p.servers:
         s.mean_latency = 1.0
     holder.mean_latency = 1.5  # too late by the plain rule, within HOLDER_SLACK
-    assert p._too_late(holder, p._latencies(), p.clock(), False, 0)
+    assert p._too_late(holder, p.latencies(), p.clock(), False, 0)
     assert p.pick(links=ask(SYSTEM_A, "q1")) is holder
     holder.mean_latency = 5.0  # far slower: the request goes elsewhere
     assert p.pick(links=ask(SYSTEM_A, "q1")) is not holder

@@ -311,12 +311,13 @@ def test_in_the_tail_a_retry_goes_first_then_the_longest_then_the_oldest_and_not
             ]
             gone = asyncio.create_task(take("cancelled", 900))
             await asyncio.sleep(0.01)
-            assert p._special == 1 and sorted(p._by_size) == [50, 100, 500, 900]
+            assert p.queue.special == 1 and sorted(p.queue._by_size) == [50, 100, 500, 900]
             gone.cancel()
             await asyncio.gather(gone, return_exceptions=True)
         await asyncio.wait_for(asyncio.gather(*waiters), 5)
         assert order == ["retry", "long-a", "long-b", "short"]
-        assert (p._queue, p._by_size, p._groups, p._special, p._linked) == ([], {}, {}, 0, 0)
+        q = p.queue
+        assert (q._leases, q._by_size, q._groups, q.special, q.linked) == ([], {}, {}, 0, 0)
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
@@ -414,7 +415,7 @@ def test_a_freed_slot_in_the_tail_costs_few_looks_however_many_wait():
         await asyncio.sleep(0.01)
         Counting.looks = 0
         slow.in_flight -= 1
-        p._hand_out()
+        p.queue.hand_out()
         await asyncio.sleep(0.01)
         looks, slow_in_flight = Counting.looks, slow.in_flight
         for w in waiters:
@@ -468,7 +469,7 @@ def test_many_leases_of_every_kind_all_run_and_leave_nothing_queued_or_indexed(t
     systems = [{"role": "system", "content": f"system prompt {g} " * 30} for g in range(4)]
 
     def indexed(p: ServerPool) -> list[int]:
-        return sorted(id(w) for members in p._by_size.values() for w in members)
+        return sorted(id(w) for members in p.queue._by_size.values() for w in members)
 
     async def scenario():
         p = ServerPool([ServerState(f"s{i}", 2) for i in range(3)])
@@ -479,8 +480,8 @@ def test_many_leases_of_every_kind_all_run_and_leave_nothing_queued_or_indexed(t
             links = chain([rng.choice(systems), {"role": "user", "content": f"q{i}"}]) if i % 3 else ()
             exclude = frozenset({"s0"}) if i % 7 == 0 else frozenset()
             async with p.lease(exclude=exclude, size=rng.choice([64, 128, 512]), links=links):
-                assert indexed(p) == sorted(id(w) for w in p._queue)
-                assert sum(map(len, p._groups.values())) == p._linked
+                assert indexed(p) == sorted(id(w) for w in p.queue._leases)
+                assert sum(map(len, p.queue._groups.values())) == p.queue.linked
                 ran.append(i)
                 await asyncio.sleep(rng.random() * 0.003)
 
@@ -492,7 +493,8 @@ def test_many_leases_of_every_kind_all_run_and_leave_nothing_queued_or_indexed(t
         await asyncio.gather(*tasks, return_exceptions=True)
         assert sorted(ran + [i for i in cancelled if i not in ran]) == list(range(300))
         assert len(ran) == len(set(ran)) and len(cancelled) > 10 and len(ran) > 250
-        assert (p._queue, p._by_size, p._groups, p._special, p._linked) == ([], {}, {}, 0, 0)
+        q = p.queue
+        assert (q._leases, q._by_size, q._groups, q.special, q.linked) == ([], {}, {}, 0, 0)
         assert all(s.in_flight == 0 for s in p.servers)
 
     asyncio.run(asyncio.wait_for(scenario(), 30))

@@ -1,34 +1,31 @@
 """Choosing a server for each request: the earliest expected completion among healthy servers, never the one
 that just failed, and every server kept full, with a small queue beyond its running slots. All per-server
 bookkeeping happens in `ServerPool.lease`, so cancellation cannot leak a slot. Health decisions are in health.py,
-one server's state in state.py.
+one server's state in state.py, the leases waiting for a slot (and which of them a free slot goes to) in
+waitqueue.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Collection, Iterable
 
 from ..errors import ConnectError, OverloadedError, RequestError
 from . import affinity, health, pacing
 from .affinity import Link
 from .health import Cost, Window
 from .state import ServerState
+from .waitqueue import Lease, WaitQueue
 
-__all__ = ["Lease", "ServerPool", "ServerState"]
+__all__ = ["ServerPool", "ServerState"]
 
 # Extra workers per slot: prompts that wait out a retry's backoff do not leave a slot idle, and once the
 # input is exhausted the longest of the prompts waiting for a slot goes first (bench/balance.py measures it).
 SPARE_WORKERS = 1.0
 LATENCY_WEIGHT = 0.05  # the weight of each new success in a server's mean latency
 POLL_S = 0.25  # how often a waiting lease looks again without being woken
-# A lease whose prefix only a busy server holds waits for a slot there, and lets the leases whose prefix a free
-# server holds go first, for at most this many times the wait of a lease in turn; then it goes first, anywhere.
-AFFINITY_PATIENCE = 2.0
 
 
 class ServerPool:
@@ -37,15 +34,7 @@ class ServerPool:
     def __init__(self, servers: Iterable[ServerState], clock: Callable[[], float] = time.monotonic) -> None:
         self.servers = list(servers)
         self.clock = clock
-        self._queue: list[Lease] = []  # leases waiting for a slot, oldest first; the pool hands slots to them
-        self._linked = 0  # of them, those with a prompt prefix (Lease.links): none, no affinity step to take
-        # The same leases indexed as the hand-out reads them, kept as they queue and leave (not rebuilt per slot:
-        # with thousands waiting that was the client's CPU): by size (the tail's order), by the first link of
-        # their prefix (the spread step's groups), and how many avoid or prefer a server (served first).
-        self._by_size: dict[float, list[Lease]] = {}
-        self._groups: dict[bytes, list[Lease]] = {}
-        self._special = 0
-        self._seq = itertools.count()
+        self.queue = WaitQueue(self)  # leases waiting for a slot; the pool hands slots to them
         self._poller: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None  # the next look
         self.waiting_since: float | None = None
         # Set once the input is exhausted: prompts read but not yet sent (the tail rule needs it).
@@ -85,7 +74,7 @@ class ServerPool:
         now = self.clock()
         # Wait for a busy healthy server rather than go back to one that just failed.
         avoid = exclude if exclude and any(s.url not in exclude and now >= s.down_until for s in self.servers) else ()
-        latency = self._latencies()
+        latency = self.latencies()
         # A free running slot first: a request queued behind others while a slot idles elsewhere wastes it.
         # Once the input is exhausted nothing more is queued: a request kept here takes the first slot to free.
         tail = self.backlog is not None
@@ -125,7 +114,7 @@ class ServerPool:
                 return s
         return None
 
-    def _latencies(self) -> dict[str, float]:
+    def latencies(self) -> dict[str, float]:
         """Each server's mean latency; the fleet's mean for servers with none yet (1 s before any)."""
         known = [s.mean_latency for s in self.servers if s.mean_latency is not None]
         default = sum(known) / len(known) if known else 1.0
@@ -155,7 +144,7 @@ class ServerPool:
         queued = {s.url: max(0, s.in_flight - s.capacity) for s in serving}
         times = {s.url: s.speed.request_s(size, now, latency[s.url]) or latency[s.url] for s in serving}
         all_rate, all_queued, all_times = sum(rates.values()), sum(queued.values()), sum(times.values())
-        waiting_here = self.backlog() + len(self._queue) + (0 if waiting else 1)
+        waiting_here = self.backlog() + len(self.queue) + (0 if waiting else 1)
 
         def too_late(server: ServerState, slack: float = pacing.TAIL_SLACK) -> bool:
             here = server.speed.request_s(size, now, latency[server.url])
@@ -192,20 +181,21 @@ class ServerPool:
         now = self.clock()
         return {s.url: s.view(now) for s in self.servers}
 
-    async def _wait_for_server(self, lease: Lease) -> ServerState:
+    async def acquire(self, lease: Lease) -> ServerState:
+        """The server `lease` takes a slot on, now or once one is handed to it."""
         # No await between the pick and taking the slot: no other task can take it in between. A lease
         # queues behind waiting ones rather than jump them (in the tail the longest of them goes first).
-        if self._queue:
+        if self.queue:
             return await self._wait(lease)
         server = self.pick(
             lease.exclude, prefer=lease.prefer, size=lease.size, home=lease.home, links=lease.links, patient=True
         )
         if server is None:
             return await self._wait(lease)
-        self._take(lease, server)
+        self.take(lease, server)
         return server
 
-    def _take(self, lease: Lease, server: ServerState) -> None:
+    def take(self, lease: Lease, server: ServerState) -> None:
         """Give `lease` one slot on `server`."""
         self.waiting_since = None
         now = self.last_dispatch = lease.started = self.clock()
@@ -225,43 +215,24 @@ class ServerPool:
             server.prefixes.note(lease.links)
 
     async def _wait(self, lease: Lease) -> ServerState:
-        """Queue `lease` until `_hand_out` gives it a slot; a slot given to a lease cancelled meanwhile is freed."""
-        lease.granted = asyncio.get_running_loop().create_future()
-        lease.queued_at = self.clock()
-        lease.seq = next(self._seq)
-        self._queue.append(lease)
-        lease.queued = True
-        self._linked += bool(lease.links)
-        self._by_size.setdefault(lease.size, []).append(lease)
-        if lease.links:
-            self._groups.setdefault(lease.links[0].digest, []).append(lease)
-        self._special += _special(lease)
+        """Queue `lease` until the queue's hand-out gives it a slot; a slot given to a lease cancelled meanwhile is
+        freed."""
+        granted = self.queue.push(lease)
         try:
             self._poll()
-            return await lease.granted
+            return await granted
         except BaseException:
             if lease.server is not None:  # cancelled after the slot was given
-                self._free(lease, lease.server)
+                self.release(lease, lease.server)
                 lease.server = None
             raise
         finally:
-            self._dequeue(lease)
-
-    def _dequeue(self, lease: Lease) -> None:
-        """Take `lease` off the queue (given a slot, or gone), if it is still on it."""
-        if lease.queued:
-            lease.queued = False
-            self._queue.remove(lease)
-            self._linked -= bool(lease.links)
-            _unindex(self._by_size, lease.size, lease)
-            if lease.links:
-                _unindex(self._groups, lease.links[0].digest, lease)
-            self._special -= _special(lease)
+            self.queue.remove(lease)
 
     def _poll(self) -> None:
         """Hand out what is free, and look again soon while leases wait (a lock-out may end meanwhile)."""
-        self._hand_out()
-        if not self._queue:
+        self.queue.hand_out()
+        if not self.queue:
             return
         if not self.healthy() and self.waiting_since is None:
             self.waiting_since = self.clock()
@@ -273,160 +244,6 @@ class ServerPool:
     def _look_again(self) -> None:
         self._poller = None
         self._poll()
-
-    def _hand_out(self) -> None:
-        """Give free slots to queued leases: the oldest first or, once the input is exhausted, the longest (its
-        expected size) that may still start, so the run does not end waiting on a long request started last."""
-        now = self.clock()
-        # room kept for conversations' next turns counts: their leases may be the ones waiting
-        free = sum(max(0, s.limit - s.in_flight) for s in self.servers if s.available(now, own_home=True))
-        if not self._queue or not free:
-            return
-        if self.backlog is None:
-            while True:
-                for lease in self._cached_first(now):  # one refused here has its server excluded, or a busy one
-                    if not (free := free - self._grant(lease)):
-                        return
-                # No slot idles while leases wait for their prefix: the group with the most waiting per server
-                # holding it spreads to one more (then its other leases find a free holder: the loop again).
-                if not self._linked:
-                    return
-                spread = self._widest_group(now)
-                if spread is None or not self._grant(spread, patient=False):
-                    return
-                free -= 1
-        linked = self._linked > 0
-        later = self._elsewhere(now, self._queue) if linked else None
-        if self._special:  # leases avoiding or preferring a server first, longest first
-            special = [w for w in self._queue if _special(w)]
-            special.sort(key=_size, reverse=True)  # (stable: of one size the oldest first)
-            for lease in special:
-                if not (free := free - self._grant(lease)):
-                    return
-        free = self._fit(free, later)
-        while linked and free and self._groups:  # no slot idles while they wait: the widest group spreads
-            spread = self._widest_group(now, tail=True)
-            if spread is None or not self._grant(spread, patient=False):
-                self._fit(free, None, patient=False)  # the tail rule refused it: any that fits
-                return
-            later = self._elsewhere(now, self._queue)  # the server it spread to now holds that group's prefix
-            free = self._fit(free - 1, later)
-
-    def _fit(self, free: int, later: Callable[[Lease], bool] | None, patient: bool | None = None) -> int:
-        """In the tail: grant queued leases, longest first (of one size the oldest first), while free slots may
-        take them now; the free slots left. A lease `later` says waits for the busy server holding its prefix
-        is passed over (pick would refuse it), as are leases avoiding or preferring a server (served before)."""
-        sizes = sorted(self._by_size, reverse=True)
-        start = 0
-        while free and (found := self._longest_fit(sizes, start)) is not None:
-            start = found + 1
-            for lease in self._by_size.get(sizes[found], []).copy():  # a copy: grants take leases off it
-                if _special(lease) or (later is not None and later(lease)):
-                    continue
-                if self._grant(lease, patient):
-                    free -= 1
-                    if not free or self.pick(waiting=True, size=sizes[found]) is None:
-                        break  # no more of this size fits now: a shorter one may
-        return free
-
-    def _cached_first(self, now: float) -> Iterator[Lease]:
-        """The queued leases that may take a free slot now, oldest first: those not waiting for the busy server
-        that holds their prefix (pick would refuse them; the spread step, `_widest_group`, serves those). Looked
-        at lazily, from a copy (grants take leases off the queue): a slot is usually taken by one of the first."""
-        queue = self._queue.copy()
-        if not self._linked:  # none waits for a prefix: the queue in order
-            yield from queue
-            return
-        later = self._elsewhere(now, queue)
-        yield from (w for w in queue if not later(w))
-
-    def _elsewhere(self, now: float, leases: list[Lease]) -> Callable[[Lease], bool]:
-        """Whether a lease waits for the busy server that holds its prefix, as `pick` would have it: no server
-        it could go to now holds any (a free running slot, else before the input is exhausted a queue margin),
-        one in service does, and it has not waited AFFINITY_PATIENCE (False for all when no lease has a
-        prefix; a lease with a server to avoid or prefer is never held back here)."""
-        if not any(w.links for w in leases):
-            return lambda lease: False
-        available = [s for s in self.servers if s.available(now)]
-        free = [s for s in available if s.taken() < s.capacity] or ([] if self.backlog is not None else available)
-        serving = [s for s in self.servers if now >= s.down_until]
-        patience = self._patience()
-        groups: dict[bytes, bool] = {}  # by a lease's first link: a prefix group waits or not (a longer link
-        # is held only where its first is: the model lets a prefix go before the shorter ones it extends)
-
-        def later(lease: Lease) -> bool:
-            if not lease.links or lease.exclude or lease.prefer is not None or now - lease.queued_at > patience:
-                return False
-            first = lease.links[:1]
-            if (waits := groups.get(first[0].digest)) is None:
-                waits = groups[first[0].digest] = (
-                    affinity.nearest(free, first) is None and affinity.nearest(serving, first) is not None
-                )
-            return waits
-
-        return later
-
-    def _widest_group(self, now: float, tail: bool = False) -> Lease | None:
-        """The first lease of the prefix group (queued leases sharing their first link) with the most leases
-        waiting per server in service that likely holds it (ties: the group waiting longest); None: no lease.
-        The first lease is the oldest, or `tail`, the longest (then the oldest) of those avoiding and preferring
-        no server (the others were served before)."""
-        serving = [s for s in self.servers if now >= s.down_until]
-        best, best_key = None, None
-        for members in self._groups.values():
-            waiting = [w for w in members if not _special(w)] if tail and self._special else members
-            if not waiting:
-                continue
-            first = max(waiting, key=_size) if tail and len(self._by_size) > 1 else waiting[0]  # the first longest
-            held = sum(s.prefixes.match(first.links[:1]) > 0 for s in serving)
-            key = (len(waiting) / max(1, held), -waiting[0].seq)
-            if best_key is None or key > best_key:
-                best, best_key = first, key
-        return best
-
-    def _patience(self) -> float:
-        """How long a lease may wait for the busy server that holds its prefix: AFFINITY_PATIENCE times what a
-        lease waits anyway (a mean latency, and the queue ahead of it over the fleet's running slots)."""
-        latency = sum(self._latencies().values()) / max(1, len(self.servers))
-        slots = sum(s.capacity for s in self.servers)
-        return AFFINITY_PATIENCE * latency * (1 + len(self._queue) / max(1, slots))
-
-    def _longest_fit(self, sizes: list[float], start: int) -> int | None:
-        """The first of `sizes` (longest first) from `start` that some free slot may take now, by bisection:
-        the tail rule refuses a request on a server only more as it grows longer."""
-        hi = len(sizes) - 1
-        if start > hi or self.pick(waiting=True, size=sizes[hi]) is None:
-            return None
-        while start < hi:  # sizes[hi] fits; those before `start` do not
-            mid = (start + hi) // 2
-            if self.pick(waiting=True, size=sizes[mid]) is None:
-                start = mid + 1
-            else:
-                hi = mid
-        return hi
-
-    def _grant(self, lease: Lease, patient: bool | None = None) -> int:
-        """Give `lease` the best free slot if one may take it now: 1 if given, else 0. `patient`: whether it may
-        wait for the busy server holding its prefix (None: while it has not waited AFFINITY_PATIENCE)."""
-        if lease.granted is None or lease.granted.done():
-            return 0
-        if patient is None:  # only a lease with a prefix may wait for its holder (affinity.steer)
-            patient = bool(lease.links) and self.clock() - lease.queued_at <= self._patience()
-        server = self.pick(
-            lease.exclude,
-            waiting=True,
-            prefer=lease.prefer,
-            size=lease.size,
-            home=lease.home,
-            links=lease.links,
-            patient=patient,
-        )
-        if server is None:
-            return 0
-        self._dequeue(lease)
-        self._take(lease, server)
-        lease.granted.set_result(server)
-        return 1
 
     def lease(
         self,
@@ -450,14 +267,14 @@ class ServerPool:
             if server.url == url and server.homes > 0:
                 server.homes -= 1
                 if hand_out:
-                    self._hand_out()
+                    self.queue.hand_out()
 
-    def _free(self, lease: Lease, server: ServerState, keep: bool = False) -> None:
+    def release(self, lease: Lease, server: ServerState, keep: bool = False) -> None:
         """Return a lease's slot and hand it on (`keep`: room stays for the conversation's next turn)."""
         server.in_flight -= 1
         server.homes += keep
         server.trial_in_flight -= lease.trial
-        self._hand_out()
+        self.queue.hand_out()
 
     def record_success(
         self, server: ServerState, latency: float, output_tokens: int, started: float | None = None
@@ -502,7 +319,7 @@ class ServerPool:
         """Add a failure's cost to the server's window; take it out when its health says so."""
         server.window.add(now, wasted_s=health.wasted_seconds(cost, held))
         server.expensive_in_a_row += cost is Cost.EXPENSIVE
-        young = server.window.young(now, server.mean_latency or self._latencies()[server.url], 2 * server.limit)
+        young = server.window.young(now, server.mean_latency or self.latencies()[server.url], 2 * server.limit)
         if health.should_take_out(cost, server.expensive_in_a_row, server.window, server.trial, young):
             self._take_out(server, reason, cost)
 
@@ -560,71 +377,3 @@ class ServerPool:
             server.out_of_service_s += max(0.0, min(now, server.down_until) - server.out_since)
             server.out_since = None
         server.down_until = min(server.down_until, now)
-
-
-def _size(lease: Lease) -> float:
-    return lease.size
-
-
-def _special(lease: Lease) -> bool:
-    """Whether a lease avoids or prefers a server (a retry, a conversation's next turn): served apart."""
-    return bool(lease.exclude) or lease.prefer is not None
-
-
-def _unindex(index: dict[Any, list[Lease]], key: Any, lease: Lease) -> None:
-    members = index[key]
-    members.remove(lease)
-    if not members:
-        del index[key]
-
-
-class Lease:
-    """One slot on one server, from `async with` to its end; cancellation cannot leak it."""
-
-    __slots__ = (
-        "exclude",
-        "expected",
-        "granted",
-        "home",
-        "keep",
-        "links",
-        "pool",
-        "prefer",
-        "queued",
-        "queued_at",
-        "seq",
-        "server",
-        "size",
-        "started",
-        "trial",
-    )
-
-    def __init__(
-        self,
-        pool: ServerPool,
-        exclude: frozenset[str],
-        prefer: str | None = None,
-        size: float = 0.0,
-        home: bool = False,
-        keep: bool = False,
-    ) -> None:
-        self.pool = pool
-        self.exclude = exclude
-        self.prefer, self.home, self.keep = prefer, home, keep  # ServerPool.pick, ServerPool.unhome
-        self.size = size
-        self.server: ServerState | None = None
-        self.started: float | None = None  # the pool's clock when the slot was taken
-        self.trial = False
-        self.granted: asyncio.Future[ServerState] | None = None  # set while queued for a slot
-        self.links: tuple[Link, ...] = ()  # its prompt's prefixes (affinity.chain)
-        self.expected = 0  # characters of them its server's cache was expected to hold (PrefixModel.match)
-        self.queued_at = 0.0  # the pool's clock when it began to wait for a slot
-        self.queued = False  # on the pool's queue now
-        self.seq = 0  # its place in the order leases queued (ServerPool._widest_group's ties)
-
-    async def __aenter__(self) -> ServerState:
-        return await self.pool._wait_for_server(self)
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.server is not None:
-            self.pool._free(self, self.server, keep=self.keep and exc[0] is None)

@@ -230,7 +230,7 @@ class RequestPath:
         links = affinity.chain(payload.get("messages"))
         lease = self.pool.lease(track.exclude, track.prefer, payload["max_tokens"], track.home, track.keep, links)
         async with lease as server:
-            track.home = False  # the room kept for it is taken or given back (ServerPool._take)
+            track.home = False  # the room kept for it is taken or given back (ServerPool.take)
             track.attempts += 1
             track.server = server.url
             self.stats.requests += 1
