@@ -219,6 +219,8 @@ class RunConfig:
             user turn answered by the target with its own earlier answers as history; send/turns.py).
         limit: read only the first `limit` lines of the input (None: all of it).
         system_prompt: a system turn put first in every row that has none (counted and sent like the rest).
+        template: the text of a Jinja2 template over a row's columns that renders its user message
+            (--template FILE; inputs/template.py); None: each row's own messages.
         tools / chat_template_kwargs: the OpenAI tools list and template switches of every row that has
             none of its own (rendered into the count and sent; ../shared/reference/server-api.md §1.6).
     """
@@ -247,6 +249,7 @@ class RunConfig:
     # rows
     limit: int | None = None
     system_prompt: str | None = None
+    template: str | None = None
     tools: list[Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # parallelism and retries

@@ -16,6 +16,7 @@ import orjson
 from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_SERVERS, RetryPolicy, RunConfig, fits, parse_reasons, parse_servers
 from .errors import ConfigError
 from .inputs.rows import as_written
+from .inputs.template import PromptTemplate
 from .records import TEMPLATE_FIELDS
 from .samples import run_samples
 
@@ -31,6 +32,7 @@ BUILT_TYPES: dict[str, Any] = {
     "system_prompt": str,
     "tools": str | Sequence,
     "chat_template_kwargs": str | Mapping,
+    "template": str,  # the template file's path; RunConfig.template holds its text
 }
 BUILT_OPTIONS = frozenset(BUILT_TYPES)
 OPTIONS = BUILT_OPTIONS | {f.name for f in fields(RunConfig) if f.name != "retry"}
@@ -50,14 +52,15 @@ def build_config(
     system_prompt: str | None = None,
     tools: str | Path | Sequence[Any] | None = None,
     chat_template_kwargs: str | Mapping[str, Any] | None = None,
+    template: str | Path | None = None,
     **options: Any,
 ) -> RunConfig:
     """A RunConfig from `generate`'s options, written as its flags are (the CLI and the Python API share it).
 
     `servers` "host:lo-hi" or URLs; `sampling` a JSON object or its text; `retry_failed` "all" or a comma
     list; `system_prompt` the text, or "@FILE" to read it from FILE; `tools` a JSON file's path or the
-    list; `chat_template_kwargs` a JSON object or its text (both may come inside `sampling` instead).
-    Other options are RunConfig fields.
+    list; `chat_template_kwargs` a JSON object or its text (both may come inside `sampling` instead);
+    `template` the path of a Jinja2 template file (--template). Other options are RunConfig fields.
     """
     unknown = options.keys() - OPTIONS
     if unknown:
@@ -86,6 +89,7 @@ def build_config(
         retry=RetryPolicy(max_attempts=max_attempts),
         retry_failed=parse_reasons(retry_failed),
         system_prompt=read_system_prompt(system_prompt),
+        template=read_template(template),
         **options,
     )
 
@@ -131,6 +135,20 @@ def lift_template_inputs(sampling: dict[str, Any], given: dict[str, Any]) -> dic
             raise ConfigError(f"{name} is given both in --sampling and as its own flag; keep one")
         out[name] = given[name] if given[name] is not None else sampling.get(name)
     return out
+
+
+def read_template(path: str | Path | None) -> str | None:
+    """--template FILE: the template's text, refused here (ConfigError) when it does not parse."""
+    if path is None:
+        return None
+    if not isinstance(path, str | Path):
+        raise ConfigError(f"template must be a path (str or Path), not {path!r}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--template {path}: cannot read it: {exc}") from exc
+    PromptTemplate(text, f"--template {path}")  # a template that does not parse stops the run before it starts
+    return text
 
 
 def read_system_prompt(spec: str | None) -> str | None:

@@ -142,6 +142,11 @@ class Prompt:
     tool_choice: Any = None  # the tool_choice it is sent with (its sampling's, else the run's): SGLang renders by it
     turns: list[Messages] | None = None  # --turns all: the segments, one per user turn (send.turns.split_turns)
     resume: dict[int, tuple[int, Messages]] = field(default_factory=dict)  # sample -> (first turn, history)
+    # inputs.shape: user turns merged into the one before, assistant turns dropped from the end (--turns last),
+    # and the first dropped one's content: the output line keeps it as `reference`
+    merged: int = 0
+    dropped: int = 0
+    reference: Any = None
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:

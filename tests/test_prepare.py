@@ -178,7 +178,8 @@ def test_dedup_collapses_whitespace_and_unicode_variants_but_not_roles(tmp_path,
     out, report = tmp_path / "prompts.jsonl", tmp_path / "report.json"
     assert run_prepare("--input", src, "--out", out, "--report", report) == 0
     rows = read_rows(out)
-    assert [r["messages"][-1]["content"] for r in rows] == ["Café  au lait?", "Hi", "Hi"]
+    # two user turns in a row are one turn (joined by a blank line): still not the system + user row
+    assert [r["messages"][-1]["content"] for r in rows] == ["Café  au lait?", "Hi", "Be brief.\n\nHi"]
     assert len({r["id"] for r in rows}) == 3
     counts = orjson.loads(report.read_bytes())
     assert (counts["read"], counts["duplicates"], counts["written"]) == (6, 2, 3)

@@ -86,11 +86,11 @@ def test_tools_are_part_of_the_group(tmp_path):
         {"messages": turns(1, 0), "tools": [tool]},
         {"messages": turns(2, 0)},
         {"messages": turns(1, 1)},  # conversation 1 without the tools: not the first row's group
-        {"messages": [{"role": "user", "content": "conversation 1 question 0"}, {"role": "user", "content": "more"}]},
+        {"messages": [*turns(1, 0), {"role": "assistant", "content": "other"}, {"role": "user", "content": "more"}]},
     ]
     grouped = run(write(tmp_path / "src.jsonl", rows), tmp_path / "out.jsonl", "--group-prefixes")
     shape = [(len(r["messages"]), "tools" in r) for r in grouped]
-    assert shape == [(1, True), (1, False), (3, False), (2, False)]
+    assert shape == [(1, True), (1, False), (3, False), (3, False)]
 
 
 def test_a_failed_grouped_write_leaves_the_old_output_and_no_temporary_file(tmp_path, monkeypatch):

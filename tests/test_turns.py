@@ -126,10 +126,15 @@ def test_a_resume_goes_on_from_the_answers_recorded(write_jsonl, tmp_path):
     assert again.summary["requests"] == 0 and again.summary["skipped"] == {"done": 6}
 
 
+def user_turns(texts: list[str]) -> list[dict[str, str]]:
+    """A conversation of these user turns, each answered (consecutive user turns would be one turn)."""
+    return [m for t in texts for m in ({"role": "user", "content": t}, {"role": "assistant", "content": "old"})]
+
+
 def test_a_turn_that_no_longer_fits_ends_the_conversation(write_jsonl, tmp_path):
     """The context fills turn by turn: the turn without room is ledgered over_length with its number,
     the turns before it are kept, and the summary counts the conversation as ended early."""
-    long = [{"role": "user", "content": "word " * 120} for _ in range(6)]
+    long = user_turns(["word " * 120] * 6)
     first = [{"role": "user", "content": "word " * 800}, {"role": "user", "content": "again"}]
     rows = [{"id": "long", "messages": long}, {"id": "first", "messages": first}, *conversation_rows(2)]
     out = tmp_path / "out"
@@ -194,7 +199,7 @@ def test_export_writes_one_row_per_conversation(write_jsonl, tmp_path):
 
     from gen_pipeline.export.export import ExportConfig, export
 
-    long = [{"role": "user", "content": "word " * 120} for _ in range(6)]
+    long = user_turns(["word " * 120] * 6)
     rows = [{"id": "long", "messages": long}, *conversation_rows(3)]
     run = tmp_path / "run"
     sim = {"n_ports": 2, "context_length": 700, "reasoning_words": 3}
@@ -223,8 +228,9 @@ def sharegpt(turns: list[tuple[str, str]], **extra: Any) -> dict[str, Any]:
 
 
 def test_prepare_keep_turns_keeps_the_system_and_user_turns_and_dedups_on_them(tmp_path, write_jsonl):
-    """--keep-turns: a ShareGPT conversation keeps its system and user turns, deduplicated on them (other
-    answers make no other row), tool conversations are invalid; a --turns all run's ids are excluded."""
+    """--keep-turns: a ShareGPT conversation keeps its turns up to the last user turn, deduplicated on its system
+    and user turns (other answers make no other row), tool conversations are invalid; consecutive human turns
+    are one turn, so --turns all answers each user turn once; a --turns all run's ids are excluded."""
     from gen_pipeline.cli import main
 
     rows = [
@@ -233,14 +239,17 @@ def test_prepare_keep_turns_keeps_the_system_and_user_turns_and_dedups_on_them(t
         sharegpt([("human", "A"), ("gpt", "B")]),
         sharegpt([("human", "A"), ("function_call", "f()"), ("observation", "r")]),
         sharegpt([("human", "new"), ("gpt", "x"), ("human", "two")]),
+        sharegpt([("human", "a"), ("human", "b"), ("gpt", "c"), ("human", "d")]),
     ]
     src, out = write_jsonl(rows, "src.jsonl"), tmp_path / "prompts.jsonl"
     assert main(["prepare", "--input", str(src), "--out", str(out), "--keep-turns"]) == 0
     kept = read_jsonl(out)
-    assert [[m["content"] for m in r["messages"]] for r in kept] == [["S", "A", "C"], ["A"], ["new", "two"]]
-    assert all(m["role"] != "assistant" for r in kept for m in r["messages"])
+    asked = [[m["content"] for m in r["messages"] if m["role"] != "assistant"] for r in kept]
+    assert asked == [["S", "A", "C"], ["A"], ["new", "two"], ["a\n\nb", "d"]]
     run = tmp_path / "run"
     run_sim(out, run, sim={"n_ports": 1}, turns="all")
+    turns = Counter(r["id"] for r in read_jsonl(run / "completions.jsonl"))
+    assert sorted(turns.values()) == [1, 2, 2, 2]  # each user turn answered once, none invented between a and b
     again = tmp_path / "again.jsonl"
     assert main(["prepare", "--input", str(src), "--out", str(again), "--keep-turns", "--exclude", str(run)]) == 0
     assert read_jsonl(again) == []
@@ -356,7 +365,7 @@ def test_retry_failed_goes_on_with_an_ended_conversation_and_status_and_report_c
     fit, from the answers written; status and report read the run."""
     from gen_pipeline.cli import main
 
-    long = [{"role": "user", "content": "word " * 120} for _ in range(4)]
+    long = user_turns(["word " * 120] * 4)
     path, out = write_jsonl([{"id": "long", "messages": long}, *conversation_rows(2)]), tmp_path / "out"
     run_sim(path, out, sim={"n_ports": 1, "context_length": 700}, turns="all", max_tokens=32, context_length=700)
     ended = read_jsonl(out / "failures.jsonl")[0]["turn"]

@@ -38,7 +38,8 @@ SETTINGS = {
 
 
 def long_conversation() -> dict[str, Any]:
-    return {"id": "long", "messages": [{"role": "user", "content": f"turn {t} " + "word " * 15} for t in range(TURNS)]}
+    turns = ({"role": "user", "content": f"turn {t} " + "word " * 15} for t in range(TURNS))
+    return {"id": "long", "messages": [m for u in turns for m in (u, {"role": "assistant", "content": "old"})]}
 
 
 def sim_settings(context_length: int, log: Path) -> dict[str, Any]:

@@ -127,6 +127,12 @@ def _add_input_flags(g: Any) -> None:
         help="a system turn for every row that has none (@FILE reads it from FILE); counted, and kept in the manifest",
     )
     g.add_argument(
+        "--template",
+        metavar="FILE",
+        help="a Jinja2 template over each row's columns ({{ question }}) that renders its user message "
+        "(sandboxed; a column the row lacks makes the row bad_input); counted, sent and recorded",
+    )
+    g.add_argument(
         "--turns",
         choices=["last", "all"],
         default="last",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Generator, Iterator
 
 from ..config import RunConfig
 from ..inputs.rows import BadRow, RowError
+from ..inputs.shape import RowShape
 from ..inputs.source import PromptSource, Skipped, skipped
 from ..progress.stats import RunStats
 from ..records import Prompt
@@ -43,7 +44,8 @@ class BatchReader:
         mine: Callable[[int], bool] | None = None,  # a claimer's held shards (None: every row)
     ) -> None:
         start = resumed.start if resumed else None
-        self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start)
+        shape = RowShape.of(config.template, config.turns)
+        self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start, shape)
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
         self.limit, self.config = config.limit, config
@@ -83,6 +85,7 @@ class BatchReader:
             out.append(settled)
             if isinstance(settled, Prompt):
                 prompts.append(shaped(settled, self.config))
+                self.stats.note_shape(settled.merged, settled.dropped)
                 if len(prompts) >= self.batch:
                     break
         self.stats.repeats = self.source.repeats

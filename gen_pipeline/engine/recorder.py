@@ -79,6 +79,8 @@ class Recorder:
         transient = False
         kinds = shapes(conversation(prompt))
         for outcome in sent.outcomes:
+            if prompt.dropped and isinstance(outcome, Completion):  # the row's own old answer (inputs/shape.py)
+                outcome.extra["reference"] = prompt.reference
             if isinstance(outcome, Failure):
                 self.failure(outcome)
                 transient = transient or outcome.reason in TRANSIENT_REASONS

@@ -52,6 +52,11 @@ def template_inputs_hash(config: RunConfig) -> str | None:
     return hashlib.sha256(orjson.dumps(inputs, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
+def template_hash(text: str) -> str:
+    """A SHA-256 of a --template's text (the manifest keeps it: another template is another prompt)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def manifest_for(
     config: RunConfig, model: str, ctx: int, counter: TemplateIdentity, server_kind: str | None = None
 ) -> dict[str, Any]:
@@ -71,6 +76,7 @@ def manifest_for(
         **({"turns": config.turns} if config.turns != "last" else {}),
         "thinking_budget": config.thinking_budget,
         "system_prompt": config.system_prompt,
+        **({"template_sha256": template_hash(config.template)} if config.template is not None else {}),
         "servers": list(config.servers),
         "input": str(config.input),
         "gen_pipeline_version": __version__,

@@ -177,6 +177,7 @@ SUMMARY_RULES: dict[str, Any] = {
     "valid_output_tokens": Rule(total, optional=True),
     "untruncated_output_tokens": Rule(total, optional=True),
     "conversations": Rule(lambda v: conversations_merged(v), optional=True),  # --turns all
+    "reshaped": Rule(tally, optional=True),  # rows sent otherwise than written (inputs/shape.py)
 }
 
 STATUS_RULES: dict[str, Any] = {
@@ -268,6 +269,7 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "servers": pool.views(),
         "tail_s": None if tail is None else round(tail, 2),
         "warnings": warnings,
+        **({"reshaped": dict(stats.reshaped)} if stats.reshaped else {}),
         **conversations_view(stats),
     }
 

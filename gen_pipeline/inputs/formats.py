@@ -29,9 +29,10 @@ from typing import Any
 
 import orjson
 
-from ..errors import ConfigError, PipelineError
+from ..errors import ConfigError, PipelineError, RequestShapeError
 from ..records import INT_MAX, INT_MIN, Messages, content_digest, id_from_digest
 from .rows import BIG_INTEGER
+from .shape import merge_user_turns
 
 # Suffixes read by `datasets` builders; .jsonl is read directly (faster, no Arrow copy).
 BUILDERS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet"}
@@ -94,8 +95,9 @@ def detect_format(raw: dict[str, Any]) -> str | None:
 
 def _turns(items: Any, role_key: str, text_key: str, roles: dict[str, str] | None) -> Messages:
     """Role/content messages from a list of turns, every other field of an OpenAI-style turn kept (tool
-    calls, tool-call ids, names, reasoning); an empty system turn is dropped. Whether the turns are valid
-    is `rows`' to judge (prepare checks what it writes as `generate` will read it)."""
+    calls, tool-call ids, names, reasoning); an empty system turn is dropped, consecutive user turns are
+    one (inputs.shape.merge_user_turns, as generate merges them). Whether the turns are valid is `rows`' to
+    judge (prepare checks what it writes as `generate` will read it)."""
     if not isinstance(items, list) or not items:
         raise InvalidRowError("no_messages")
     messages: Messages = []
@@ -108,7 +110,17 @@ def _turns(items: Any, role_key: str, text_key: str, roles: dict[str, str] | Non
             continue  # many ShareGPT dumps carry an empty system turn
         turn = {k: v for k, v in item.items() if k not in (role_key, text_key)} if roles is None else {}
         messages.append({"role": role, "content": content, **turn})
-    return messages
+    return _merged(messages)
+
+
+def _merged(messages: Messages) -> Messages:
+    """Consecutive user turns as one, when their contents can be joined (a bad turn is `rows`' to refuse)."""
+    if any(m["role"] == "user" and not isinstance(m["content"], str | list) for m in messages):
+        return messages
+    try:
+        return merge_user_turns(messages)[0]
+    except RequestShapeError:  # a part without text: refused by the validator, as written
+        return messages
 
 
 # The turns that ask the model for its next answer: a user's, or a tool's result after the model's call.
@@ -126,12 +138,17 @@ def split_prompt(messages: Messages) -> tuple[Messages, str | None]:
 
 
 def keep_turns(messages: Messages) -> tuple[Messages, str | None]:
-    """`prepare --keep-turns`: the system and user turns up to the last user turn (the conversation
-    `generate --turns all` regenerates), and the last answer; a conversation with tool turns cannot be."""
+    """`prepare --keep-turns`: the conversation up to the last user turn (the one `generate --turns all`
+    regenerates: it sends the system and user turns, never the old answers between them, which keep the
+    turns apart), and the last answer; a conversation with tool turns cannot be."""
     if any(m["role"] == "tool" for m in messages):
         raise InvalidRowError("tool_turns")
-    prompt, answer = split_prompt(messages)
-    return [m for m in prompt if m["role"] != "assistant"], answer
+    return split_prompt(messages)
+
+
+def asked(messages: Messages) -> Messages:
+    """The turns a conversation asks (its system and user turns): what --keep-turns deduplicates on."""
+    return [m for m in messages if m["role"] != "assistant"]
 
 
 def _sharegpt(raw: dict[str, Any]) -> Messages:
@@ -216,7 +233,7 @@ class RowConverter:
         if fmt is None:
             raise InvalidRowError("unknown_format")
         messages, answer = _extract(raw, fmt, self.keep_turns)
-        digest = content_digest(messages)
+        digest = content_digest(asked(messages) if self.keep_turns else messages)
         # the id from the digest in hand: hashing twice was half of prepare's time.
         row: dict[str, Any] = {"id": id_from_digest(digest), "messages": messages}
         row.update(_extras(raw, fmt))

@@ -16,11 +16,14 @@ from ..errors import RequestShapeError
 from ..records import ROLES, TEMPLATE_FIELDS, Messages, Prompt, RowId, content_id, template_input_error
 from ..samples import row_samples
 from ..tokens.conversation import content_texts
+from .shape import RowShape, shape_messages
+from .template import TemplateRowError
 
 RESERVED_SAMPLING = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "stream"})
 
 
-_KNOWN = frozenset({"id", "messages", "prompt", "max_tokens", "sampling", "samples", *TEMPLATE_FIELDS})
+_OPTIONS = frozenset({"id", "max_tokens", "sampling", "samples", *TEMPLATE_FIELDS})  # a row's settings, not meta
+_KNOWN = _OPTIONS | {"messages", "prompt"}
 
 # orjson reads 1024 nested levels but writes only 254. A row's fields go one level down in its output line
 # (under `meta`) and a few more in an exported row, so a row must still be writable this many levels down.
@@ -149,8 +152,9 @@ def _check_writable(raw: bytes, row: dict[str, Any]) -> None:
         ) from None
 
 
-def parse_row(raw: bytes, line: int) -> Prompt:
-    """One JSONL line as a validated Prompt, or RowError."""
+def parse_row(raw: bytes, line: int, shape: RowShape | None = None) -> Prompt:
+    """One JSONL line as a validated Prompt, or RowError; `shape`: the run's --template and --turns (None:
+    the row's messages as written, as `prepare` checks them)."""
     try:
         row = orjson.loads(raw)  # orjson checks UTF-8 itself; decoding first would copy every row
     except orjson.JSONDecodeError as exc:
@@ -162,7 +166,7 @@ def parse_row(raw: bytes, line: int) -> Prompt:
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object", "not_json_object")
     try:
-        return _prompt(raw, from_batch(row) if is_batch_line(row) else row, line)
+        return _prompt(raw, from_batch(row) if is_batch_line(row) else row, line, shape)
     except RowError as exc:
         raise RowError(as_written(str(exc), raw), exc.tag) from None
 
@@ -213,21 +217,35 @@ def as_written(detail: str, raw: bytes) -> str:
     return detail
 
 
-def _prompt(raw: bytes, row: dict[str, Any], line: int) -> Prompt:
+def _prompt(raw: bytes, row: dict[str, Any], line: int, shape: RowShape | None) -> Prompt:
     _check_writable(raw, row)
-    messages = _messages(row)
+    template = shape.template if shape is not None else None
+    messages = _messages(row) if template is None else _rendered(template.messages, row)
     max_tokens, sampling = _options(row)
     tools, template_kwargs, sampling = _template_inputs(row, sampling)
     try:
         sampling, samples = row_samples(row, sampling)
     except ValueError as exc:
         raise RowError(str(exc), "bad_samples") from None
-    meta = {k: v for k, v in row.items() if k not in _KNOWN}
+    known = _KNOWN if template is None else _OPTIONS  # a templated row's columns are all kept, prompt included
+    meta = {k: v for k, v in row.items() if k not in known}
     derived = row.get("id") is None
     extra = {k: v for k, v in zip(TEMPLATE_FIELDS, (tools, template_kwargs), strict=True) if v is not None}
     prompt = Prompt(_row_id(row, messages, extra), line, messages, max_tokens, sampling, meta, derived_id=derived)
     prompt.samples, prompt.tools, prompt.template_kwargs = samples, tools, template_kwargs
+    if shape is not None and template is None:  # the id is the row's as written; what is sent may differ
+        shaped = shape_messages(messages, shape.turns)
+        prompt.messages, prompt.merged, prompt.dropped = shaped.messages, shaped.merged, shaped.dropped
+        prompt.reference = shaped.reference
     return prompt
+
+
+def _rendered(render: Any, row: dict[str, Any]) -> Messages:
+    """The messages --template renders of the row's columns; RowError naming what the row lacks."""
+    try:
+        return render(row)  # type: ignore[no-any-return]
+    except TemplateRowError as exc:
+        raise RowError(str(exc), "template") from None
 
 
 def own_samples(raw: bytes) -> bool:

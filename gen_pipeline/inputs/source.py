@@ -22,6 +22,7 @@ from ..records import Prompt, RowId, id_key, parsed_id, peek_key
 from ..rundir.donekeys import KeyMap
 from .file import InputFile, strip_bom
 from .rows import BadRow, RowError, conflict_detail, own_samples, parse_row, same_content
+from .shape import RowShape
 
 # A line longer than this is a bad_input row, read in blocks and never held whole (a 20 MB row is fine).
 MAX_LINE_BYTES = 64 << 20
@@ -106,8 +107,10 @@ class PromptSource:
         settled: Settled | Callable[[int], str | None] | None = None,
         mine: Callable[[int], bool] | None = None,
         start: Start | None = None,
+        shape: RowShape | None = None,
     ) -> None:
         self.path = path
+        self.shape = shape  # the run's --template and --turns (None: rows as written)
         self.settled: Settled | None = DictSettled(settled) if callable(settled) else settled
         self.mine = mine  # a worker's filter: called with the id key, or the line number of a row without id
         start = start or Start()
@@ -224,7 +227,7 @@ class PromptSource:
         peeked = peek_key(raw)
         if peeked is None:
             try:
-                prompt = parse_row(raw, line)
+                prompt = parse_row(raw, line, self.shape)
                 rid, key = prompt.id, prompt.key
             except RowError as exc:
                 error, bad_id = str(exc), parsed_id(raw)  # the id of an invalid row, when it can still be read
@@ -241,7 +244,7 @@ class PromptSource:
                 return skipped(reason)  # settled by an earlier run: not even parsed when the id leads
         if prompt is None and error is None:
             try:
-                prompt = parse_row(raw, line)
+                prompt = parse_row(raw, line, self.shape)
             except RowError as exc:
                 error = str(exc)
             else:  # JSON keeps the last of two "id" keys; the peek read the first, which decided above

@@ -43,6 +43,8 @@ from ..fleet.affinity import fleet_cache_tokens
 from ..fleet.provenance import checkpoint_change, identity_records, server_lines
 from ..http import Client, open_transport
 from ..inputs.file import check_input
+from ..inputs.rows import BadRow
+from ..inputs.shape import RowShape
 from ..inputs.source import PromptSource
 from ..progress.stats import RunStats
 from ..records import Prompt
@@ -60,6 +62,8 @@ log = logging.getLogger("gen_pipeline")
 
 EXIT_PROBLEMS = EXIT_ERROR  # a PROBLEM found: generate would refuse this fleet too
 PROBE_ROWS = 3  # probe prompts per server
+EXAMPLE_ROWS = 100  # rows tried for check's --template example
+EXAMPLE_CHARS = 2000  # of its text shown
 
 
 # tokenizer agreement
@@ -71,7 +75,7 @@ def first_prompts(
     """The first `n` valid rows that fit the context (and the servers' input cap), counted (within --limit,
     with --system-prompt)."""
     floor, fit = SizeFloor(counter), ctx - config.safety_margin - config.min_tokens
-    items = first_lines(PromptSource(config.input), config.limit)
+    items = first_lines(PromptSource(config.input, shape=RowShape.of(config.template, config.turns)), config.limit)
     rows = (
         p
         for p in (shaped(x, config) for x in items if isinstance(x, Prompt))
@@ -133,6 +137,33 @@ def tokenizer_findings(view: dict[str, Any], tokenizer: str, found: Findings) ->
         found.warnings.append(f"{len(errors)} of {view['probes']} tokenizer probes failed: {errors[0]}")
     if (problem := drift_problem(view["drift"], compared, tokenizer, shapes=view["shapes"])) is not None:
         found.problems.append(problem)
+
+
+def template_example(config: RunConfig, rows: int = EXAMPLE_ROWS) -> dict[str, Any]:
+    """--template: the first row of the input it renders, as sent (with --system-prompt); or, when none of the
+    first `rows` renders, why the first did not."""
+    source = PromptSource(config.input, shape=RowShape.of(config.template, config.turns))
+    first_bad = None
+    for item in itertools.islice(first_lines(source, config.limit), rows):
+        if isinstance(item, Prompt):
+            return {"line": item.line, "id": item.id, "messages": shaped(item, config).messages}
+        if isinstance(item, BadRow) and first_bad is None:
+            first_bad = f"line {item.line}: {item.detail}"
+    return {"error": first_bad or "the input has no row"}
+
+
+def template_lines(report: dict[str, Any]) -> list[str]:
+    """check's rendered --template example as readable lines."""
+    example = report.get("template")
+    if example is None:
+        return []
+    if "error" in example:
+        return [f"template: renders none of the first rows; {example['error']}"]
+    lines = [f"template: line {example['line']} (id {example['id']!r}) is sent as:"]
+    for m in example["messages"]:
+        text = str(m.get("content"))
+        lines += [f"  [{m.get('role')}] {line}" for line in text[:EXAMPLE_CHARS].splitlines() or [""]]
+    return lines
 
 
 # budget plan
@@ -208,6 +239,10 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
     check_input(config.input)
     found = Findings()
     report: dict[str, Any] = {"input": str(config.input), "servers": list(config.servers)}
+    if config.template is not None:
+        report["template"] = await asyncio.to_thread(template_example, config)
+        if "error" in report["template"]:
+            found.problems.append(f"--template renders none of the first rows: {report['template']['error']}")
     resolved = await _fleet_and_probes(config, counter, report, found)
     if resolved is not None:
         loaded, model, ctx, checks = resolved
@@ -241,7 +276,7 @@ def render_check(report: dict[str, Any]) -> str:
     lines = [f"fleet: {up} of {len(report.get('fleet', []))} servers up"]
     lines += [server_line(s) for s in report.get("fleet", [])]
     lines += server_lines(report.get("provenance", []))
-    lines += _tokenizer_lines(report) + plan_lines(report)
+    lines += template_lines(report) + _tokenizer_lines(report) + plan_lines(report)
     lines += [f"WARNING: {w}" for w in report["warnings"]]
     lines += [f"PROBLEM: {p}" for p in report["problems"]]
     lines.append("check: OK" if report["ok"] else f"check: FAILED ({len(report['problems'])} problem(s))")

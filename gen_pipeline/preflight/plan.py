@@ -15,7 +15,7 @@ from ..engine.reader import BatchReader, unfinished_warning
 from ..inputs.rows import BadRow
 from ..inputs.source import Skipped
 from ..progress.scatter import Scatter
-from ..progress.stats import RunStats
+from ..progress.stats import RunStats, reshaped_lines
 from ..records import Prompt
 from ..rundir.store import ResumeState
 from ..tokens import TokenCounter
@@ -59,6 +59,7 @@ class Plan:
     later_turns: int | None = None  # --turns all: the turns after the first, of the conversations owed
     unfinished: str | None = None  # a last line left unread (no newline, not whole JSON yet): what generate says
     read_error: str | None = None  # why the input cannot be read to its end (a cut gzip or zstd stream)
+    reshaped: dict[str, int] = field(default_factory=dict)  # rows sent otherwise than written (inputs/shape.py)
 
     @property
     def prompts(self) -> int:
@@ -106,6 +107,7 @@ class Plan:
             "output_budget": self.output_budget,
             "expected_total_tokens": self.input_tokens + self.output_budget,
             **({"later_turns": self.later_turns} if self.later_turns is not None else {}),
+            **({"reshaped": self.reshaped} if self.reshaped else {}),
         }
 
 
@@ -125,7 +127,7 @@ def budget_plan(
             last_log = time.monotonic()
             log.info("check: counted %d rows", plan.rows)
     plan.repeats, plan.scatter = stats.repeats, stats.scatter
-    plan.read_error = stats.input_error
+    plan.read_error, plan.reshaped = stats.input_error, dict(stats.reshaped)
     if stats.unfinished_line is not None:
         plan.unfinished = unfinished_warning(config, stats.unfinished_line)
     return plan
@@ -193,6 +195,7 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     if plan["already_settled"]:
         lines.append(f"  already settled in --out (skipped): {plan['already_settled']}")
     lines.append(f"  samples to make: {plan['samples']:,}")
+    lines += [f"  {line}" for line in reshaped_lines(plan.get("reshaped") or {})]
     if "later_turns" in plan:
         lines.append(
             f"  --turns all: the first turn of each conversation is planned; {plan['later_turns']:,} later turn(s) "

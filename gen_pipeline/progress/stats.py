@@ -87,6 +87,9 @@ class RunStats:
     same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
     scatter: Scatter = field(default_factory=Scatter)  # how far apart the input has rows that begin alike
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    # rows sent otherwise than written (inputs/shape.py): "answered_from_last_user_turn" (trailing assistant
+    # turns dropped, the old answer kept as `reference`) and "user_turns_merged"
+    reshaped: Counter[str] = field(default_factory=Counter)
     ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
     progressed: tuple[float, int] = (-1.0, 0)  # (clock, worked()) when rate() last saw worked() grow
@@ -101,6 +104,13 @@ class RunStats:
         """The reader has passed on `rows` more rows, having consumed `fraction` of the input."""
         self.handed_over += rows
         self.input_fraction = fraction
+
+    def note_shape(self, merged: int, dropped: int) -> None:
+        """A row read to be sent had user turns merged (`merged`) or trailing assistant turns dropped."""
+        if merged:
+            self.reshaped["user_turns_merged"] += 1
+        if dropped:
+            self.reshaped["answered_from_last_user_turn"] += 1
 
     def worked(self) -> int:
         """Rows settled by this run (completed or ledgered), as opposed to skipped as settled before."""
@@ -241,6 +251,19 @@ def _samples_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def reshaped_lines(reshaped: dict[str, int]) -> list[str]:
+    """What the summary says of rows sent otherwise than written (inputs/shape.py)."""
+    lines = []
+    if n := reshaped.get("answered_from_last_user_turn"):
+        lines.append(
+            f"{n} row(s) ended with assistant turns: answered from their last user turn, the old answer kept "
+            "on the output line as `reference`"
+        )
+    if n := reshaped.get("user_turns_merged"):
+        lines.append(f"{n} row(s) had consecutive user turns: merged into one turn (joined by a blank line)")
+    return lines
+
+
 def _cache_note(view: dict[str, Any]) -> str:
     """A server's prefix-cache hits, where it reports them (SGLang --enable-cache-report)."""
     cached, prompt = view.get("cached_tokens"), view.get("prompt_tokens")
@@ -262,7 +285,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"over {summary['elapsed_s']} s",
         f"finish_reason {summary['finish_reasons']}",
     ]
-    lines += _samples_lines(summary)
+    lines += _samples_lines(summary) + reshaped_lines(summary.get("reshaped") or {})
     lines += cost_lines(summary)
     if cursor := summary.get("input_cursor"):
         lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")

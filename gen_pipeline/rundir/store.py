@@ -36,6 +36,7 @@ MANIFEST_KEYS = (
     "context_length",
     "sampling",
     "system_prompt",
+    "template_sha256",  # absent without --template
     "template_inputs_sha256",
     "turns",  # absent for --turns last: the runs made before it resume as they are
 )

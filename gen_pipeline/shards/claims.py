@@ -36,6 +36,7 @@ import orjson
 
 from ..errors import ConfigError, OutputError
 from ..inputs.rows import BadRow
+from ..inputs.shape import RowShape
 from ..inputs.source import PromptSource
 from ..records import RowId, id_key
 from ..rundir.layout import RunDir, ShardDir, make_dir, write_json_atomic
@@ -189,11 +190,11 @@ class ShardTable:
         marker = {"input": self.fingerprint, "time": time.time(), "by": by, **({"empty": True} if empty else {})}
         write_json_atomic(self.rundir.shard(index).settled, marker)
 
-    def settle_empty(self, path: Path, by: str) -> None:
+    def settle_empty(self, path: Path, by: str, shape: RowShape | None = None) -> None:
         """Settle, without a pass, the open shards no row of the input at `path` falls in: a night's few new
-        rows reopen only the shards they fall in."""
+        rows reopen only the shards they fall in (`shape`: the run's, which may make a row's id)."""
         open_ = set(self.open_shards())
-        for s in sorted(open_ - input_shards(path, self.count, open_)):
+        for s in sorted(open_ - input_shards(path, self.count, open_, shape)):
             if (claim := self.try_claim(s)) is not None:
                 try:
                     self.mark_settled(s, by, empty=True)
@@ -209,7 +210,7 @@ class _AllFound(Exception):
     """Every shard looked for holds a row: the rest of the input need not be read."""
 
 
-def input_shards(path: Path, count: int, wanted: set[int]) -> set[int]:
+def input_shards(path: Path, count: int, wanted: set[int], shape: RowShape | None = None) -> set[int]:
     """The shards of `wanted` that a row of the input falls in, as a pass assigns them (reading stops once
     every one of them does, so a large input is read only a little way)."""
     found: set[int] = set()
@@ -222,7 +223,7 @@ def input_shards(path: Path, count: int, wanted: set[int]) -> set[int]:
 
     if wanted:
         with contextlib.suppress(_AllFound):
-            for item in PromptSource(path, None, note):
+            for item in PromptSource(path, None, note, shape=shape):
                 if isinstance(item, BadRow):  # a line too long to read an id from: its line number decides
                     found.add(item.line % count)
     return found & wanted

@@ -27,6 +27,7 @@ from ..engine.summary import Outcome, merge_summaries
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, OutputError
 from ..fleet.discovery import FleetInfo
 from ..http import Client, open_transport
+from ..inputs.shape import RowShape
 from ..progress.stats import RunStats
 from ..rundir.layout import MANIFEST, SUMMARY, RunDir, write_json_atomic
 from ..rundir.locks import refuse_shard_writers
@@ -82,7 +83,8 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
     table = shard_table(config, reopen=bool(config.retry_failed))
     claimer = Claimer(rundir)
     claimer.register()
-    await asyncio.to_thread(table.settle_empty, config.input, claimer.ident)
+    shape = RowShape.of(config.template, config.turns)
+    await asyncio.to_thread(table.settle_empty, config.input, claimer.ident, shape)
     start = time.monotonic()
     try:
         stats = RunStats()
