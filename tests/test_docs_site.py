@@ -134,7 +134,8 @@ def documented_keys(doc: dict[str, object], nested: tuple[str, ...]) -> set[str]
 
 @pytest.mark.slow
 def test_every_field_a_run_writes_is_in_the_run_directory_reference(tmp_path: Path):
-    """A run on the simulated fleet (thinking, samples with seeds, an over-length row, a carried field) writes
+    """A run on the simulated fleet (thinking, samples with seeds, an over-length row, a carried field, a chat
+    ending in an old answer) writes
     no field of completions.jsonl, failures.jsonl, manifest.json, summary.json or status.json that
     reference/run-directory.md does not name."""
     import orjson
@@ -142,6 +143,12 @@ def test_every_field_a_run_writes_is_in_the_run_directory_reference(tmp_path: Pa
 
     rows = [{"id": i, "prompt": f"Question {i}: why?", "topic": "t"} for i in range(6)]
     rows.append({"id": "long", "prompt": "word " * 2000})
+    chat = [
+        {"role": "user", "content": "Hi."},
+        {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": "Old."},
+    ]
+    rows.append({"id": "chat", "messages": chat})  # merged user turns, a trailing answer: reshaped, reference
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     out = tmp_path / "run"
@@ -163,7 +170,8 @@ def test_every_field_a_run_writes_is_in_the_run_directory_reference(tmp_path: Pa
             orjson.loads((out / "status.json").read_bytes()), ("counts", "rates", "servers")
         ),
     }
-    assert "reasoning_content" in written["completions.jsonl"] and "reason" in written["failures.jsonl"]
+    assert {"reasoning_content", "reference"} <= written["completions.jsonl"] and "reason" in written["failures.jsonl"]
+    assert "reshaped" in written["summary.json"]
     for name, keys in written.items():
         assert f"## `{name}`" in page, name
         assert keys <= named, f"reference/run-directory.md does not name {sorted(keys - named)} of {name}"
