@@ -193,6 +193,14 @@ def test_text_is_the_conversation_rendered_as_the_target_serves_it(tmp_path):
         assert row["text"] == whole and row["text"].startswith(prompt)
         assert len(tok(prompt, add_special_tokens=False)["input_ids"]) == last["prompt_tokens"]
         assert f"<think>\n{last['reasoning_content']}\n</think>\n\n{last['completion']}<|im_end|>" in row["text"]
+    # --row-per-turn: every turn's own request and answer, as the target was sent and answered it
+    assert run_export(run, "--out", tmp_path / "turns", "--format", "text", "--row-per-turn") == 0
+    turns = {r["id"]: r["text"] for r in exported(tmp_path / "turns")}
+    assert len(turns) == len(lines)
+    for line in lines:
+        answer = {"role": "assistant", "content": line["completion"], "reasoning_content": line["reasoning_content"]}
+        whole = tok.apply_chat_template([*line["messages"], answer], tokenize=False, add_generation_prompt=False)
+        assert turns[f"{line['id']}#turn{line['turn']}"] == whole
 
 
 @needs_qwen3
@@ -232,3 +240,34 @@ def test_every_input_row_is_exported_ledgered_or_counted_as_left_out(tmp_path, c
     assert "| not generated: over_length (ledger) | 1 |" in card
     assert f"export: {len(written)} rows from {len(written)} completion lines -> {out}" in printed
     assert Counter(type(r["id"]) for r in exported(out)) == {str: len(written)}
+
+
+def expanded(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """SpecForge's documented expansion of a conversation (data_preparation.md, "Multi-turn structured
+    reasoning"): one row per assistant turn, ending at it with its reasoning, the history's answers keeping
+    only their visible content."""
+    rows, history = [], []
+    for m in row["conversations"]:
+        if m["role"] == "assistant":
+            rows.append({"id": f"{row['id']}#turn{len(rows)}", "conversations": [*history, m]})
+            m = {k: v for k, v in m.items() if k != "reasoning_content"}
+        history.append(m)
+    return rows
+
+
+def test_a_row_per_turn_is_specforges_expansion_of_the_conversations(tmp_path, capsys):
+    """--row-per-turn: one line per assistant turn, each the expansion SpecForge's expand script documents of
+    the conversation line (its history without reasoning); the counts say rows of turns."""
+    run = _run(tmp_path, conversation_rows(3), "run", {"reasoning_words": 3}, turns="all", max_tokens=64)
+    turns = len(read_jsonl(run / "completions.jsonl"))
+    assert run_export(run, "--out", tmp_path / "conv", "--format", "conversations") == 0
+    assert run_export(run, "--out", tmp_path / "turns", "--format", "conversations", "--row-per-turn") == 0
+    printed = capsys.readouterr().out
+    want = [e for row in exported(tmp_path / "conv") for e in expanded(row)]
+    got = exported(tmp_path / "turns")
+    assert len(got) == turns and sorted(got, key=lambda r: r["id"]) == sorted(want, key=lambda r: r["id"])
+    assert all(specforge_problem(r) is None for r in got)
+    assert f"export: {turns} rows from {turns} completion lines" in printed
+    assert "export: 3 conversations (3 complete, 0 ended early) of 3" in printed
+    with pytest.raises(Exception, match="--row-per-turn"):
+        run_export(run, "--out", tmp_path / "ds", "--row-per-turn")

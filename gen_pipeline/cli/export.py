@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the chat template shows it, <think>...</think> (inline), or left out (drop)",
     )
     add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
+    add(
+        "--row-per-turn",
+        action="store_true",
+        help="a --turns all run as --format conversations or text: a row per assistant turn (id ...#turnK), "
+        "its history's answers without their reasoning",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -77,6 +83,7 @@ def main(args: argparse.Namespace) -> int:
         drop_incomplete=args.drop_incomplete,
         format=args.format,
         reasoning=args.reasoning,
+        row_per_turn=args.row_per_turn,
     )
     stats = export(config)
     print("\n".join(summary_lines(config, stats)))

@@ -67,6 +67,7 @@ class ExportConfig:
     format: str = "dataset"  # or "openai-batch": the OpenAI Batch API's output and error files (batchexport.py)
     # or "conversations" / "text": JSON lines for draft-model trainers (trainerrows.py)
     reasoning: str = "separate"  # --format conversations: reasoning_content, <think> in the content, or none
+    row_per_turn: bool = False  # --turns all, --format conversations/text: a row per assistant turn
 
     def __post_init__(self) -> None:
         if "id" not in self.columns:  # a row without its id cannot be told apart from the others
@@ -101,6 +102,8 @@ class ExportConfig:
             )
         if self.drop_incomplete and not self.turns:
             raise ConfigError("--drop-incomplete is for runs made with --turns all")
+        if self.row_per_turn and not (self.turns and self.format in TRAINER_FORMATS):
+            raise ConfigError("--row-per-turn is for --format conversations or text of a run made with --turns all")
 
     @property
     def turns(self) -> bool:

@@ -20,6 +20,11 @@ out. An answer from a server without a reasoning parser holds its thinking in th
 (or an unclosed `<think>` when it was cut while thinking): `separate` moves it to `reasoning_content`, `drop`
 leaves it out, so neither leaves a marker in a content (the check SpecForge's recipe makes).
 
+`--row-per-turn` (a --turns all run) writes a row per assistant turn instead of one per conversation, id
+`...#turn{k}`, as SpecForge's scripts/expand_reasoning_conversations.py expands conversations: the turn's
+history and its answer, the history's answers without their reasoning (`text`: the request as it was sent,
+rendered whole, so the template shows the history as the target saw it).
+
 `text` is the conversation rendered whole (tokens/whole.py) by the run's tokenizer and chat template, the
 ones recorded in its manifest, with its tools and chat_template_kwargs: the tokens the target was sent and
 answered, so the draft model learns exactly the sequence the target serves.
@@ -45,10 +50,12 @@ OPEN, CLOSE = "<think>", "</think>"
 Shape = Callable[[dict[str, Any]], dict[str, Any]]  # a completion line -> one trainer row
 
 
-def row_id(obj: dict[str, Any]) -> str:
-    """A line's id as a trainer row's: a string, with the sample after the first."""
+def row_id(obj: dict[str, Any], per_turn: bool = False) -> str:
+    """A line's id as a trainer row's: a string, with the sample after the first (and its turn, for a row
+    per turn)."""
     sample = obj.get("sample") or 0
-    return f"{obj['id']}#sample{sample}" if sample else str(obj["id"])
+    rid = f"{obj['id']}#sample{sample}" if sample else str(obj["id"])
+    return f"{rid}#turn{obj['turn']}" if per_turn else rid
 
 
 def split_thinking(content: str) -> tuple[str | None, str]:
@@ -92,7 +99,9 @@ def conversations_shape(config: ExportConfig) -> Shape:
 
     def row(obj: dict[str, Any]) -> dict[str, Any]:
         turns = [conversation_turn(t, config.reasoning, shape) for t in export_messages(obj, kind)]
-        return {"id": row_id(obj), "conversations": turns, **_tools(obj)}
+        if config.row_per_turn:  # the history as it shows: its answers' reasoning left out
+            turns[:-1] = [conversation_turn(t, "drop", shape) for t in turns[:-1]]
+        return {"id": row_id(obj, config.row_per_turn), "conversations": turns, **_tools(obj)}
 
     return row
 
@@ -105,7 +114,7 @@ def text_shape(config: ExportConfig) -> Shape:
 
     def row(obj: dict[str, Any]) -> dict[str, Any]:
         chat = Conversation(obj["messages"], obj.get("tools"), obj.get("chat_template_kwargs") or {}, _choice(obj))
-        return {"id": row_id(obj), "text": render_whole(counter, chat, answer_turn(obj))}
+        return {"id": row_id(obj, config.row_per_turn), "text": render_whole(counter, chat, answer_turn(obj))}
 
     return row
 

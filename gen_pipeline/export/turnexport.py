@@ -69,8 +69,9 @@ class Planned:
 def conversation_rows(
     config: ExportConfig, stats: ExportStats, run_lines: Lines
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """The line of each conversation's last turn, with the columns a conversation row adds, in the order
-    those lines were written; every line and conversation counted into `stats`."""
+    """The line of each conversation's last turn (with --row-per-turn, of each of its turns), with the columns
+    a conversation row adds, in the order those lines were written; every line and conversation counted into
+    `stats`."""
     plan = _plan(_versions(config, stats, run_lines), config, stats)
     stats.seen.clear()  # the first pass's; the second keeps its own
     scratch = ExportStats()
@@ -83,10 +84,11 @@ def conversation_rows(
                 stats.turns_left_out += 1
                 continue
             stats.add(obj)
-            if obj["turn"] == planned.last:
+            last = obj["turn"] == planned.last
+            stats.conversations[planned.status] += last
+            if last or config.row_per_turn:
                 stats.row(obj)
-                stats.conversations[planned.status] += 1
-                yield obj, {"conversation": planned.status, "turns": planned.last + 1}
+                yield obj, {"conversation": planned.status, "turns": obj["turn"] + 1}
 
 
 def _versions(config: ExportConfig, stats: ExportStats, run_lines: Lines) -> dict[int, list[Version]]:
