@@ -24,10 +24,12 @@ FLAGS = ("--drop-truncated", "--drop-truncated-reasoning", "--drop-incomplete")
 
 
 def _long(n: int, turns: int, words: int) -> dict[str, Any]:
-    return {
-        "id": f"long{n}",
-        "messages": [{"role": "user", "content": f"{n} {t} " + "word " * words} for t in range(turns)],
-    }
+    """A conversation whose user turns (each after an old answer) soon no longer fit the context."""
+    messages: list[dict[str, Any]] = []
+    for t in range(turns):
+        messages.append({"role": "user", "content": f"{n} {t} " + "word " * words})
+        messages.append({"role": "assistant", "content": f"old answer {t}"})
+    return {"id": f"long{n}", "messages": messages}
 
 
 def mixed_rows() -> list[dict[str, Any]]:
