@@ -151,6 +151,17 @@ def test_columns_add_to_the_default_columns(run_dir, tmp_path, columns, expected
     assert read_parquet(out, tmp_path).column_names == ["messages", *REQUEST_COLUMNS, *expected]
 
 
+def test_the_old_answer_a_row_ended_with_is_a_column(write_jsonl, tmp_path):
+    """--columns reference: the answer a row ended with, kept on its line by generate and not sent."""
+    from e2e import run_sim
+
+    rows = [{"id": "a", "messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "old"}]}]
+    run_sim(write_jsonl(rows), tmp_path / "run", sim={"n_ports": 1}, max_tokens=16)
+    run_export(tmp_path / "run", "--out", tmp_path / "ds", "--columns", "reference")
+    [row] = read_parquet(tmp_path / "ds", tmp_path).to_list()
+    assert row["reference"] == "old" and [m["role"] for m in row["messages"]] == ["user", "assistant"]
+
+
 def test_id_is_always_kept(run_dir, tmp_path):
     """A configuration that leaves `id` out of its columns still exports each row's id."""
     from gen_pipeline.export.export import ExportConfig, export

@@ -21,6 +21,7 @@ _STRINGS: tuple[str, ...] = ("id", "completion", "reasoning_content", "finish_re
 REQUEST_COLUMNS = ("tools", "chat_template_kwargs", "sampling")
 _STRINGS += ("truncated_in", "logprobs", "usage_invalid", "server_usage", "tool_calls", *REQUEST_COLUMNS)
 _STRINGS += ("checkpoint", "weight_version")  # what wrote the row (fleet/provenance.py)
+_STRINGS += ("reference",)  # the answer a row ended with, not sent (--turns last: inputs/shape.py)
 _INTS = ("input_tokens", "prompt_tokens", "completion_tokens", "max_tokens", "attempts", "sample", "reasoning_tokens")
 COLUMN_TYPES = dict.fromkeys(_STRINGS, "string") | dict.fromkeys(_INTS, "int64")
 COLUMN_TYPES["latency_s"] = COLUMN_TYPES["time"] = "float64"
