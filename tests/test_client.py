@@ -95,15 +95,20 @@ def test_a_200_with_a_field_of_the_wrong_type_is_a_server_error(message, finish,
         parse_chat({"choices": [{"message": message, "finish_reason": finish}], "usage": usage}, "s")
 
 
-async def _with_server(handler, check):
+async def _with_server(handler, check, stream=False):
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
     async with TestServer(app, host="127.0.0.1") as server, open_transport("k") as transport:
-        return await check(Client(transport), str(server.make_url("")).rstrip("/"))
+        return await check(Client(transport, stream=stream), str(server.make_url("")).rstrip("/"))
 
 
-def test_chat_over_real_socket_sends_bearer_and_json():
-    """A chat request carries the key and JSON body; a 200 becomes a ChatResult."""
+MODES = pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+
+
+@MODES
+def test_chat_over_real_socket_sends_bearer_and_json(stream):
+    """A chat request carries the key and JSON body; a 200 becomes a ChatResult (a streamed request answered
+    whole is read whole)."""
     seen = {}
 
     async def handler(request):
@@ -121,14 +126,15 @@ def test_chat_over_real_socket_sends_bearer_and_json():
     async def check(client, url):
         return await client.chat(url, {"messages": [], "max_tokens": 2}, 5)
 
-    result = asyncio.run(asyncio.wait_for(_with_server(handler, check), 10))
+    result = asyncio.run(asyncio.wait_for(_with_server(handler, check, stream), 10))
     assert result.finish_reason == "length" and result.completion_tokens == 2
     assert seen["auth"] == "Bearer k" and seen["ctype"] == "application/json"
     assert seen["agent"].startswith("gen-pipeline/")
     assert seen["body"]["max_tokens"] == 2
 
 
-def test_timeout_and_refused_over_real_sockets():
+@MODES
+def test_timeout_and_refused_over_real_sockets(stream):
     """A hung server times out; a closed port is refused."""
 
     async def handler(request):
@@ -141,10 +147,11 @@ def test_timeout_and_refused_over_real_sockets():
         with pytest.raises(ConnectError):
             await client.chat("http://127.0.0.1:1", {}, 2)
 
-    asyncio.run(asyncio.wait_for(_with_server(handler, check), 10))
+    asyncio.run(asyncio.wait_for(_with_server(handler, check, stream), 10))
 
 
-def test_a_redirect_is_not_followed():
+@MODES
+def test_a_redirect_is_not_followed(stream):
     """A 302 is returned as an EndpointError: the request is never re-sent to where it points."""
     hits = []
 
@@ -159,7 +166,7 @@ def test_a_redirect_is_not_followed():
             await client.chat(url, {}, 5)
         assert caught.value.url == url + "/v1/chat/completions"
 
-    asyncio.run(asyncio.wait_for(_with_server(handler, check), 10))
+    asyncio.run(asyncio.wait_for(_with_server(handler, check, stream), 10))
     assert hits == ["/v1/chat/completions"]
 
 

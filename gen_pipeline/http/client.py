@@ -1,8 +1,11 @@
-"""The HTTP layer: one request to one server, and the only place that turns HTTP statuses into our
-errors. It knows nothing about retries or balancing.
+"""The HTTP layer: one request to one server; statuses become our errors through one table (status.py).
+It knows nothing about retries or balancing.
 
 Bytes move through a transport (transport.py: one aiohttp session), which maps its own failures to our
-error tree; `Client` reads the status and the body.
+error tree; `Client` reads the status and the body. A chat answer is read whole, or streamed (sse.py) and
+joined into the same body, so both give the same ChatResult. A chat request given up on before its answer
+ended (a timeout, a cancellation, a watch's error, a broken stream) never stays running: its connection is
+closed, and a request that names its `rid` (SGLang) is aborted by it.
 """
 
 from __future__ import annotations
@@ -12,18 +15,18 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..errors import (
-    AuthError,
-    BadRequestError,
-    ContextOverflowError,
-    EndpointError,
-    OverloadedError,
-    RequestError,
-    RequestTimeout,
-    ServerError,
-)
-from .overflow import error_message, parse_overflow
-from .transport import Response
+from ..errors import ConnectError, ConnectionLostError, ServerError
+from .overflow import error_message
+from .sse import StreamBody, Watch
+from .status import status_error
+from .transport import Response, Sink
+
+CHAT_PATH = "/v1/chat/completions"
+# What a streamed request adds: usage still comes, in a last chunk (server-api.md §1.5)
+STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
+# SGLang stops a request by the rid it carried (with n > 1, each choice's: rid_0, rid_1, ...)
+ABORT_PATH = "/abort_request"
+ABORT_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,43 +48,6 @@ class ChatResult:
     usage_problem: str | None = None  # why its usage is impossible (set by the request path: send/usage.py)
     tool_calls: list[Any] | None = None  # the answer's own tool calls (the message's tool_calls), when it made any
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (SGLang --enable-cache-report)
-
-
-def _retry_after(headers: Any) -> float | None:
-    value = headers.get("retry-after") if headers is not None else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None  # an HTTP-date: fall back to our own backoff
-
-
-def status_error(status: int, body: Any, server: str, headers: Any = None, request: str = "") -> RequestError:
-    """The error for a non-200 answer to `request` ("POST url"): a table from status code to class."""
-    message = f"HTTP {status}: {error_message(body)}"
-    if 300 <= status < 400 or status == 404:
-        return _endpoint_error(status, server, headers, request)
-    if status == 400:
-        counts = parse_overflow(body)
-        if counts is not None:
-            return ContextOverflowError(message, counts=counts, server=server, status=status)
-        return BadRequestError(message, server=server, status=status)
-    if status in (401, 403):
-        return AuthError(message, server=server, status=status)
-    if status in (429, 503):
-        return OverloadedError(message, server=server, status=status, retry_after=_retry_after(headers))
-    if status == 408:
-        return RequestTimeout(message, server=server, status=status)
-    if status >= 500:
-        return ServerError(message, server=server, status=status)
-    return BadRequestError(message, server=server, status=status)
-
-
-def _endpoint_error(status: int, server: str, headers: Any, request: str) -> EndpointError:
-    """A redirect or a 404: this URL does not lead to the server's API (a wrong path, a proxy in between)."""
-    location = headers.get("location") if headers is not None else None
-    went = f" to {location}" if location else ""
-    message = f"{request or server} answered HTTP {status}{went}: --servers must name each server's base URL"
-    return EndpointError(message, server=server, status=status, url=request.partition(" ")[2])
 
 
 def parse_chat(body: Any, server: str) -> ChatResult:
@@ -180,19 +146,58 @@ class Transport(Protocol):
         self, method: str, server: str, path: str, timeout: float, body: bytes | None = None
     ) -> Response: ...
 
+    async def stream(self, server: str, path: str, timeout: float, body: bytes, sink: Sink) -> Response: ...
+
+    def fire(self, method: str, server: str, path: str, timeout: float, body: bytes | None = None) -> None: ...
+
     async def close(self) -> None: ...
 
 
 class Client:
-    """Sends single requests to single servers and returns results or raises our errors."""
+    """Sends single requests to single servers and returns results or raises our errors; `stream`: chat
+    answers are streamed and read as they arrive."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, stream: bool = False) -> None:
         self.transport = transport
+        self.stream = stream
 
-    async def chat(self, server: str, payload: dict[str, Any], timeout: float) -> ChatResult:
-        """POST one chat completion."""
-        body = await self._call("POST", server, "/v1/chat/completions", timeout, orjson.dumps(payload))
-        return parse_chat(body, server)
+    async def chat(
+        self, server: str, payload: dict[str, Any], timeout: float, watch: Watch | None = None
+    ) -> ChatResult:
+        """POST one chat completion. `watch` sees its text as it streams (a server that answers a stream
+        request whole has it shown whole); the error the watch raises stops the request."""
+        try:
+            if self.stream:
+                return await self._streamed(server, payload, timeout, watch)
+            body = await self._call("POST", server, CHAT_PATH, timeout, orjson.dumps(payload))
+        except ConnectError:
+            raise  # it never reached the server
+        except BaseException:
+            self._abandon(server, payload)
+            raise
+        return _watched(parse_chat(body, server), watch)
+
+    async def _streamed(self, server: str, payload: dict[str, Any], timeout: float, watch: Watch | None) -> ChatResult:
+        """One streamed chat completion, joined into the body a whole answer has."""
+        stream = StreamBody(server, watch)
+        data = orjson.dumps({**payload, **STREAM_FIELDS})
+        status, raw, headers = await self.transport.stream(server, CHAT_PATH, timeout, data, stream.feed)
+        if status != 200:
+            raise status_error(status, _decode(raw), server, headers, f"POST {server}{CHAT_PATH}")
+        if raw:  # answered whole (a server that does not stream)
+            return _watched(parse_chat(_decode(raw), server), watch)
+        if not stream.done:
+            raise ConnectionLostError("the stream ended before data: [DONE]", server=server)
+        return parse_chat(stream.body(), server)
+
+    def _abandon(self, server: str, payload: dict[str, Any]) -> None:
+        """Abort a request given up on, on the server, by the rid it carried (if any): in the background."""
+        rid = payload.get("rid")
+        if not isinstance(rid, str):
+            return
+        n = payload.get("n") or 1
+        for each in [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]:
+            self.transport.fire("POST", server, ABORT_PATH, ABORT_TIMEOUT, orjson.dumps({"rid": each}))
 
     async def get_json(self, server: str, path: str, timeout: float = 10.0) -> Any:
         """GET a JSON document (discovery and health)."""
@@ -212,3 +217,11 @@ class Client:
         if status != 200:
             raise status_error(status, _decode(raw), server, headers, f"{method} {server}{path}")
         return raw
+
+
+def _watched(result: ChatResult, watch: Watch | None) -> ChatResult:
+    """Show a whole answer's choices to the watch, as a stream would have shown them."""
+    if watch is not None:
+        for i, choice in enumerate(result.choices or (result,)):
+            watch(i, choice.content, choice.reasoning_content or "")
+    return result

@@ -3,15 +3,21 @@ place where foreign exceptions (aiohttp's, the socket's, the URL parser's, timeo
 
 A request is sent once: redirects are not followed (a 3xx is an answer, and the client says what it means),
 the body is read up to a cap and no further, and the whole exchange, connecting included, has a deadline
-(deadlines.py: one shared timer, not an asyncio.timeout per request).
+(deadlines.py: one shared timer, not an asyncio.timeout per request). A streamed answer (`stream`) is handed
+on piece by piece as it arrives. A connection whose answer was not read to its end (a deadline, a
+cancellation, a stream stopped by its reader) is closed, never handed back to the keep-alive pool, so a server
+sees the client leave (SGLang then stops decoding). `fire` sends a request in the background (an abort), and
+`close` waits for those a moment before it closes the session.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import errno
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping
 
 import aiohttp
 
@@ -32,7 +38,20 @@ from .deadlines import Deadlines
 KEEPALIVE_TIMEOUT = 4.0
 USER_AGENT = f"gen-pipeline/{__version__}"
 Response = tuple[int, bytes, Mapping[str, str]]  # status, body, headers (names case-insensitive)
+Sink = Callable[[bytes], None]  # takes a streamed answer's bytes as they arrive; its error stops the stream
 JSON_HEADERS = {"Content-Type": "application/json"}
+EVENT_STREAM = "text/event-stream"
+BACKGROUND_GRACE = 2.0  # how long close() waits for requests still in the background (aborts)
+
+log = logging.getLogger("gen_pipeline")
+
+
+class _SinkFailed(Exception):
+    """The sink's own error, carried past map_errors (which must not take it for the connection's)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
 
 
 def describe(exc: BaseException) -> str:
@@ -106,6 +125,7 @@ class AiohttpTransport:
         self.session = aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout)
         self.max_body = max_body
         self._deadlines = Deadlines()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> AiohttpTransport:
         return self
@@ -114,14 +134,44 @@ class AiohttpTransport:
         await self.close()
 
     async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=BACKGROUND_GRACE)
         await self.session.close()
 
     async def request(self, method: str, server: str, path: str, timeout: float, body: bytes | None = None) -> Response:
         """One request to `server + path`; RequestTimeout after `timeout` s, connecting included."""
+        return await self._exchange(method, server, path, timeout, body, None)
+
+    async def stream(self, server: str, path: str, timeout: float, body: bytes, sink: Sink) -> Response:
+        """POST `body`; a 200 event stream goes to `sink` as it arrives (the body returned is then empty), any
+        other answer is read whole. The deadline covers the whole stream; the sink's error stops it."""
+        try:
+            return await self._exchange("POST", server, path, timeout, body, sink)
+        except _SinkFailed as exc:
+            raise exc.error from None
+
+    def fire(self, method: str, server: str, path: str, timeout: float, body: bytes | None = None) -> None:
+        """Send a request in the background, its answer ignored (a failure is logged at debug level)."""
+        task = asyncio.get_running_loop().create_task(self._quietly(method, server, path, timeout, body))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _quietly(self, method: str, server: str, path: str, timeout: float, body: bytes | None) -> None:
+        try:
+            status, _, _ = await self.request(method, server, path, timeout, body)
+        except RequestError as exc:
+            log.debug("%s %s%s failed: %s", method, server, path, exc)
+            return
+        if status != 200:
+            log.debug("%s %s%s answered %d", method, server, path, status)
+
+    async def _exchange(
+        self, method: str, server: str, path: str, timeout: float, body: bytes | None, sink: Sink | None
+    ) -> Response:
         task = self._deadlines.enter(timeout)
         try:
             with map_errors(server, server + path):
-                answer = await self._send(method, server, server + path, body)
+                answer = await self._send(method, server, server + path, body, sink)
         except BaseException as exc:  # a cancellation at our deadline is a timeout; any other goes on
             if self._deadlines.leave(task):
                 raise RequestTimeout("request timed out", server=server) from exc
@@ -129,14 +179,38 @@ class AiohttpTransport:
         self._deadlines.leave(task)
         return answer
 
-    async def _send(self, method: str, server: str, url: str, body: bytes | None) -> Response:
-        """Send once (no redirect followed) and read the whole answer."""
+    async def _send(self, method: str, server: str, url: str, body: bytes | None, sink: Sink | None) -> Response:
+        """Send once (no redirect followed) and read the whole answer, or stream it to `sink`; an answer left
+        unread (an error, a cancellation) closes its connection."""
         headers = JSON_HEADERS if body is not None else None
         auth = self.auth.get(server)
         if auth is not None:
             headers = {**(headers or {}), "Authorization": auth}
         async with self.session.request(method, url, data=body, headers=headers, allow_redirects=False) as resp:
-            return resp.status, await self._body(resp, server, url), resp.headers
+            try:
+                if sink is not None and resp.status == 200 and resp.content_type == EVENT_STREAM:
+                    await self._pipe(resp, sink, server, url)
+                    return resp.status, b"", resp.headers
+                return resp.status, await self._body(resp, server, url), resp.headers
+            except BaseException:
+                resp.close()  # never back to the pool with an answer still coming
+                raise
+
+    async def _pipe(self, resp: aiohttp.ClientResponse, sink: Sink, server: str, url: str) -> None:
+        """Hand the stream to `sink` piece by piece, to its end; over max_body bytes it is an error."""
+        size = 0
+        while piece := await resp.content.readany():
+            size += len(piece)
+            if size > self.max_body:
+                raise ResponseTooLargeError(
+                    f"stream over {self.max_body:,} bytes from {resp.method} {url}; not read further",
+                    server=server,
+                    status=resp.status,
+                )
+            try:
+                sink(piece)
+            except Exception as exc:
+                raise _SinkFailed(exc) from exc
 
     async def _body(self, resp: aiohttp.ClientResponse, server: str, url: str) -> bytes:
         """The answer's body, read up to max_body bytes; a larger one is an error and its socket is closed."""

@@ -4,6 +4,9 @@ send           -> budget retries: a context 400 re-computes max_tokens from the 
 _with_retries  -> transport retries (tenacity): back off, move to another server
 _on_server     -> lease a server slot, send once, record the outcome on the server
 client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names another model is not a completion
+
+An SGLang server gets a `rid` with each attempt, so the client can stop an attempt it gives up on; a streamed
+answer whose stream names no weights gets them from its server before its checkpoint is judged (attempts.py).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ..http import ChatResult, Client
 from ..progress.stats import RunStats
 from ..records import TEMPLATE_FIELDS, Completion, Failure, Prompt
 from ..tokens.budget import OffsetLearner, rebudget, room_needed
+from .attempts import Rids, WeightVersions
 from .retry import with_transport_retries
 from .usage import usage_problem
 
@@ -120,6 +124,7 @@ class Track:
     broke: set[str] = field(default_factory=set)  # servers that answered the row 5xx
     refused_by: str | None = None  # the server whose plain 400 another server was asked to judge
     other_failures: bool = False  # an attempt failed otherwise (a timeout, a refused connection, a 503...)
+    rid_base: str = ""  # the start of the rid each attempt on an SGLang server carries (RequestPath.send)
 
     def failed(self, server: str, error: RequestError) -> None:
         """Note one failed attempt on `server`."""
@@ -151,6 +156,8 @@ class RequestPath:
         self.max_input = max_input  # the servers refuse prompts of this many tokens or more (FleetInfo.input_limit)
         self.learner = learner
         self.stats = stats
+        self.versions = WeightVersions(client, config.timeout_for(1))
+        self.rids = Rids()
 
     def payload(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
         """The request body for this prompt."""
@@ -163,6 +170,7 @@ class RequestPath:
         budget to what the server says fits. What the server answered and the max_tokens that got it."""
         error: RequestError | None = None
         track.input_tokens = prompt.input_tokens
+        track.rid_base = self.rids.base(prompt.key)
         budgets = self.config.retry.budget_attempts
         while budgets > 0:
             budgets -= 1
@@ -237,7 +245,8 @@ class RequestPath:
             self.stats.in_flight += 1
             started = time.monotonic()
             try:
-                result = self._checked(await self.client.chat(server.url, payload, timeout), payload, track, server)
+                result = await self.client.chat(server.url, self.rids.wire(payload, track.rid_base, server), timeout)
+                result = self._checked(await self._versioned(result, server), payload, track, server)
                 result = self._judged(result, payload, track, server)
             except RequestError as exc:
                 track.failed(server.url, exc)
@@ -262,6 +271,14 @@ class RequestPath:
                 ):
                     server.prefixes.observed(lease.links, lease.expected, result.cached_tokens, result.prompt_tokens)
             return result
+
+    async def _versioned(self, result: ChatResult, server: ServerState) -> ChatResult:
+        """The result with the weight_version its server reports after it, when its stream named none and
+        the server reported one at start (a whole answer names its own)."""
+        expected = server.identity.weight_version if server.identity is not None else None
+        if result.weight_version is not None or expected is None or not self.client.stream:
+            return result
+        return dataclasses.replace(result, weight_version=await self.versions.current(server.url))
 
     def _judged(self, result: ChatResult, payload: dict[str, Any], track: Track, server: ServerState) -> ChatResult:
         """The result, its usage flagged (and counted on its server, warned about once) when impossible."""

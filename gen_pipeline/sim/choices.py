@@ -10,7 +10,7 @@ from typing import IO, Any
 
 import orjson
 
-from . import sglang
+from . import faults, sglang
 from .config import SimConfig
 from .sglang import Generation
 
@@ -46,18 +46,30 @@ class Choice:
     def tokens(self) -> int:
         return self.answer.tokens + (self.thought.tokens if self.thought else 0)
 
+    @property
+    def loop_tokens(self) -> int:
+        """The tokens it spends in a loop (the loop fault)."""
+        return self.answer.loop_tokens + (self.thought.loop_tokens if self.thought else 0)
+
 
 def generate_choice(key: bytes, cfg: SimConfig, max_new: int, stop: tuple[str, ...], eos: int, budget: Any) -> Choice:
     """One choice: up to reasoning_words of thinking (capped by a thinking budget) that spend max_new
-    first, as a thinking model's do, then the answer in what is left (none: "length", empty content)."""
+    first, as a thinking model's do, then the answer in what is left (none: "length", empty content). A choice
+    the loop fault picks loops in its answer or its thinking until max_new (sim/faults.py)."""
+    loop = faults.loop_draw(key, cfg)
+    if loop == "reasoning":
+        natural = sglang.generate(b"think" + key, cfg, max_new, (), eos)
+        return Choice(sglang.Generation("", 0, "length", None), faults.looping(b"think" + key, cfg, max_new, natural))
     if cfg.reasoning_words <= 0:
-        return Choice(sglang.generate(key, cfg, max_new, stop, eos), None)
+        answer = sglang.generate(key, cfg, max_new, stop, eos)
+        return Choice(faults.looping(key, cfg, max_new, answer) if loop else answer, None)
     limit = cfg.reasoning_words
     if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0:
         limit = min(limit, budget)
     thought = sglang.generate(b"think" + key, cfg, min(limit, max_new), (), eos) if limit > 0 else None
     left = max_new - (thought.tokens if thought else 0)
-    return Choice(sglang.generate(key, cfg, left, stop, eos), thought)
+    answer = sglang.generate(key, cfg, left, stop, eos)
+    return Choice(faults.looping(key, cfg, left, answer) if loop else answer, thought)
 
 
 def chat_choices(req: sglang.GenRequest, choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:

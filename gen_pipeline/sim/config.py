@@ -84,6 +84,11 @@ class SimConfig:
     /server_info and every chat answer's metadata.weight_version report; `server_version` replaces the
     version reported; `deterministic` is `enable_deterministic_inference`; `redeploy` {port: (n, version)}:
     after n generation requests, that port's weights become `version` (as SGLang's weight update would).
+    Loops (sim/faults.py): a fraction `p_loop` of chat answers repeat a unit of 1 to `loop_period` words from a
+    drawn point until max_tokens, in the content or (with reasoning on, half of them) in the thinking.
+    Streaming (`stream: true`, sim/streaming.py): a chunk every `stream_interval` tokens, as SGLang's
+    --stream-interval (default 1: a chunk per token); a client that leaves stops its request's decoding, and
+    /abort_request stops one by its rid (finish_reason "abort"), as SGLang does.
     `template_error`: every chat request is answered 400 with this message, as a server whose chat template
     fails (jinja2 missing, a template error) answers; `poison`: a request whose prompt contains this text is
     answered `poison_status` (500: a row that breaks the server's request handling; 400: a row the server
@@ -145,6 +150,10 @@ class SimConfig:
     template_error: str | None = None
     poison: str | None = None
     poison_status: int = 500
+    # loops and streaming
+    p_loop: float = 0.0
+    loop_period: int = 48
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
@@ -164,12 +173,14 @@ class SimConfig:
             raise ConfigError("simulator: max_running must be >= 1 and max_queued >= 0")
         if self.completion_words < 1 or self.reasoning_words < 0:
             raise ConfigError("simulator: completion_words must be >= 1 and reasoning_words >= 0")
+        if self.loop_period < 1 or self.stream_interval < 1:
+            raise ConfigError("simulator: loop_period and stream_interval must be >= 1")
         if min(self.token_latency, self.prefill_latency, self.prompt_token_latency, self.health_delay, self.warmup) < 0:
             raise ConfigError("simulator: latencies must be >= 0")
 
     def _validate_faults(self) -> None:
         """Reject fault settings that name unknown ports or impossible rates."""
-        for name in ("p500", "p503", "p_drop", "p_hang"):
+        for name in ("p500", "p503", "p_drop", "p_hang", "p_loop"):
             _check_probability(name, getattr(self, name))
         if self.p500 + self.p503 + self.p_drop + self.p_hang > 1.0:
             raise ConfigError("simulator: p500 + p503 + p_drop + p_hang must be <= 1")

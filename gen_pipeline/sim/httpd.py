@@ -15,13 +15,17 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from . import sglang
+
 KEEPALIVE_TIMEOUT = 5.0  # uvicorn's timeout_keep_alive, which SGLang keeps
 SHUTDOWN_TIMEOUT = 0.5  # what a killed port waits for its (already reset) connections
 SERVER_HEADER = {"Server": "uvicorn"}  # what SGLang's replies say, in place of aiohttp's own
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+HANG_SECONDS = 24 * 3600.0  # "never": the client gives up first, which cancels the handler
+MEDIA_TYPE_ERROR = "Unsupported Media Type: Only 'application/json' is allowed"
 
 Request = web.BaseRequest
-Handler = Callable[[Request], Awaitable[web.Response]]
+Handler = Callable[[Request], Awaitable[web.StreamResponse]]
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
@@ -69,3 +73,19 @@ async def read_body(request: Request) -> bytes:
     if request.headers.get("Expect", "").lower() == "100-continue":  # what aiohttp's router would answer
         await request.writer.write(CONTINUE)
     return await request.content.read()
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON, or the 400s FastAPI would give."""
+    if request.content_type != "application/json":
+        raise sglang.bad_request(MEDIA_TYPE_ERROR, "Bad Request")
+    try:
+        return orjson.loads(await read_body(request))
+    except orjson.JSONDecodeError as exc:
+        raise sglang.bad_request(f"JSON decode error: {exc}", "Bad Request") from exc
+
+
+async def hang() -> web.Response:
+    """Never answer; the handler is cancelled when the client (or the server) hangs up."""
+    await asyncio.sleep(HANG_SECONDS)
+    return empty_response(504)

@@ -38,6 +38,10 @@ class PortStats:
     crashes: int = 0
     restarts: int = 0
     output_tokens: int = 0  # completion tokens decoded (the 200 replies' usage.completion_tokens)
+    decoded_tokens: int = 0  # every token decoded, those of requests stopped before their end included
+    loop_tokens: int = 0  # of them, decoded in a loop (the loop fault): the waste a loop guard saves
+    stopped: int = 0  # requests stopped before their end: their client left, or /abort_request
+    aborts: int = 0  # /abort_request calls received
     busy_s: float = 0.0  # slot-seconds spent decoding: busy_s / elapsed is the mean number of running requests
     model_s: float = 0.0  # what the latency model asked of those slot-seconds (busy_s is longer on a busy machine)
     first_request_at: float | None = None  # time.time() of the first generation request
@@ -115,21 +119,32 @@ class Scheduler:
             stats.first_full_at, stats.area_at_first_full = now, stats.slot_area_s
 
     async def decode(
-        self, tokens: int, prompt_tokens: int = 0, prefill: bool = True, produced: int | None = None
+        self, tokens: int, prompt_tokens: int = 0, prefill: bool = True, produced: int | None = None, looped: int = 0
     ) -> None:
         """Spend the simulated prefill (unless the prefix cache held it) and decode time (call it holding a
-        slot); `produced`: the output tokens made (n choices decode side by side: more than `tokens`)."""
+        slot); `produced`: the output tokens made (n choices decode side by side: more than `tokens`), `looped`
+        of them in a loop. A client that leaves meanwhile stops the decoding: what was decoded by then counts."""
         cfg = self.cfg
         prefill_s = (cfg.prefill_latency + prompt_tokens * cfg.prompt_token_latency) * prefill
         per_request = prefill_s + tokens * cfg.token_latency
+        made = tokens if produced is None else produced
         started = time.monotonic()
+        share = 1.0
         try:
             if per_request > 0:
                 await asyncio.sleep(per_request * self.slowness)
+        except asyncio.CancelledError:
+            decode_s = tokens * cfg.token_latency * self.slowness
+            spent = time.monotonic() - started - prefill_s * self.slowness
+            share = min(1.0, max(0.0, spent / decode_s)) if decode_s > 0 else 0.0
+            self.stats.stopped += 1
+            raise
         finally:
             self.stats.busy_s += time.monotonic() - started
+            self.stats.decoded_tokens += round(made * share)
+            self.stats.loop_tokens += round(looped * share)
         self.stats.model_s += per_request * self.slowness
-        self.stats.output_tokens += tokens if produced is None else produced
+        self.stats.output_tokens += made
 
 
 class KvPool:

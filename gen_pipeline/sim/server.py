@@ -7,20 +7,17 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-import orjson
 from aiohttp import web
 
-from . import choices, httpd, info, radix, sglang
+from . import choices, httpd, radix, sglang, streaming
 from .config import SimConfig
 from .counting import ServerCounter
-from .faults import Fault, FaultPlan
+from .faults import Fault, FaultPlan, raise_fault
 from .httpd import Handler, Request, empty_response, json_response
 from .scheduler import PortStats, Scheduler
 from .sglang import GenRequest, Rejection
 
-HANG_SECONDS = 24 * 3600.0  # "never": the client gives up first, which cancels the handler
 RESTART_RETRY_SECONDS = 0.5  # how often a restarting port retries a port someone else holds
-MEDIA_TYPE_ERROR = "Unsupported Media Type: Only 'application/json' is allowed"
 MODEL_PREFIX = "/v1/models/"
 NOT_FOUND = {"detail": "Not Found"}  # FastAPI's replies for an unknown path and for another method
 METHOD_NOT_ALLOWED = {"detail": "Method Not Allowed"}
@@ -37,6 +34,7 @@ class PortServer:
         self.cache = choices.PrefixCache(cfg.prefix_cache)
         self.radix = radix.RadixCache(cfg.prefix_cache_tokens)
         self.log = choices.RequestLog(cfg.request_log)
+        self.rids = streaming.Rids()
         self.state = "down"  # down: refuses connections; warming: /health 503; up
         self.started = time.time()
         self.has_crashed = False
@@ -59,6 +57,7 @@ class PortServer:
                 "/v1/completions": self._completions,
                 "/v1/tokenize": self._tokenize,
                 "/tokenize": self._tokenize,
+                "/abort_request": self._abort,
             },
         }
 
@@ -121,7 +120,7 @@ class PortServer:
 
     # routes
 
-    async def _route(self, request: Request) -> web.Response:
+    async def _route(self, request: Request) -> web.StreamResponse:
         """The handler of the request's method and path; FastAPI's 404 and 405 otherwise."""
         if self.cfg.authorization is not None and request.headers.get("Authorization") != self.cfg.authorization:
             return json_response({"error": "Unauthorized"}, 401)
@@ -150,14 +149,14 @@ class PortServer:
 
     async def _models(self, request: Request) -> web.Response:
         """The model list with one card."""
-        card = info.model_card(self.cfg, int(self.started))
+        card = sglang.model_card(self.cfg, int(self.started))
         return json_response({"object": "list", "data": [card]})
 
     def _model(self, name: str) -> web.Response:
         """One card, or the 404 envelope for another name."""
         if name != self.cfg.model:
-            return json_response(info.model_not_found(name), 404)
-        return json_response(info.model_card(self.cfg, int(self.started)))
+            return json_response(sglang.model_not_found(name), 404)
+        return json_response(sglang.model_card(self.cfg, int(self.started)))
 
     @property
     def weight_version(self) -> str:
@@ -166,21 +165,21 @@ class PortServer:
 
     async def _model_info(self, request: Request) -> web.Response:
         """The model info (no context length, as in SGLang)."""
-        return json_response(info.model_info(self.cfg, self.weight_version))
+        return json_response(sglang.model_info(self.cfg, self.weight_version))
 
     async def _server_info(self, request: Request) -> web.Response:
         """The server args plus scheduler info."""
-        return json_response(info.server_info(self.cfg, self.port, self.started, self.weight_version))
+        return json_response(sglang.server_info(self.cfg, self.port, self.started, self.weight_version))
 
     async def _loads(self, request: Request) -> web.Response:
         """The scheduler's load: running and waiting requests, its running slots and its KV pool's use."""
         stats = self.stats
-        return json_response(info.loads(self.cfg, stats.running, stats.queued, stats.reserved_tokens))
+        return json_response(sglang.loads(self.cfg, stats.running, stats.queued, stats.reserved_tokens))
 
     async def _tokenize(self, request: Request) -> web.Response:
         """/v1/tokenize of a prompt or of chat messages; max_model_len is the tokenizer's."""
         try:
-            payload = await _read_json(request)
+            payload = await httpd.read_json(request)
             if isinstance(payload, dict) and "messages" in payload:
                 ids = await self.counter.chat_ids(sglang.parse_chat(payload, self.cfg.model))
             else:
@@ -190,46 +189,60 @@ class PortServer:
         limit = self.counter.tokenizer.model_max_length
         return json_response({"tokens": ids, "count": len(ids), "max_model_len": limit})
 
-    async def _chat(self, request: Request) -> web.Response:
+    async def _chat(self, request: Request) -> web.StreamResponse:
         """POST /v1/chat/completions."""
         return await self._generate(request, chat=True)
 
-    async def _completions(self, request: Request) -> web.Response:
+    async def _completions(self, request: Request) -> web.StreamResponse:
         """POST /v1/completions."""
         return await self._generate(request, chat=False)
 
+    async def _abort(self, request: Request) -> web.Response:
+        """POST /abort_request {"rid"} (or {"abort_all": true}): stop running requests; 200 with no body."""
+        try:
+            payload = await httpd.read_json(request)
+        except Rejection as rej:
+            return json_response(rej.body, rej.status)
+        self.stats.aborts += 1
+        if isinstance(payload, dict):
+            self.rids.abort(str(payload.get("rid") or ""), payload.get("abort_all") is True)
+        return empty_response(200)
+
     # the generation path
 
-    async def _generate(self, request: Request, chat: bool) -> web.Response:
+    async def _generate(self, request: Request, chat: bool) -> web.StreamResponse:
         """Crash, drop or hang if the dice say so; otherwise answer (a completion or an error)."""
         self.stats.requests += 1
         with self.scheduler.in_flight():
             if self._should_crash():
                 self._spawn(self._crash())
-                return await _hang()  # reset with every other connection by the crash
+                return await httpd.hang()  # reset with every other connection by the crash
             fault = self.faults.draw()
             if fault is Fault.DROP:
                 return self._drop(request)
             if fault is Fault.HANG:
                 self.stats.hung += 1
-                return await _hang()
+                return await httpd.hang()
             try:
                 body = await self._complete(request, chat, fault)
             except Rejection as rej:
                 self.stats.errors += 1
                 return json_response(rej.body, rej.status)
             self.stats.completions += 1
+            if isinstance(body, web.StreamResponse):
+                return body  # a stream carries no metadata (SGLang 0.5.23's chunks have none)
             body["metadata"] = {"weight_version": self.weight_version}  # the weights at the end, as SGLang's
             return json_response(body)
 
-    async def _complete(self, request: Request, chat: bool, fault: Fault) -> dict[str, Any]:
-        """The completion body, or a Rejection for a failed check or an injected error."""
-        _raise_fault(fault)
-        payload = await _read_json(request)
+    async def _complete(self, request: Request, chat: bool, fault: Fault) -> dict[str, Any] | web.StreamResponse:
+        """The completion body (or its stream, already sent), or a Rejection for a failed check or an injected
+        error."""
+        raise_fault(fault)
+        payload = await httpd.read_json(request)
         req = (sglang.parse_chat if chat else sglang.parse_completion)(payload, self.cfg.model)
         self._misconfigured(payload, chat)
-        if payload.get("stream"):
-            raise sglang.bad_request("the simulator does not stream: send stream=false")
+        if payload.get("stream") and not chat:
+            raise sglang.bad_request("the simulator streams chat completions only: send stream=false")
         ids = await self.counter.chat_prompt_ids(req) if chat and self.radix.capacity else None
         prompt_tokens = len(ids) if ids is not None else await self.counter.count(req)
         message = sglang.length_error(self.cfg, prompt_tokens, req.max_new, chat)
@@ -238,30 +251,55 @@ class PortServer:
             raise sglang.bad_request(message)
         self.stats.max_prompt_tokens = max(self.stats.max_prompt_tokens, prompt_tokens)
         max_new = sglang.effective_max_new(self.cfg, prompt_tokens, req.max_new)
-        key = _prompt_key(req)
-        n, seed = choices.choices_wanted(payload), payload.get("seed")
+        key = sglang.prompt_key(req)
         if not chat:
             gen = sglang.generate(key, self.cfg, max_new, req.stop, self.eos)
             async with self.scheduler.slot(self.cfg.reservation(prompt_tokens, max_new)):
                 await self.scheduler.decode(gen.tokens, prompt_tokens)
             return sglang.text_body(req, gen, prompt_tokens)
+        n, seed = choices.choices_wanted(payload), payload.get("seed")
         budget = payload.get("thinking_budget") if self.cfg.thinking_budget_enforced else None
         made = [
             choices.generate_choice(self._choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
             for i in range(n)
         ]
+        names = streaming.request_rids(payload, n)
+        stream = streaming.Stream(request, req.model, made, self.rids, names) if payload.get("stream") else None
         reserve = self.cfg.reservation(prompt_tokens, max_new, n)
-        if ids is not None:
-            return await self._cached_chat(req, ids, made, payload, key, reserve)
+        with self.rids.running(names):
+            try:
+                if ids is not None:
+                    body = await self._cached_chat(req, ids, made, payload, key, reserve, stream)
+                else:
+                    body = await self._plain_chat(req, prompt_tokens, made, payload, key, reserve, stream)
+            except Rejection as rej:  # SGLang 0.5.23 streams its queue-full 503 (server-api.md §1.4)
+                if stream is None or rej.status != 503:
+                    raise
+                return await streaming.error_stream(request, rej.body)
+        if stream is None:
+            return body
+        return await stream.close(stream.usage(body["usage"]), streaming.include_usage(payload))
+
+    async def _plain_chat(
+        self,
+        req: GenRequest,
+        prompt_tokens: int,
+        made: list[choices.Choice],
+        payload: dict[str, Any],
+        key: bytes,
+        reserve: int,
+        stream: streaming.Stream | None,
+    ) -> dict[str, Any]:
+        """Run a chat request against the prefix cache of whole messages (or none)."""
         held = self.cache.lookup(req.messages or [], prompt_tokens)
         cached = held >= prompt_tokens
         self.stats.prefills += not cached
         self._count_prompt(prompt_tokens, held)
         async with self.scheduler.slot(reserve):  # the n choices decode side by side, after one prefill
-            longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
-            await self.scheduler.decode(longest, prompt_tokens - held, prefill=not cached, produced=produced)
-        for c in made:
-            self.cache.answered(req.messages or [], choices.answer_message(c), prompt_tokens + c.tokens)
+            await streaming.decode(self.scheduler, made, stream, prompt_tokens - held, not cached)
+        for i, c in enumerate(made):
+            if stream is None or stream.whole(i):
+                self.cache.answered(req.messages or [], choices.answer_message(c), prompt_tokens + c.tokens)
         self.log.write(self.port, key, payload, cached, made)
         body = choices.chat_choices(req, made, prompt_tokens)
         if self.cfg.cache_report or self.cfg.prefix_cache:  # as SGLang with --enable-cache-report: all but
@@ -277,6 +315,7 @@ class PortServer:
         payload: dict[str, Any],
         key: bytes,
         reserve: int,
+        stream: streaming.Stream | None,
     ) -> dict[str, Any]:
         """Run a chat request against the radix cache. Prefill is the GPU's compute: a port prefills one request
         at a time (as SGLang's prefill batches run one after another), and a request's longest cached prefix is
@@ -289,10 +328,10 @@ class PortServer:
                 self._count_prompt(len(ids), held)
                 await self.scheduler.decode(0, len(ids) - held, prefill=True, produced=0)
                 self.radix.insert(ids)
-            longest, produced = max(c.tokens for c in made), sum(c.tokens for c in made)
-            await self.scheduler.decode(longest, prefill=False, produced=produced)
-        for c in made:
-            self.radix.insert(ids + self.counter.text_ids(c.answer.text) + [self.eos])
+            await streaming.decode(self.scheduler, made, stream, 0, False)
+        for i, c in enumerate(made):
+            if stream is None or stream.whole(i):
+                self.radix.insert(ids + self.counter.text_ids(c.answer.text) + [self.eos])
         self.log.write(self.port, key, payload, held > 0, made)
         body = choices.chat_choices(req, made, len(ids))
         # SGLang prefills a prompt once for n > 1 and forks: the choices report all but its last token cached
@@ -337,34 +376,3 @@ class PortServer:
         self.stats.dropped += 1
         httpd.reset(request)
         return empty_response(500)  # never sent: the connection is gone
-
-
-async def _hang() -> web.Response:
-    """Never answer; the handler is cancelled when the client (or the server) hangs up."""
-    await asyncio.sleep(HANG_SECONDS)
-    return empty_response(504)
-
-
-def _raise_fault(fault: Fault) -> None:
-    """Turn an injected error fault into its reply."""
-    if fault is Fault.ERROR_500:
-        raise sglang.internal_error()
-    if fault is Fault.ERROR_502:
-        raise Rejection(502, {"message": "Bad Gateway", "code": 502})
-    if fault is Fault.QUEUE_FULL:
-        raise sglang.queue_full()
-
-
-async def _read_json(request: Request) -> Any:
-    """The request body as JSON, or the 400s FastAPI would give."""
-    if request.content_type != "application/json":
-        raise sglang.bad_request(MEDIA_TYPE_ERROR, "Bad Request")
-    try:
-        return orjson.loads(await httpd.read_body(request))
-    except orjson.JSONDecodeError as exc:
-        raise sglang.bad_request(f"JSON decode error: {exc}", "Bad Request") from exc
-
-
-def _prompt_key(req: GenRequest) -> bytes:
-    """The bytes a completion is derived from: the conversation or the prompt."""
-    return orjson.dumps(req.messages if req.messages is not None else req.prompt)
