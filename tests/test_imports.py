@@ -207,3 +207,10 @@ def test_an_upward_import_is_found(tmp_path: Path) -> None:
     (pkg / "low" / "a.py").write_text("from ..errors import x\n\ndef f():\n    from ..high import b\n")
     (pkg / "high" / "b.py").write_text("from ..low import a\n")
     assert upward_imports(pkg) == ["pkg.low.a imports pkg.high.b"]
+
+
+def test_the_answer_checks_sit_between_http_and_the_run() -> None:
+    """answers/ (the loop guard, the answer checks) is below the request path: it may import the base modules
+    and http, never send, engine, the run directory or the command line."""
+    rules = allowed_imports()
+    assert rules["answers"] is not None and rules["answers"] <= base_modules() | {"http"}
