@@ -101,3 +101,38 @@ def test_drop_incomplete_keeps_the_finished_conversations_only(run, tmp_path, ca
     rows = pq.read_table(next((tmp_path / "ds" / "data").glob("*.parquet"))).to_pylist()
     assert sorted((r["id"], r["checkpoint"]) for r in rows) == [("c0", B), ("c1", A)]
     assert "export: 2 conversations (2 complete, 0 ended early) of 7" in printed
+
+
+def test_a_run_redeployed_mid_conversation_exports_each_conversation_under_one_checkpoint(tmp_path, capsys):
+    """The issue's campaign on the simulator: the fleet is redeployed mid-run, the run goes on with
+    --accept-checkpoint; every conversation is one row whose answers are all its checkpoint's, and the
+    printed count, its breakdown, the card's checkpoint table and the rows agree."""
+    from e2e import conversation_rows, read_jsonl, run_sim
+
+    from gen_pipeline.errors import FleetError
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in conversation_rows(8)))
+    old = {"n_ports": 1, "model_path": "/ckpt/step-1000", "weight_version": "v1"}
+    redeployed = {**old, "per_port": lambda ports: {"redeploy": {ports[0]: (9, "v2")}}}
+    with pytest.raises(FleetError, match="redeployed mid-run"):
+        run_sim(inp, tmp_path / "run", sim=redeployed, turns="all", concurrency=2, max_tokens=16)
+    run_sim(inp, tmp_path / "run", sim={**old, "weight_version": "v2"}, turns="all", accept_checkpoint=True)
+    lines = {
+        (x["id"], x["checkpoint"], x["turn"]): x["completion"]
+        for x in read_jsonl(tmp_path / "run" / "completions.jsonl")
+    }
+    assert len({c for _, c, _ in lines}) == 2  # both checkpoints answered some turns
+    printed = run_export(capsys, tmp_path / "run", "--out", tmp_path / "ds")
+    rows = pq.read_table(next((tmp_path / "ds" / "data").glob("*.parquet"))).to_pylist()
+    assert sorted(r["id"] for r in rows) == [f"c{i}" for i in range(8)]
+    for row in rows:
+        answers = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert answers == [lines[(row["id"], row["checkpoint"], t)] for t in range(row["turns"])], row["id"]
+    card = (tmp_path / "ds" / "README.md").read_text()
+    per_checkpoint = [int(n) for n in re.findall(r"^\| \w{12} \|.*\| (\d+) \|$", card, re.M)]
+    assert sum(per_checkpoint) == len(rows) == 8
+    said = re.search(r"export: (\d+) conversations \((\d+) complete, (\d+) ended early\) of (\d+)", printed)
+    assert said is not None and int(said[1]) == int(said[2]) + int(said[3]) == 8, printed
+    left = sum(int(n) for n in re.findall(r"\| left out: conversations [^|]* \| (\d+) \|", card))
+    assert int(said[4]) == 8 + left
