@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Collection
 from typing import Any, Protocol
 
 import orjson
@@ -46,11 +45,6 @@ def turn_key(key: int, turn: int) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"gp-turn").digest(), "little")
 
 
-def sample_keys(key: int, samples: Collection[int] | int) -> list[int]:
-    """The keys of these samples (or of samples 0..K-1 for an int K) of one row."""
-    return [sample_key(key, s) for s in (range(samples) if isinstance(samples, int) else samples)]
-
-
 def valid_sample(value: Any) -> bool:
     """Whether a line's `sample` value is one we could have written."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_SAMPLES
@@ -78,12 +72,6 @@ def line_place(raw: bytes) -> tuple[int, int] | None:
     except orjson.JSONDecodeError:
         return None
     return record_place(obj) if isinstance(obj, dict) else None
-
-
-def record_sample(obj: dict[str, Any]) -> int | None:
-    """The `sample` of a parsed output or ledger line (0 when absent); None when it is not valid."""
-    value = obj.get("sample", 0)
-    return value if valid_sample(value) else None
 
 
 def record_place(obj: dict[str, Any]) -> tuple[int, int] | None:

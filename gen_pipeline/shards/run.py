@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -211,11 +210,3 @@ def aggregate_summary(rundir: RunDir, code: int) -> dict[str, Any]:
         merged.update(started=min(span(p)[0] for p in parts), ended=max(span(p)[1] for p in parts))
     merged["claimers"] = merged.pop("workers")
     return merged
-
-
-def manifest_shards(out: Path) -> int | None:
-    """The run directory's V, or None for a run made without claimed shards."""
-    try:
-        return int(orjson.loads((out / MANIFEST).read_bytes())["shards"])
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
