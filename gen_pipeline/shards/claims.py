@@ -206,6 +206,14 @@ class ShardTable:
         return [s for s in self.open_shards() if is_held(self.rundir.shard(s).lock)]
 
 
+def shard_counts(count: int, open_: Iterable[int], claimed: Iterable[int]) -> dict[str, int]:
+    """Of `count` shards: settled, claimed (open and held by a claimer) and open (neither), as a claimed-shard
+    run's summary.json and `status` show them."""
+    still = set(open_)
+    held = still.intersection(claimed)
+    return {"count": count, "settled": count - len(still), "claimed": len(held), "open": len(still - held)}
+
+
 class _AllFound(Exception):
     """Every shard looked for holds a row: the rest of the input need not be read."""
 

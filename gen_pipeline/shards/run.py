@@ -36,7 +36,7 @@ from ..send.dispatch import SampleDispatch, thinking_fields
 from ..send.requests import RequestPath
 from ..tokens import TokenCounter
 from ..tokens.budget import OffsetLearner
-from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, last_session, run_shards
+from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, last_session, run_shards, shard_counts
 from .feed import ClaimFeed, ClaimTracker, ClaimWriter
 
 
@@ -99,7 +99,8 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
             summary = merge_summaries([runner_summary(runner, fleet, code)], time.monotonic() - start, code)
     finally:
         claimer.release()
-    summary.update(shards=shard_counts(table), started=claimer.started, ended=time.time())
+    shards = shard_counts(table.count, table.open_shards(), table.held_by_others())
+    summary.update(shards=shards, started=claimer.started, ended=time.time())
     with contextlib.suppress(OutputError):
         write_json_atomic(rundir.claimer(claimer.ident).summary, summary)
         write_json_atomic(rundir.root / SUMMARY, aggregate_summary(rundir, code))
@@ -171,13 +172,6 @@ async def _serve(runner: Runner, feed: ClaimFeed, tracker: ClaimTracker, handle:
         code = EXIT_INCOMPLETE
     runner.write_status("finished")
     return code
-
-
-def shard_counts(table: ShardTable) -> dict[str, int]:
-    """Shards settled, claimed (held by a live process) and open (neither)."""
-    open_ = table.open_shards()
-    held = len(table.held_by_others())
-    return {"count": table.count, "settled": table.count - len(open_), "claimed": held, "open": len(open_) - held}
 
 
 def claimer_summaries(rundir: RunDir, since: float | None = None) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from ..records import TRANSIENT_REASONS
 from ..resume.ledger import ledger_reasons
 from ..rundir.layout import RunDir
 from ..rundir.locks import is_held
-from ..shards.claims import ShardTable, input_fingerprint, last_session
+from ..shards.claims import ShardTable, input_fingerprint, last_session, shard_counts
 from .rundata import read_json
 from .statustext import ago, count_lines, status_lines
 
@@ -73,7 +73,7 @@ def read_claimers(run: Path) -> list[ClaimerView]:
     return last_session(views, lambda v: (v.started, now if v.alive else v.updated))
 
 
-def shard_counts(run: Path, manifest: dict[str, Any], views: list[ClaimerView]) -> dict[str, int]:
+def shards_now(run: Path, manifest: dict[str, Any], views: list[ClaimerView]) -> dict[str, int]:
     """Shards settled (for the input as it is now), claimed by a running claimer, and open."""
     count = int(manifest.get("shards") or 0)
     source = Path(str(manifest.get("input", "")))
@@ -82,8 +82,8 @@ def shard_counts(run: Path, manifest: dict[str, Any], views: list[ClaimerView]) 
     table = ShardTable(RunDir(run), count, fingerprint or {})
     open_ = set(table.open_shards()) if fingerprint else _unmarked(table)
     # read from the claimers' files, not by probing the shard locks (a probe could make a claimer skip one)
-    claimed = {s for v in views if v.running for s in v.info.get("shards") or []} & open_
-    return {"count": count, "settled": count - len(open_), "claimed": len(claimed), "open": len(open_ - claimed)}
+    claimed = {s for v in views if v.running for s in v.info.get("shards") or []}
+    return shard_counts(count, open_, claimed)
 
 
 def _unmarked(table: ShardTable) -> set[int]:
@@ -152,7 +152,7 @@ def describe(run: Path, views: list[ClaimerView], manifest: dict[str, Any], now:
     done, left = rows_left(run, manifest)
     doc = merged(views, left)
     running = sum(v.running for v in views)
-    sh = shard_counts(run, manifest, views)
+    sh = shards_now(run, manifest, views)
     head = f"{doc['state']} ({running} of {len(views)} claimers running), updated {ago(doc, now)} ago"
     shards = f"shards: {sh['count']} | open {sh['open']} | claimed {sh['claimed']} | settled {sh['settled']}"
     rows = f"rows done {done}" + (f", {left} to go" if left is not None else "")
@@ -161,5 +161,5 @@ def describe(run: Path, views: list[ClaimerView], manifest: dict[str, Any], now:
 
 def open_shards(run: Path, manifest: dict[str, Any]) -> int:
     """Shards not settled (open or claimed)."""
-    sh = shard_counts(run, manifest, [])
+    sh = shards_now(run, manifest, [])
     return sh["open"] + sh["claimed"]
