@@ -8,7 +8,6 @@ rows themselves.
 from __future__ import annotations
 
 import hashlib
-import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import orjson
 from ..errors import InputError
 from ..records import Prompt, RowId, id_key, parsed_id, peek_key
 from ..rundir.donekeys import KeyMap
-from .file import InputFile, strip_bom
+from .file import STREAM_ERRORS, InputFile, strip_bom
 from .rows import BadRow, RowError, conflict_detail, own_samples, parse_row, same_content
 from .shape import RowShape
 
@@ -137,7 +136,7 @@ class PromptSource:
                 self._stream = f
                 try:
                     yield from self._rows(f)
-                except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt compressed stream
+                except STREAM_ERRORS as exc:  # a truncated or corrupt compressed stream
                     # the rows before the cut are all yielded: the run settles them, then says why it stopped
                     self.read_error = f"cannot read {self.path} after line {self.lines}: {exc}"
         finally:  # also when the pass is closed early (--limit, a stop): the repeat reader is ours to close
