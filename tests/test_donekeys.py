@@ -9,7 +9,8 @@ from pathlib import Path
 
 from gen_pipeline.records import Completion, id_key
 from gen_pipeline.rundir.donekeys import BUCKET_SHIFT, INDEX_DIR, KeySet, completion_keys
-from gen_pipeline.rundir.store import COMPLETIONS, scan
+from gen_pipeline.rundir.layout import COMPLETIONS
+from gen_pipeline.rundir.store import scan
 
 
 def test_keyset_is_a_sorted_set_of_keys():

@@ -13,8 +13,8 @@ from procs import PY, env, generate, old_worker_lock, sim_fleet, wait_for_lines
 from test_report import snapshot
 
 from gen_pipeline.engine.summary import write_status
+from gen_pipeline.rundir.layout import SUMMARY, write_json_atomic
 from gen_pipeline.rundir.locks import DirLock
-from gen_pipeline.rundir.store import SUMMARY, write_json_atomic
 from gen_pipeline.views.status import EXIT_NOT_RUNNING, EXIT_RUNNING_OR_OK, STATUS, inspect_run
 
 CRASHED = "not running (last update 0 s ago): crashed or killed; run the same command again to resume"
@@ -143,7 +143,7 @@ def test_a_run_that_settled_nothing_for_a_while_shows_stalled_not_its_old_rate(t
 def test_the_head_names_no_server_count_the_list_below_contradicts(tmp_path):
     """The manifest names 3 servers, the live status lists 2 (a resume with other --servers, or claimers
     on other nodes with fleets of their own): only the list, and its count, are shown."""
-    from gen_pipeline.rundir.store import MANIFEST
+    from gen_pipeline.rundir.layout import MANIFEST
 
     servers = [f"http://h:3000{i}" for i in range(3)]
     write_json_atomic(tmp_path / MANIFEST, {"model": "m", "input": "in.jsonl", "servers": servers})

@@ -15,7 +15,7 @@ from procs import PY, env, generate, sim_fleet
 
 from gen_pipeline.engine.summary import merge_summaries, write_status
 from gen_pipeline.progress.stats import format_summary
-from gen_pipeline.rundir.store import LOCK, MANIFEST, SUMMARY, write_json_atomic
+from gen_pipeline.rundir.layout import LOCK, MANIFEST, SUMMARY, write_json_atomic
 from gen_pipeline.views.status import STALE_AFTER, STATUS, describe_run
 
 NOW = 1_700_000_000.0

@@ -11,15 +11,9 @@ import pytest
 
 from gen_pipeline.errors import ConfigError, ManifestMismatchError, OutputError
 from gen_pipeline.records import Completion, Failure, id_key
-from gen_pipeline.rundir.store import (
-    COMPLETIONS,
-    FAILURES,
-    DirLock,
-    RunWriter,
-    check_manifest,
-    repair_tail,
-    scan,
-)
+from gen_pipeline.rundir.layout import COMPLETIONS, FAILURES
+from gen_pipeline.rundir.locks import DirLock
+from gen_pipeline.rundir.store import RunWriter, check_manifest, repair_tail, scan
 
 
 def completion(i) -> Completion:

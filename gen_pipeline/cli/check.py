@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import EXIT_OK
 from ..preflight import check
 from ..preflight.check import EXIT_PROBLEMS, render_check, run_check
-from ..rundir.store import write_json_atomic
+from ..rundir.layout import write_json_atomic
 from .generate import add_run_flags, config_from_args, flag_groups
 
 

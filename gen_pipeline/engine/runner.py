@@ -32,9 +32,9 @@ from ..progress.stats import RunStats, snapshot, watch_run
 from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt
 from ..resume import cursor
 from ..resume.cursor import InputCursor, Mark, MarkTracker
-from ..rundir.layout import RunDir
-from ..rundir.locks import refuse_shard_writers
-from ..rundir.store import DirLock, RunWriter, repair_all, write_json_atomic
+from ..rundir.layout import RunDir, write_json_atomic
+from ..rundir.locks import DirLock, refuse_shard_writers
+from ..rundir.store import RunWriter, repair_all
 from ..runtime import install_run_handlers
 from ..send.dispatch import SampleDispatch, Sent, thinking_fields
 from ..send.refusals import RefusalJudge, refused

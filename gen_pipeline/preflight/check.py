@@ -48,7 +48,8 @@ from ..inputs.shape import RowShape
 from ..inputs.source import PromptSource
 from ..progress.stats import RunStats
 from ..records import Prompt
-from ..rundir.store import MANIFEST, MANIFEST_KEYS, ResumeState, scan
+from ..rundir.layout import MANIFEST
+from ..rundir.store import MANIFEST_KEYS, ResumeState, scan
 from ..send.requests import request_body
 from ..tokens import TokenCounter, load_counter
 from ..tokens.budget import prompt_budget

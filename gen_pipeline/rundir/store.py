@@ -23,10 +23,8 @@ from ..errors import ManifestMismatchError, OutputError
 from ..records import PERMANENT_REASONS, Completion, Failure, id_key
 from ..samples import place_key, record_place, row_reason
 from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, union
-from .layout import COMPLETIONS, FAILURES, LOCK, MANIFEST, SUMMARY, RunDir, write_json_atomic
-from .locks import DirLock as DirLock
+from .layout import COMPLETIONS, FAILURES, RunDir, write_json_atomic
 
-__all__ = ["COMPLETIONS", "FAILURES", "LOCK", "MANIFEST", "SUMMARY", "DirLock", "write_json_atomic"]  # re-exported
 # Budget settings a resume may change (the rows already written keep theirs); said, not refused.
 BUDGET_KEYS = ("max_tokens", "min_tokens", "safety_margin")
 # Settings that change what a completion means; a resume must not mix them.
