@@ -52,7 +52,7 @@ async def pool_run(capacity: int, requests: int, groups: int, tail: bool) -> flo
     ] or [()]
     left = requests
     if tail:
-        pool.backlog = lambda: left
+        pool.begin_tail(lambda: left)
 
     async def worker() -> None:
         nonlocal left

@@ -119,7 +119,8 @@ def test_a_free_server_holding_no_waiting_prefix_takes_the_group_most_in_need_an
 
     async def scenario() -> None:
         p = pool(1, 1, 2)
-        p.backlog = (lambda: 0) if tail else None
+        if tail:
+            p.begin_tail(lambda: 0)
         s0, s1, s2 = p.servers
         a, b = ask(SYSTEM_A, "qa"), ask(SYSTEM_B, "qb")
         s0.prefixes.note(a)
@@ -164,7 +165,7 @@ def test_in_the_tail_a_holder_a_little_slower_than_the_rest_keeps_its_prefix():
     holder = p.servers[0]
     a = ask(SYSTEM_A, "qa")
     holder.prefixes.note(a)
-    p.backlog = lambda: 0
+    p.begin_tail(lambda: 0)
     for s in p.servers:
         s.mean_latency = 1.0
     holder.mean_latency = 1.5  # too late by the plain rule, within HOLDER_SLACK

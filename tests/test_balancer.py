@@ -192,22 +192,22 @@ def test_a_silent_server_with_work_in_flight_gets_no_new_request():
     assert s0.available(clock())
 
 
-def slow_and_fast(backlog: int) -> ServerPool:
-    """A fast and a 4x slower server, the fast one full; `backlog` prompts still to send."""
+def slow_and_fast(backlog: int | None) -> ServerPool:
+    """A fast and a 4x slower server, the fast one full; `backlog` prompts still to send (None: the input is
+    not exhausted)."""
     p = pool(4, 4)
     fast, slow = p.servers
     fast.mean_latency, slow.mean_latency = 1.0, 4.0
     fast.in_flight = fast.limit
-    p.backlog = lambda: backlog
+    if backlog is not None:
+        p.begin_tail(lambda: backlog)
     return p
 
 
 @pytest.mark.parametrize(("backlog", "picked"), [(None, "s1"), (100, "s1"), (20, "s1"), (10, None), (0, None)])
 def test_near_the_end_a_slow_server_gets_no_new_request(backlog, picked):
     """With little left to send, waiting for the fast server beats starting on the slow one."""
-    p = slow_and_fast(backlog or 0)
-    if backlog is None:
-        p.backlog = None  # the input is not exhausted: every slot is worth filling
+    p = slow_and_fast(backlog)  # None: the input is not exhausted, every slot is worth filling
     server = p.pick()
     assert (server.url if server else None) == picked
 
@@ -218,7 +218,7 @@ def test_equal_servers_are_never_held_back_at_the_end():
     for s in p.servers:
         s.mean_latency = 1.0
     p.servers[0].in_flight = 4
-    p.backlog = lambda: 0
+    p.begin_tail(lambda: 0)
     assert p.pick() is p.servers[1]
 
 
@@ -267,7 +267,8 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_and_in_the_tail_to_the_longest(t
 
     async def scenario():
         p = ServerPool([ServerState("s0", 1)])
-        p.backlog = (lambda: 0) if tail else None
+        if tail:
+            p.begin_tail(lambda: 0)
         order: list[int] = []
 
         async def take(size: int) -> None:
@@ -290,7 +291,7 @@ def test_in_the_tail_a_retry_goes_first_then_the_longest_then_the_oldest_and_not
 
     async def scenario():
         p = ServerPool([ServerState("s0", 1), ServerState("s1", 1)])
-        p.backlog = lambda: 0
+        p.begin_tail(lambda: 0)
         order: list[str] = []
 
         async def take(name: str, size: int, exclude: frozenset[str] = frozenset()) -> None:
@@ -329,7 +330,7 @@ def test_near_the_end_a_slow_server_takes_a_short_request_but_not_a_long_one():
     for server, per_token in ((fast, 0.01), (slow, 0.04)):
         p.record_success(server, 300 * per_token, 300)
     fast.in_flight = fast.limit
-    p.backlog = lambda: 4  # the fast server drains those and this one in 5 / (4 / 3 s) = 3.75 s
+    p.begin_tail(lambda: 4)  # the fast server drains those and this one in 5 / (4 / 3 s) = 3.75 s
     assert p.pick(size=64) is slow  # 2.6 s there
     assert p.pick(size=500) is None  # 20 s there
 
@@ -382,7 +383,7 @@ def test_a_server_left_idle_by_the_tail_rule_is_judged_again_after_a_while():
     p.record_success(fast, 3.0, 300)
     p.record_success(slow, 12.0, 300)  # a slow spell: 0.04 s per token
     fast.in_flight = fast.limit
-    p.backlog = lambda: 4
+    p.begin_tail(lambda: 4)
     assert p.pick(size=500) is None  # 20 s there, against 3.75 s for the fast server
     clock.now += 61.0  # over 3 x 20 s without an answer
     assert p.pick(size=500) is slow
@@ -407,7 +408,7 @@ def test_a_freed_slot_in_the_tail_costs_few_looks_however_many_wait():
         p.record_success(fast, 3.0, 300)
         p.record_success(slow, 12.0, 300)
         fast.in_flight, slow.in_flight = fast.limit, slow.limit
-        p.backlog = lambda: 0
+        p.begin_tail(lambda: 0)
         sizes = [500 - i for i in range(400)] + [20]  # only the last fits on the slow server
         hold = asyncio.Event()
         started: list[int] = []
@@ -473,7 +474,8 @@ def test_many_leases_of_every_kind_all_run_and_leave_nothing_queued_or_indexed(t
 
     async def scenario():
         p = ServerPool([ServerState(f"s{i}", 2) for i in range(3)])
-        p.backlog = (lambda: 0) if tail else None
+        if tail:
+            p.begin_tail(lambda: 0)
         ran: list[int] = []
 
         async def take(i: int) -> None:

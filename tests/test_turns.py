@@ -336,7 +336,7 @@ def test_in_the_tail_a_next_turn_gets_its_kept_room_however_many_are_kept():
     a = ServerState("a", 4)
     a.margin, a.homes = 2, 6
     pool = ServerPool([a], lambda: 100.0)
-    pool.backlog = lambda: 6
+    pool.begin_tail(lambda: 6)
     assert pool.pick() is None  # a newcomer may not take kept room
     for running in range(4):
         assert pool.pick(prefer="a", home=True) is a, running

@@ -27,7 +27,7 @@ class FirstFree:
     def __init__(self, *capacities: int, tail: bool = False) -> None:
         self.servers = [ServerState(f"s{i}", c) for i, c in enumerate(capacities)]
         self.clock = Clock()
-        self.backlog = (lambda: 0) if tail else None
+        self.in_tail = tail  # the input is exhausted
         self.queue = WaitQueue(self)
 
     def latencies(self) -> dict[str, float]:

@@ -66,11 +66,11 @@ class TurnDispatch:
 
     async def until_tail(self, pool: ServerPool) -> None:
         """Once the input is read, wait until the turns left fit the fleet at once, then begin the tail (the
-        balancer then keeps requests off busy servers: ServerPool.backlog)."""
+        balancer then keeps requests off busy servers: ServerPool.begin_tail)."""
         self._tail_at = pool.serving_slots()
         self._pay(0)
         await self._tail.wait()
-        pool.backlog = lambda: self.owed
+        pool.begin_tail(lambda: self.owed)
 
     def _pay(self, turns: int) -> None:
         """`turns` of the backlog were sent or will not be."""

@@ -216,7 +216,7 @@ class Runner:
                 if not batch:
                     break
         if self.turns is None:
-            self.pool.backlog = lambda: self.stats.undispatched  # the input is exhausted: the tail begins
+            self.pool.begin_tail(lambda: self.stats.undispatched)  # the input is exhausted
         for _ in range(workers):
             await queue.put(None)
         if self.turns is not None:  # conversations read are far from done: the tail begins with their last turns

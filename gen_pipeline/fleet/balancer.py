@@ -37,10 +37,19 @@ class ServerPool:
         self.queue = WaitQueue(self)  # leases waiting for a slot; the pool hands slots to them
         self._poller: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None  # the next look
         self.waiting_since: float | None = None
-        # Set once the input is exhausted: prompts read but not yet sent (the tail rule needs it).
-        self.backlog: Callable[[], int] | None = None
+        self._backlog: Callable[[], int] | None = None  # begin_tail
         self.last_dispatch: float | None = None
         self.last_completion: float | None = None
+
+    def begin_tail(self, backlog: Callable[[], int]) -> None:
+        """The input is exhausted: `backlog()` counts the requests still to send (read, not yet dispatched), and
+        from now on no request queues beyond a server's running slots and the tail rule judges each choice."""
+        self._backlog = backlog
+
+    @property
+    def in_tail(self) -> bool:
+        """Whether the input is exhausted (begin_tail): slow servers may be left idle on purpose."""
+        return self._backlog is not None
 
     def worker_count(self) -> int:
         """Requests the pipeline should keep going at once: every slot and queue margin, plus spares; where the
@@ -77,7 +86,7 @@ class ServerPool:
         latency = self.latencies()
         # A free running slot first: a request queued behind others while a slot idles elsewhere wastes it.
         # Once the input is exhausted nothing more is queued: a request kept here takes the first slot to free.
-        tail = self.backlog is not None
+        tail = self.in_tail
         candidates = sorted(
             (s.taken() >= s.capacity, s.expected_s(latency[s.url]), s.load, s.requests, i)
             for i, s in enumerate(self.servers)
@@ -138,13 +147,13 @@ class ServerPool:
         self, latency: dict[str, float], now: float, waiting: bool, size: float
     ) -> Callable[[ServerState, float], bool]:
         """`_too_late` for one request, the fleet's sums taken once (a pick asks it of several servers)."""
-        assert self.backlog is not None
+        assert self._backlog is not None
         serving = [s for s in self.servers if now >= s.down_until]
         rates = {s.url: s.capacity / latency[s.url] for s in serving}
         queued = {s.url: max(0, s.in_flight - s.capacity) for s in serving}
         times = {s.url: s.speed.request_s(size, now, latency[s.url]) or latency[s.url] for s in serving}
         all_rate, all_queued, all_times = sum(rates.values()), sum(queued.values()), sum(times.values())
-        waiting_here = self.backlog() + len(self.queue) + (0 if waiting else 1)
+        waiting_here = self._backlog() + len(self.queue) + (0 if waiting else 1)
 
         def too_late(server: ServerState, slack: float = pacing.TAIL_SLACK) -> bool:
             here = server.speed.request_s(size, now, latency[server.url])

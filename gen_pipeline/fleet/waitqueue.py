@@ -34,7 +34,9 @@ class Slots(Protocol):
 
     servers: list[ServerState]
     clock: Callable[[], float]
-    backlog: Callable[[], int] | None  # set once the input is exhausted: the tail
+
+    @property
+    def in_tail(self) -> bool: ...
 
     def latencies(self) -> dict[str, float]: ...
 
@@ -104,7 +106,7 @@ class WaitQueue:
         free = sum(max(0, s.limit - s.in_flight) for s in servers if s.available(now, own_home=True))
         if not self._leases or not free:
             return
-        if self.slots.backlog is None:
+        if not self.slots.in_tail:
             while True:
                 for lease in self._cached_first(now):  # one refused here has its server excluded, or a busy one
                     if not (free := free - self._grant(lease)):
@@ -170,7 +172,7 @@ class WaitQueue:
         if not any(w.links for w in leases):
             return lambda lease: False
         available = [s for s in self.slots.servers if s.available(now)]
-        tail = self.slots.backlog is not None
+        tail = self.slots.in_tail
         free = [s for s in available if s.taken() < s.capacity] or ([] if tail else available)
         serving = [s for s in self.slots.servers if now >= s.down_until]
         patience = self.patience()

@@ -324,7 +324,7 @@ async def watch_run(runner: Any) -> None:
             outage = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
-            tail = runner.pool.backlog is not None  # the input is read: slow servers are left idle on purpose
+            tail = runner.pool.in_tail  # the input is read: slow servers are left idle on purpose
             runner.alerts = runner.watch.check(runner.stats, runner.pool.servers, runner.pool.clock(), tail)
             extra += progress_text(runner.alerts)
             show(progress, runner.stats, extra)
