@@ -10,6 +10,9 @@
     │   ├── PreflightError           what `check` calls a PROBLEM, found at start (use --force)
     │   └── FleetRedeployedError     every server was redeployed mid-run (use --accept-checkpoint)
     ├── OutputError                  the output directory cannot be written (disk full, I/O error)
+    ├── InvalidRowError              a source row `prepare` cannot make a prompt of: counted by its .reason in
+    │                                prepare's report, never shown alone (inputs/formats.py)
+    ├── Rejection                    the simulator's HTTP error reply, sent instead of a completion (sim/sglang.py)
     ├── RequestShapeError            a row the server would refuse before rendering it     -> "bad_input"
     └── RequestError                 one request to one server failed; carries .server and .status
         ├── RetryableError           transport trouble: back off and try another server
