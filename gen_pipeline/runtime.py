@@ -239,4 +239,3 @@ def tune_process() -> None:
     collect_cycles_less_often()
     raise_open_file_limit()
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

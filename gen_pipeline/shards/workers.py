@@ -91,8 +91,8 @@ def without_api_key(argv: list[str]) -> list[str]:
 
 def worker_env(config: RunConfig) -> dict[str, str]:
     """The workers' environment: ours, the API key and the --servers URLs' credentials (`ps` shows command
-    lines to every user) and quiet transformers."""
-    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+    lines to every user)."""
+    env = dict(os.environ)
     if config.api_key:
         env[API_KEY_ENV] = config.api_key
     if config.server_auth:

@@ -260,8 +260,15 @@ def _template(name_or_path: str, parts: tuple[str, dict[str, str]], server: str 
         raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
 
 
+def quiet_transformers() -> None:
+    """transformers logs errors only (not its notes at import, such as PyTorch not being installed), unless the
+    user set its verbosity. Called before each import of it: this module is the only one that imports it."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
 def transformers_compiles(source: str) -> bool:
     """Whether transformers' own environment compiles this template."""
+    quiet_transformers()
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
     try:
@@ -302,7 +309,7 @@ def template_identity(name_or_path: str, loader: str = "auto") -> TemplateIdenti
 
 def load_tokenizer(name_or_path: str, server: str = "sglang") -> HFTokenCounter:
     """Load a tokenizer from a local folder or a hub name (the hub is tried only for non-paths)."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    quiet_transformers()
     from transformers import AutoTokenizer
 
     try:
