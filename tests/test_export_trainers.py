@@ -271,3 +271,25 @@ def test_a_row_per_turn_is_specforges_expansion_of_the_conversations(tmp_path, c
     assert "export: 3 conversations (3 complete, 0 ended early) of 3" in printed
     with pytest.raises(Exception, match="--row-per-turn"):
         run_export(run, "--out", tmp_path / "ds", "--row-per-turn")
+
+
+def test_text_finds_the_runs_tokenizer_or_is_told_where_it_is(tmp_path):
+    """--format text loads the tokenizer the manifest names; moved away, the error says --tokenizer, which
+    takes a copy; a tokenizer with another chat template is refused, naming the run's."""
+    import shutil
+
+    from gen_pipeline.errors import ConfigError
+    from gen_pipeline.tokens import TINY_TOKENIZER
+
+    shutil.copytree(TINY_TOKENIZER, tmp_path / "tok")
+    run = _run(tmp_path, prompts(3), "run", {"tokenizer": str(tmp_path / "tok")}, max_tokens=16)
+    shutil.move(tmp_path / "tok", tmp_path / "moved")
+    with pytest.raises(ConfigError, match="--tokenizer"):
+        run_export(run, "--out", tmp_path / "a", "--format", "text")
+    assert run_export(run, "--out", tmp_path / "b", "--format", "text", "--tokenizer", tmp_path / "moved") == 0
+    assert len(exported(tmp_path / "b")) == 3
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "moved", other)
+    (other / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ConfigError, match="not the one the run used"):
+        run_export(run, "--out", tmp_path / "c", "--format", "text", "--tokenizer", other)

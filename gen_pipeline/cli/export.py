@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
     add(
+        "--tokenizer",
+        metavar="PATH",
+        help="--format text: the run's tokenizer folder (or hub name) when it is not where the run's manifest "
+        "says; its chat template must be the run's",
+    )
+    add(
         "--row-per-turn",
         action="store_true",
         help="a --turns all run as --format conversations or text: a row per assistant turn (id ...#turnK), "
@@ -84,6 +90,7 @@ def main(args: argparse.Namespace) -> int:
         format=args.format,
         reasoning=args.reasoning,
         row_per_turn=args.row_per_turn,
+        tokenizer=args.tokenizer,
     )
     stats = export(config)
     print("\n".join(summary_lines(config, stats)))

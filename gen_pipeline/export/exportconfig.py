@@ -69,6 +69,7 @@ class ExportConfig:
     # or "conversations" / "text": JSON lines for draft-model trainers (trainerrows.py)
     reasoning: str = "separate"  # --format conversations: reasoning_content, <think> in the content, or none
     row_per_turn: bool = False  # --turns all, --format conversations/text: a row per assistant turn
+    tokenizer: str | None = None  # --format text: the run's tokenizer where the manifest's path no longer is
 
     def __post_init__(self) -> None:
         if "id" not in self.columns:  # a row without its id cannot be told apart from the others

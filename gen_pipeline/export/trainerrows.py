@@ -153,7 +153,11 @@ def run_counter(config: ExportConfig) -> Any:
             + ("these runs record several" if len(names) > 1 else f"{config.runs[0]} records none")
         )
     name, sha = next(iter(names))
-    counter = load_counter(str(name), server=str(manifests[0].get("server_kind") or "sglang"))
+    name = config.tokenizer or name
+    try:
+        counter = load_counter(str(name), server=str(manifests[0].get("server_kind") or "sglang"))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; give the run's tokenizer folder with --tokenizer") from exc
     if chat_template_hash(counter) != sha:
         raise ConfigError(f"the chat template of tokenizer {name!r} is not the one the run used (sha256 {sha})")
     return counter
