@@ -175,3 +175,17 @@ def test_every_field_a_run_writes_is_in_the_run_directory_reference(tmp_path: Pa
     for name, keys in written.items():
         assert f"## `{name}`" in page, name
         assert keys <= named, f"reference/run-directory.md does not name {sorted(keys - named)} of {name}"
+
+
+def test_help_text_is_text_in_the_reference(monkeypatch: pytest.MonkeyPatch):
+    """Help that holds markup characters (`<think>...</think>`, a `|`) shows as written, not as HTML or a table
+    split, and the usage lines wrap the same whatever the terminal's width."""
+    hook = cli_reference()
+    parser = argparse.ArgumentParser(prog="x")
+    parser.add_argument("--reasoning", help="in its content as <think>...</think> | or *left* out")
+    section = "\n".join(hook.render_command("x", parser, set()))
+    assert "&lt;think&gt;...&lt;/think&gt; \\| or \\*left\\* out" in section
+    monkeypatch.setenv("COLUMNS", "40")
+    narrow = hook.render()
+    monkeypatch.setenv("COLUMNS", "300")
+    assert hook.render() == narrow

@@ -9,6 +9,7 @@ added to a parser is in the reference at the next build.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from gen_pipeline.cli import build_parser, subcommands
@@ -31,7 +32,11 @@ says what `gen-pipeline SUBCOMMAND --help` says. The guides explain what the fla
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """Text for a table cell: one line, and no character Markdown would read as markup (`<think>` is text)."""
+    text = " ".join(text.split())
+    for char, escaped in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|"), ("*", "\\*")):
+        text = text.replace(char, escaped)
+    return text
 
 
 def _names(action: argparse.Action) -> str:
@@ -50,7 +55,7 @@ def _default(action: argparse.Action) -> str:
     value = action.default
     if action.required:
         return "required"
-    if value in (None, False, argparse.SUPPRESS) or action.nargs == 0:
+    if value in (None, False, "", argparse.SUPPRESS) or action.nargs == 0:
         return ""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -86,7 +91,7 @@ def render_command(name: str, parser: argparse.ArgumentParser, shown_elsewhere: 
     lines = [f"## gen-pipeline {name}", ""]
     if parser.description:
         lines += [_cell(parser.description), ""]
-    usage = parser.format_usage().removeprefix("usage: ").strip()
+    usage = _usage(parser)
     lines += ["```text", usage, "```", ""]
     hidden = []
     for group in parser._action_groups:
@@ -104,6 +109,19 @@ def render_command(name: str, parser: argparse.ArgumentParser, shown_elsewhere: 
         lines += [f"| {_names(a)} | {_hidden(a, shown_elsewhere)} |" for a in hidden]
         lines.append("")
     return lines
+
+
+def _usage(parser: argparse.ArgumentParser) -> str:
+    """The usage lines, wrapped at 100 columns whatever the terminal (the page is the same on every machine)."""
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        return parser.format_usage().removeprefix("usage: ").strip()
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
 
 
 def _visible_flags(parser: argparse.ArgumentParser) -> set[str]:
