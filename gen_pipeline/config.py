@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from .errors import ConfigError
-from .records import ALL_REASONS, MAX_SAMPLES, TEMPLATE_FIELDS, template_input_error
+from .records import ALL_REASONS, MAX_SAMPLES, TEMPLATE_FIELDS, template_input_error, validate_spec_error
 
 # The tokenizer loader switch, read by the CLI only.
 LOADER_ENV = "GEN_PIPELINE_TOKENIZER_LOADER"
@@ -47,6 +47,8 @@ DEFAULT_OUTAGE_TIMEOUT = 1800.0
 DEFAULT_TOKENIZE_BATCH = 256
 SAMPLES_VIA = ("n", "requests")
 TURNS = ("last", "all")  # --turns: answer the last user turn, or regenerate every turn
+# A rejected answer is sent again at most this often (10% rejects: 1 row in 1000 ledgered; a hopeless row: 3 answers)
+DEFAULT_MAX_RESAMPLES = 2
 # A learned count offset (speculative-decoding reserve, an uncounted template prefix) is capped here.
 MAX_LEARNED_OFFSET = 256
 OFFSET_EVIDENCE = 3
@@ -223,6 +225,9 @@ class RunConfig:
             (--template FILE; inputs/template.py); None: each row's own messages.
         tools / chat_template_kwargs: the OpenAI tools list and template switches of every row that has
             none of its own (rendered into the count and sent; ../shared/reference/server-api.md §1.6).
+        validate / json_schema: the answer checks run after the hygiene ones (answers/validate.py); the
+            schema is also sent as `response_format` (in `sampling`). max_resamples: a rejected answer is sent
+            again at most this often, then its (id, sample, turn) is ledgered `invalid` or `degenerate`.
     """
 
     # input and output
@@ -252,6 +257,10 @@ class RunConfig:
     template: str | None = None
     tools: list[Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # answers (answers/, send/resample.py)
+    validate: tuple[str, ...] = ()
+    json_schema: dict[str, Any] | None = None
+    max_resamples: int = DEFAULT_MAX_RESAMPLES
     # parallelism and retries
     concurrency: int | None = None
     queue_margin: int | None = None
@@ -327,6 +336,8 @@ class RunConfig:
             (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
             (self.turns in TURNS, f"--turns: {' or '.join(TURNS)}"),
             ("n" not in self.sampling, '"n" in --sampling: use --samples (the run keeps every sample)'),
+            (self.max_resamples >= 0, "--max-resamples must not be negative"),
+            *((validate_spec_error(str(v)) is None, validate_spec_error(str(v)) or "") for v in self.validate),
         ]
         for ok, message in checks:
             if not ok:

@@ -13,6 +13,8 @@
     ├── InvalidRowError              a source row `prepare` cannot make a prompt of: counted by its .reason in
     │                                prepare's report, never shown alone (inputs/formats.py)
     ├── Rejection                    the simulator's HTTP error reply, sent instead of a completion (sim/sglang.py)
+    ├── ValidatorError               a --validate python: function raised (or returned neither None nor a
+    │                                reason): its fault, never the answer's; the run stops, the row unsettled
     ├── RequestShapeError            a row the server would refuse before rendering it     -> "bad_input"
     └── RequestError                 one request to one server failed; carries .server and .status
         ├── RetryableError           transport trouble: back off and try another server
@@ -109,6 +111,10 @@ class FleetRedeployedError(FleetError):
 
 class OutputError(PipelineError):
     """Writing the output or the ledger failed; what is on disk stays valid."""
+
+
+class ValidatorError(PipelineError):
+    """A user's answer check (--validate python:MODULE:FUNCTION) failed itself: the run stops (exit 1)."""
 
 
 class RequestShapeError(PipelineError):

@@ -6,6 +6,7 @@ mean the same thing: server strings, JSON text or objects, "@FILE" system prompt
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from .answers.validate import Validator
 from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_SERVERS, RetryPolicy, RunConfig, fits, parse_reasons, parse_servers
 from .errors import ConfigError
 from .inputs.rows import as_written
@@ -33,6 +35,8 @@ BUILT_TYPES: dict[str, Any] = {
     "tools": str | Sequence,
     "chat_template_kwargs": str | Mapping,
     "template": str,  # the template file's path; RunConfig.template holds its text
+    "validate": str | Sequence,
+    "json_schema": str | Path | Mapping,
 }
 BUILT_OPTIONS = frozenset(BUILT_TYPES)
 OPTIONS = BUILT_OPTIONS | {f.name for f in fields(RunConfig) if f.name != "retry"}
@@ -53,6 +57,8 @@ def build_config(
     tools: str | Path | Sequence[Any] | None = None,
     chat_template_kwargs: str | Mapping[str, Any] | None = None,
     template: str | Path | None = None,
+    validate: str | Sequence[str] | None = None,
+    json_schema: str | Path | Mapping[str, Any] | None = None,
     **options: Any,
 ) -> RunConfig:
     """A RunConfig from `generate`'s options, written as its flags are (the CLI and the Python API share it).
@@ -60,7 +66,9 @@ def build_config(
     `servers` "host:lo-hi" or URLs; `sampling` a JSON object or its text; `retry_failed` "all" or a comma
     list; `system_prompt` the text, or "@FILE" to read it from FILE; `tools` a JSON file's path or the
     list; `chat_template_kwargs` a JSON object or its text (both may come inside `sampling` instead);
-    `template` the path of a Jinja2 template file (--template). Other options are RunConfig fields.
+    `template` the path of a Jinja2 template file (--template); `validate` one --validate value or several;
+    `json_schema` a JSON Schema file's path or the schema (sent as `response_format`). Other options are
+    RunConfig fields.
     """
     unknown = options.keys() - OPTIONS
     if unknown:
@@ -82,6 +90,12 @@ def build_config(
     kwargs = parse_json_object(chat_template_kwargs, "--chat-template-kwargs")
     given = {"tools": read_tools(tools), "chat_template_kwargs": kwargs}
     options.update(lift_template_inputs(options["sampling"], given))
+    options["json_schema"] = read_schema(json_schema)
+    if options["json_schema"] is not None:
+        options["sampling"] = with_response_format(options["sampling"], options["json_schema"], json_schema)
+    options["validate"] = (validate,) if isinstance(validate, str) else tuple(validate or ())
+    if options["validate"] or options["json_schema"] is not None:  # a bad schema or function: said before the run
+        Validator.build([str(v) for v in options["validate"]], options["json_schema"])
     return RunConfig(
         input=Path(input),
         out=Path(out),
@@ -149,6 +163,28 @@ def read_template(path: str | Path | None) -> str | None:
         raise ConfigError(f"--template {path}: cannot read it: {exc}") from exc
     PromptTemplate(text, f"--template {path}")  # a template that does not parse stops the run before it starts
     return text
+
+
+def read_schema(spec: str | Path | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """--json-schema: a file holding a JSON Schema (a JSON object), or the schema itself."""
+    if spec is None or isinstance(spec, Mapping):
+        return None if spec is None else dict(spec)
+    try:
+        value = orjson.loads(Path(spec).read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ConfigError(f"--json-schema {spec}: cannot read a JSON Schema: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"--json-schema {spec}: the file must hold a JSON object (a JSON Schema)")
+    return value
+
+
+def with_response_format(sampling: dict[str, Any], schema: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """The sampling with the schema as `response_format`, as SGLang and vLLM take it (they constrain the
+    answer to it); refused beside a response_format of --sampling's own."""
+    if "response_format" in sampling:
+        raise ConfigError("--json-schema and a response_format in --sampling: keep one")
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", Path(spec).stem if isinstance(spec, str | Path) else "answer")[:64]
+    return {**sampling, "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}}
 
 
 def read_system_prompt(spec: str | None) -> str | None:

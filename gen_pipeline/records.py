@@ -12,7 +12,7 @@ import re
 import time
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -147,6 +147,7 @@ class Prompt:
     merged: int = 0
     dropped: int = 0
     reference: Any = None
+    spent: dict[int, Spent] = field(default_factory=dict)  # place key -> its answers rejected by earlier runs
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:
@@ -269,13 +270,78 @@ class Failure:
         )
 
 
+class Spent(NamedTuple):
+    """What earlier runs spent on one (id, sample, turn) (rejected.jsonl read back): `total` rejected answers,
+    `round` of them since the key was last ledgered for them (a --retry-failed round starts at 0), the last
+    one's reason (degenerate, invalid), check and detail."""
+
+    total: int
+    round: int
+    reason: str
+    check: str
+    detail: str
+
+
+@dataclass(slots=True)
+class Rejected:
+    """One rejected answer: a line of rejected.jsonl, written before the answer is resampled.
+
+    `attempt` counts the key's answers from 0 across runs (its seed derives from it: samples.answer_seed);
+    `completion_tokens` is what the answer cost (a loop stopped while decoding: the tokens until then)."""
+
+    id: RowId
+    sample: int
+    turn: int | None
+    attempt: int
+    reason: str
+    check: str
+    detail: str
+    completion_tokens: int | None
+    finish_reason: str | None
+    server: str
+    seed: int | None
+    content: str
+    reasoning_content: str | None = None
+    messages: Messages = field(default_factory=list)
+    time: float = field(default_factory=time.time)
+
+    def to_line(self) -> bytes:
+        return (
+            orjson.dumps(
+                {
+                    "id": self.id,
+                    "sample": self.sample,
+                    **({"turn": self.turn} if self.turn is not None else {}),
+                    "attempt": self.attempt,
+                    "reason": self.reason,
+                    "check": self.check,
+                    "detail": self.detail,
+                    "completion_tokens": self.completion_tokens,
+                    "finish_reason": self.finish_reason,
+                    "server": self.server,
+                    "seed": self.seed,
+                    "messages": self.messages,
+                    "completion": self.content,
+                    **({"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}),
+                    "time": round(self.time, 3),
+                }
+            )
+            + b"\n"
+        )
+
+
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.
 # empty_completion: every attempt got a 200 with no content and no reasoning (docs/reference/ledger.md).
 # poison: every server answered the row 5xx while it served other rows (the row breaks them, resending it
 # cannot help; --retry-failed poison sends it again once the servers are fixed).
+# invalid, degenerate: every answer the run allowed the key (1 + --max-resamples) was rejected (rejected.jsonl
+# keeps each); --retry-failed invalid gives it that many more.
 PERMANENT_REASONS = frozenset(
     {"bad_input", "over_length", "context_overflow", "bad_request", "empty_completion", "poison"}
+    | {"invalid", "degenerate"}
 )
+# The reasons of answers the checks or the loop guard rejected (errors.RejectedAnswerError).
+REJECT_REASONS = frozenset({"invalid", "degenerate"})
 # Ledger reasons from transport or fleet trouble; a plain rerun retries them. wrong_model: every attempt was
 # answered by a server naming another model (fix the fleet, then rerun).
 TRANSIENT_REASONS = frozenset({"server_error", "timeout", "connection", "wrong_model"})
@@ -296,3 +362,18 @@ def template_input_error(tools: Any, template_kwargs: Any) -> str | None:
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         return "chat_template_kwargs must be an object"
     return None
+
+
+def validate_spec_error(spec: str) -> str | None:
+    """Why a --validate value is not json, regex:PATTERN (compiling) or python:MODULE:FUNCTION; None if it is."""
+    kind, _, rest = spec.partition(":")
+    module, _, function = rest.rpartition(":")
+    if spec == "json" or (kind == "python" and module and function.isidentifier()):
+        return None
+    if kind == "regex" and rest:
+        try:
+            re.compile(rest)
+        except re.error as exc:
+            return f"--validate {spec}: not a regular expression ({exc})"
+        return None
+    return f"--validate {spec!r}: json, regex:PATTERN or python:MODULE:FUNCTION (MODULE: a module name or a .py file)"

@@ -99,6 +99,16 @@ def turn_seed(seed: int, row_id: RowId, sample: int, turn: int) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") % SEED_MODULUS
 
 
+def answer_seed(seed: int, row_id: RowId, sample: int, turn: int, attempt: int) -> int:
+    """The seed attempt `attempt` of one answer is sent with: attempt 0 is the sample's (or turn's) own seed;
+    a resample of a rejected answer (attempt 1, 2, ...) hashes the attempt in too, so it is another draw, and a
+    rerun that resends the same attempt asks for the same thing."""
+    if attempt == 0:
+        return sample_seed(seed, row_id, sample) if turn == 0 else turn_seed(seed, row_id, sample, turn)
+    data = orjson.dumps([seed, str(row_id), sample, turn, attempt, "resample"])
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") % SEED_MODULUS
+
+
 def check_samples(value: Any, what: str) -> int:
     """A samples count from a flag or a row, or ValueError saying why not."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAMPLES:

@@ -226,25 +226,28 @@ def test_rows_own_samples_and_own_short_max_tokens(write_jsonl, tmp_path):
                if r["id"] != "many")  # fmt: skip
 
 
-def test_reasoning_truncations_are_marked_and_counted(write_jsonl, tmp_path):
-    """A budget the thinking uses up ends "length" with no answer: marked, counted, tokens split."""
-    path = write_jsonl(prompts(10))
+def test_reasoning_truncations_are_rejected_and_kept(write_jsonl, tmp_path):
+    """A budget the thinking uses up ends "length" with no answer: never written (its thinking is no answer to
+    train on), kept in rejected.jsonl (unfinished_reasoning, its thinking with it) and, resampled in vain,
+    ledgered invalid; the written answers' tokens are split into reasoning and answer."""
+    path, out = write_jsonl(prompts(10)), tmp_path / "out"
     sim = {"reasoning_words": 40, "completion_words": 10}
-    outcome, _ = run_sim(path, tmp_path / "out", sim=sim, max_tokens=8, min_tokens=4, samples_via="requests")
-    lines = read_jsonl(tmp_path / "out" / "completions.jsonl")
-    cut = [r for r in lines if r.get("truncated_in") == "reasoning"]
-    assert cut and all(r["completion"] == "" and r["reasoning_content"] for r in cut)
-    assert outcome.summary["truncated_in_reasoning"] == len(cut)
+    outcome, _ = run_sim(path, out, sim=sim, max_tokens=8, min_tokens=4, samples_via="requests")
+    lines, failed = read_jsonl(out / "completions.jsonl"), read_jsonl(out / "failures.jsonl")
+    kept = read_jsonl(out / "rejected.jsonl")
+    assert kept and all(r["check"] == "unfinished_reasoning" and r["reasoning_content"] for r in kept)
+    assert all(r["completion"] == "" and r["finish_reason"] == "length" for r in kept)
+    assert lines and all(r.get("truncated_in") != "reasoning" for r in lines)
+    assert outcome.summary["truncated_in_reasoning"] == 0 and len(lines) + len(failed) == 10
+    assert {f["id"] for f in failed} == {r["id"] for r in kept} and {f["reason"] for f in failed} == {"invalid"}
     split = outcome.summary["reasoning_tokens"]
-    assert split["reasoning"] + split["answer"] == outcome.summary["output_tokens"] and split["reasoning"] > 0
+    assert split["reasoning"] + split["answer"] == sum(r["completion_tokens"] for r in lines) and split["reasoning"]
     assert all(r["reasoning_tokens"] <= r["completion_tokens"] for r in lines)
     from gen_pipeline.views.report import render_table
     from gen_pipeline.views.rundata import read_completions, read_json
 
-    run = tmp_path / "out"
-    table = render_table(run, read_completions(run), read_json(run / "summary.json"), None)
-    truncated = next(line for line in table.splitlines() if line.startswith("truncated "))
-    assert f"reasoning {len(cut)}" in truncated and f"reasoning   {split['reasoning']:,} tokens" in table
+    table = render_table(out, read_completions(out), read_json(out / "summary.json"), None)
+    assert f"reasoning   {split['reasoning']:,} tokens" in table
 
 
 def test_thinking_budget_is_sent_by_server_kind(write_jsonl, tmp_path):
@@ -367,11 +370,15 @@ def test_export_one_row_per_sample_or_grouped(write_jsonl, tmp_path):
 
 
 def test_export_counts_and_drops_reasoning_truncations(write_jsonl, tmp_path):
-    """Cuts while reasoning are exported with truncated_in (counted in the card) or dropped on request."""
+    """Cuts while reasoning (as versions before the answer checks wrote them) are exported with truncated_in
+    (counted in the card) or dropped on request."""
     sim = {"reasoning_words": 40, "completion_words": 10}
-    run_sim(write_jsonl(prompts(10)), tmp_path / "run", sim=sim, max_tokens=8, min_tokens=4)
-    cut = sum(r.get("truncated_in") == "reasoning" for r in read_jsonl(tmp_path / "run" / "completions.jsonl"))
-    assert 0 < cut < 10
+    run_sim(write_jsonl(prompts(10)), tmp_path / "run", sim=sim, max_tokens=200)
+    output = tmp_path / "run" / "completions.jsonl"
+    lines, cut = read_jsonl(output), 3
+    for r in lines[:cut]:
+        r.update(completion="", finish_reason="length", truncated_in="reasoning")
+    output.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
     columns = ("id", "sample", "truncated_in")
     stats, kept = _export([tmp_path / "run"], tmp_path / "all", columns=columns)
     assert len(kept) == 10 and kept["truncated_in"].count("reasoning") == cut and stats.truncated_in_reasoning == cut

@@ -13,6 +13,7 @@ from ..config import (
     DEFAULT_FSYNC_INTERVAL,
     DEFAULT_GRACE_PERIOD,
     DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_RESAMPLES,
     DEFAULT_MAX_TOKENS,
     DEFAULT_MIN_TOKENS,
     DEFAULT_OUTAGE_TIMEOUT,
@@ -107,6 +108,7 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
     _add_input_flags(groups["input and output"])
     _add_budget_flags(groups["model and budget"])
     _add_sampling_flags(groups["sampling"])
+    _add_answer_flags(groups["answers"])
     _add_fleet_flags(groups["fleet"], run_only)
     _add_safety_flags(groups["resume and safety"], run_only)
     groups["observability"].add_argument(
@@ -195,6 +197,33 @@ def _add_sampling_flags(g: Any) -> None:
         help="n: one request with n per prompt (default); requests: one per sample, on the same server",
     )
     g.add_argument("--sampling", help="JSON object of other request fields, e.g. '{\"top_k\": 20}'")
+
+
+def _add_answer_flags(g: Any) -> None:
+    """The answer checks and resampling (docs/how-to/answers.md)."""
+    g.add_argument(
+        "--validate",
+        action="append",
+        metavar="KIND",
+        help="check every answer: json, regex:PATTERN (re.search on the answer) or python:MODULE:FUNCTION "
+        "(FUNCTION(answer) returns None, or a reason to reject it); may be given more than once. A rejected "
+        "answer is kept in rejected.jsonl and resampled",
+    )
+    g.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="a JSON Schema every answer must follow: sent as response_format (the server constrains the "
+        "answer to it) and checked on the answer",
+    )
+    g.add_argument(
+        "--max-resamples",
+        type=int,
+        default=DEFAULT_MAX_RESAMPLES,
+        metavar="N",
+        help=f"send a rejected answer again, with a new seed, at most N times, then ledger it invalid or "
+        f"degenerate (default {DEFAULT_MAX_RESAMPLES}: at a 10%% reject rate 1 row in 1000 is ledgered, and a "
+        "prompt no new draw fixes costs at most 3 answers)",
+    )
 
 
 def _add_fleet_flags(g: Any, run_only: Any) -> None:

@@ -4,7 +4,9 @@ the history), each answer written before the next turn is asked (send/turns.py h
 
 Every turn is counted exactly (a long conversation in a thread of its own; the reader's thread counts the
 first turns) and budgeted like any prompt. A turn with too little room is ledgered `over_length` with its
-turn number and the conversation ends there; a context 400 no budget fixes ends it as `context_overflow`.
+turn number and the conversation ends there; a context 400 no budget fixes ends it as `context_overflow`, and
+a turn whose every answer the checks rejected (send/resample.py) as `invalid` or `degenerate`: a turn is checked
+before the next one builds on it.
 A transient failure leaves the conversation where it is: the next run goes on at that turn.
 
 A conversation's last failure is not written here: `run` hands the prompt's failures back to the Runner, which
@@ -26,6 +28,7 @@ from ..samples import place_key
 from ..send.dispatch import SampleDispatch, Sent
 from ..send.refusals import RefusalJudge
 from ..send.requests import Track
+from ..send.resample import Attempts
 from ..send.turns import answer_turn, turn_request
 from ..tokens import TokenCounter
 from ..tokens.budget import dispatch_budget
@@ -158,15 +161,18 @@ class TurnDispatch:
             tokens = request.input_tokens
             return Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=tokens, sample=sample, turn=turn)
         track = Track(prefer=home, home=home is not None, keep=keep)
-        answer = await path.send(request, budget, self.dispatch.turn_fields(prompt, sample, turn), track)
+        tries = Attempts.of(prompt, sample, turn)
+        answer, track = await self.dispatch.answers.answer(request, budget, sample, turn, track, tries)
         if track.home:  # never given a slot
-            self.path.pool.unhome(home)
+            self.path.pool.unhome(track.prefer)
         if isinstance(answer, Failure):
             return dataclasses.replace(answer, sample=sample, turn=turn)
-        result, sent_budget = answer
-        done = self.dispatch.completion(request, result, sent_budget, track, sample, result)
+        result = answer.result
+        done = self.dispatch.completion(request, result, answer.budget, track, sample, result)
         done.turn, done.key = turn, place_key(prompt.key, sample, turn)
         done.extra["turns"] = len(prompt.turns or ())  # export tells a complete conversation by it
+        if answer.rejected:
+            done.extra["rejected"] = answer.rejected
         outcome = Sent([done])
         outcome.count(result)
         self.judge.hold(request, outcome)  # never held (an answer): the fleet serves rows

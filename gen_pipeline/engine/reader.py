@@ -14,7 +14,7 @@ from ..progress.stats import RunStats
 from ..records import Prompt
 from ..resume.cursor import Mark, Resumed, mark_of
 from ..rundir.store import ResumeState
-from ..samples import pending, row_reason
+from ..samples import pending, place_key, row_reason
 from ..send.turns import TurnHistory, owed, split_turns
 from ..tokens import TokenCounter
 from ..tokens.conversation import ChatInput, Conversation
@@ -131,7 +131,16 @@ class BatchReader:
             item.pending = pending(self.resume, item.key, k, self.retry)
             if not item.pending:
                 return skipped(row_reason(self.resume, item.key, k, self.retry) or "done")
+            self._spent(item, {s: 0 for s in item.pending})
         return item
+
+    def _spent(self, item: Prompt, starts: dict[int, int]) -> None:
+        """What earlier runs spent on the answers the prompt still owes (sample -> the turn it goes on at)."""
+        if self.resume.rejects:
+            for s, t in starts.items():
+                key = place_key(item.key, s, t)
+                if key in self.resume.rejects:
+                    item.spent[key] = self.resume.rejects[key]
 
     def _settle_turns(self, item: Prompt, k: int) -> Prompt | BadRow | Skipped:
         """--turns all: the row's segments, and per sample the turn its conversation goes on at (with the
@@ -151,6 +160,7 @@ class BatchReader:
             item.pending += (s,)
             if t > 0:
                 item.resume[s] = (t, history)
+        self._spent(item, found.start)
         return item if item.pending else skipped(reason)
 
     def _too_long(self, p: Prompt) -> bool:

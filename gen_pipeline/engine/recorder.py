@@ -21,7 +21,7 @@ from ..inputs.source import Skipped
 from ..progress.cost import useful_tokens
 from ..progress.identical import greedy
 from ..progress.stats import RunStats
-from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt
+from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt, Rejected
 from ..runtime import say
 from ..send.dispatch import Sent
 from ..tokens.conversation import shapes
@@ -46,6 +46,9 @@ class Lines(Protocol):
 
     def write_failure(self, failure: Failure) -> None:
         """Append one ledger entry."""
+
+    def write_rejected(self, rejected: Rejected) -> None:
+        """Append one rejected answer."""
 
 
 class Recorder:
@@ -108,6 +111,15 @@ class Recorder:
             return
         if self.stats.same_samples.note(done):
             log.warning("%s", self.stats.same_samples.warning())
+
+    def rejected(self, reject: Rejected) -> None:
+        """One rejected answer kept (rejected.jsonl) and counted: its decode tokens are output the run paid for
+        but can never use (progress/cost.py)."""
+        self._write(self.writer.write_rejected, reject)
+        self.stats.rejected[reject.reason] += 1
+        self.stats.rejected_checks[reject.check] += 1
+        self.stats.rejected_tokens += reject.completion_tokens or 0
+        self.stats.output_tokens += reject.completion_tokens or 0
 
     def failure(self, failure: Failure) -> None:
         """One ledger line, and the reason's count and newest detail."""

@@ -29,7 +29,7 @@ from ..inputs.source import Skipped
 from ..progress import cost
 from ..progress.alerts import Watch
 from ..progress.stats import RunStats, snapshot, watch_run
-from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt
+from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt, Rejected
 from ..resume import cursor
 from ..resume.cursor import InputCursor, Mark, MarkTracker
 from ..rundir.layout import RunDir, write_json_atomic
@@ -78,6 +78,9 @@ class Sink(Protocol):
     def write_failure(self, failure: Failure) -> None:
         """Append one ledger entry."""
 
+    def write_rejected(self, rejected: Rejected) -> None:
+        """Append one rejected answer (rejected.jsonl)."""
+
     def sync(self) -> None:
         """Flush and fsync what was written (a signal handler calls it)."""
 
@@ -119,6 +122,7 @@ class Runner:
     status_extra: Callable[[], dict[str, Any]] | None = None  # more fields for each status snapshot
     turns: TurnDispatch | None = None  # --turns all: each prompt's conversations (use_turns)
     recorder: Recorder = field(init=False)
+    sender: SampleDispatch = field(init=False)  # `dispatch`, or the plain one
     judge: RefusalJudge = field(init=False)  # holds back 400s until it is clear they are the rows' fault
     warnings: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -131,6 +135,8 @@ class Runner:
         self.recorder = Recorder(
             self.config, self.sink, self.stats, self.counter.name, self.request_stop, self.warnings
         )
+        self.sender = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
+        self.sender.answers.keep = self.recorder.rejected  # each reject is written before its resample is sent
         self.judge = RefusalJudge(len(self.pool.servers), self._release, lambda r: self.request_stop(r, EXIT_OUTAGE))
         self.watch = Watch(self.config.stall_minutes * 60, self.config.on_stall, str(self.config.out))
         if self.config.turns == "all":
@@ -138,8 +144,7 @@ class Runner:
 
     def use_turns(self) -> None:
         """--turns all: prompts are conversations, sent a turn at a time (converse.py)."""
-        dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
-        self.turns = TurnDispatch(dispatch, self.counter, self.recorder, self.stopping, self.judge)
+        self.turns = TurnDispatch(self.sender, self.counter, self.recorder, self.stopping, self.judge)
 
     def request_stop(self, reason: str, exit_code: int = EXIT_INTERRUPTED) -> None:
         """Stop dispatching; in-flight requests get the grace period to finish."""
@@ -241,12 +246,11 @@ class Runner:
         return budget
 
     async def _work(self, queue: asyncio.Queue[Prompt | None]) -> None:
-        dispatch = self.dispatch or SampleDispatch(self.path, {}, self.warnings.append)
         while (prompt := await queue.get()) is not None:
             self.stats.undispatched -= 1
             if self.stopping.is_set():
                 continue  # not sent: the next run picks it up
-            transient = await (self._converse(prompt) if self.turns is not None else self._send(prompt, dispatch))
+            transient = await (self._converse(prompt) if self.turns is not None else self._send(prompt, self.sender))
             if transient is not None:  # None: not settled here (the judge's to settle, or the next run's)
                 self._settle(prompt, transient)
 

@@ -75,6 +75,9 @@ def manifest_for(
         "samples": config.samples,
         **({"turns": config.turns} if config.turns != "last" else {}),
         "thinking_budget": config.thinking_budget,
+        # the answer checks (the schema is in `sampling`, as response_format) and the resamples they allow
+        **({"validate": list(config.validate)} if config.validate else {}),
+        "max_resamples": config.max_resamples,
         "system_prompt": config.system_prompt,
         **({"template_sha256": template_hash(config.template)} if config.template is not None else {}),
         "servers": list(config.servers),

@@ -54,6 +54,7 @@ class ServerState:
     slowest_s: float | None = None
     speed: pacing.Speed = field(default_factory=pacing.Speed)
     failures: Counter[str] = field(default_factory=Counter)
+    rejects: Counter[str] = field(default_factory=Counter)  # of its answers (completions), those rejected, by reason
     window: Window = field(default_factory=Window)
     expensive_in_a_row: int = 0
     cooldown: float = health.INITIAL_COOLDOWN
@@ -133,8 +134,9 @@ class ServerState:
         busy = self.latency_total
         return {
             "requests": self.requests,
-            "completions": done,
+            "completions": done - sum(self.rejects.values()),
             "failures": dict(self.failures),
+            **({"rejected": dict(self.rejects)} if self.rejects else {}),  # answers the checks refused (resampled)
             "mean_latency_s": round(self.latency_total / done, 3) if done else None,
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,

@@ -66,6 +66,11 @@ class RunStats:
     valid_output_tokens: int = 0  # completion tokens of written rows (cost.py)
     untruncated_output_tokens: int = 0  # of those, rows not cut at max_tokens
     requests: int = 0
+    # answers judged by the checks (send/resample.py), and those rejected: by reason, by check, their decode tokens
+    answers: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    rejected_checks: Counter[str] = field(default_factory=Counter)
+    rejected_tokens: int = 0
     latency: Latencies = field(default_factory=Latencies)  # every request to a server
     in_flight: int = 0
     drift: Counter[int] = field(default_factory=Counter)  # server prompt_tokens - ours -> rows

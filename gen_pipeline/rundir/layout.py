@@ -5,6 +5,8 @@
       .lock                     held (flock) by the process that runs here (the parent under --workers)
       completions.jsonl         a single-process run's output: one line per finished prompt
       failures.jsonl            its ledger: one line per failure; the newest entry per id decides
+      rejected.jsonl            every answer the checks or the loop guard rejected, one line each (made on the
+                                first; a claimed shard keeps its own beside its output)
       status.json summary.json  its live snapshot and its last figures
       completions-KKKKK.jsonl   an older version's files, read on resume and by `status`, never written: what
       failures-KKKKK.jsonl      static worker K of its `generate --workers` wrote (output, ledger, status,
@@ -38,6 +40,7 @@ LOCK = ".lock"
 INDEX_DIR = ".index"
 COMPLETIONS = "completions.jsonl"
 FAILURES = "failures.jsonl"
+REJECTED = "rejected.jsonl"
 STATUS = "status.json"
 SUMMARY = "summary.json"
 SHARDS_DIR = "shards"
@@ -58,6 +61,7 @@ class Writer:
     status: Path
     summary: Path
     lock: Path  # held while the files are written
+    rejected: Path  # the answers rejected (send/resample.py)
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,7 @@ class RunDir:
 
     def writer(self) -> Writer:
         """The files of the run's single writer (a claimed shard's are `shard(index).writer`)."""
-        return Writer(
-            self.root / COMPLETIONS, self.root / FAILURES, self.root / STATUS, self.root / SUMMARY, self.lock_path
-        )
+        return self._writer(self.root, self.lock_path)
 
     def old_worker(self, index: int) -> OldWorker:
         """The status, summary and lock names of static worker `index` of an older version (read only)."""
@@ -117,8 +119,11 @@ class RunDir:
     def shard(self, index: int) -> ShardDir:
         """The folder and files of claimed shard `index`."""
         root = self.root / SHARDS_DIR / f"{index:05d}"
-        w = Writer(root / COMPLETIONS, root / FAILURES, root / STATUS, root / SUMMARY, root / CLAIM_LOCK)
-        return ShardDir(index, root, root / CLAIM_LOCK, root / SETTLED, w)
+        return ShardDir(index, root, root / CLAIM_LOCK, root / SETTLED, self._writer(root, root / CLAIM_LOCK))
+
+    @staticmethod
+    def _writer(root: Path, lock: Path) -> Writer:
+        return Writer(root / COMPLETIONS, root / FAILURES, root / STATUS, root / SUMMARY, lock, root / REJECTED)
 
     def claimer(self, ident: str) -> ClaimerFiles:
         """The files of the claimer named `ident` (host, pid and start time: a name, never an identity of rows)."""
@@ -145,6 +150,10 @@ class RunDir:
     def failure_files(self, shards: Iterable[int] | None = None) -> list[Path]:
         """Every ledger file that exists, in the same order."""
         return self._existing("failures", shards)
+
+    def rejected_files(self, shards: Iterable[int] | None = None) -> list[Path]:
+        """Every rejected-answers file that exists, in the same order."""
+        return self._existing("rejected", shards)
 
     def worker_status_files(self) -> dict[int, Path]:
         """The status file of each worker that wrote one, by worker number."""

@@ -20,10 +20,10 @@ from typing import IO, Any
 import orjson
 
 from ..errors import ManifestMismatchError, OutputError
-from ..records import PERMANENT_REASONS, Completion, Failure, id_key
+from ..records import PERMANENT_REASONS, REJECT_REASONS, Completion, Failure, Rejected, Spent, id_key
 from ..samples import place_key, record_place, row_reason
 from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, union
-from .layout import COMPLETIONS, FAILURES, RunDir, write_json_atomic
+from .layout import COMPLETIONS, FAILURES, REJECTED, RunDir, write_json_atomic
 
 # Budget settings a resume may change (the rows already written keep theirs); said, not refused.
 BUDGET_KEYS = ("max_tokens", "min_tokens", "safety_margin")
@@ -131,6 +131,7 @@ class ResumeState:
     samples: int = 1  # the run's --samples: a row is settled when all of them are
     later_samples_ledgered: bool = False  # a ledger entry names a sample or turn > 0 (the cursor checks key 0 only)
     turns: bool = False  # --turns all: a row's settledness needs its turns (the row parsed: engine.reader._settle)
+    rejects: dict[int, Spent] = field(default_factory=dict)  # key not done -> its rejected answers (rejected.jsonl)
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None:
         """Why this (id, sample) key needs no request now ("done", or its permanent reason), or None."""
@@ -158,7 +159,7 @@ def repair_all(out: Path) -> int:
     was torn is settled no more: its next claimer sends (or ledgers) the torn line's row again."""
     run = RunDir(out)
     moved = 0
-    for path in [*run.completion_files(), *run.failure_files()]:
+    for path in [*run.completion_files(), *run.failure_files(), *run.rejected_files()]:
         if (torn := repair_tail(path)) and (marker := run.settled_marker_of(path)) is not None:
             marker.unlink(missing_ok=True)
         moved += torn
@@ -193,6 +194,7 @@ def scan(
     state.done = KeySet(done, presorted=True)
     del done
     newest: dict[int, float] = {}
+    ledgered: dict[int, float] = {}  # key -> its newest ledger entry for rejected answers (a new round after it)
     for path in RunDir(out).failure_files(shards):
         for n, obj in iter_json_lines(path):
             if obj is None or "reason" not in obj:
@@ -205,7 +207,32 @@ def scan(
                 state.later_samples_ledgered |= place != (0, 0)
                 if (mine is None or mine(row)) and when >= newest.get(key, float("-inf")):
                     newest[key], state.last_reason[key] = when, obj["reason"]
+                if obj["reason"] in REJECT_REASONS:
+                    ledgered[key] = max(when, ledgered.get(key, float("-inf")))
+    state.rejects = spent(out, state.done, ledgered, mine, shards)
     return state
+
+
+def spent(
+    out: Path, done: KeySet, ledgered: dict[int, float], mine: Callable[[int], bool] | None, shards: Any
+) -> dict[int, Spent]:
+    """The rejected answers of each key not done (rejected.jsonl read back): how many, how many since the key
+    was last ledgered for them (the bound's round), and the last one."""
+    found: dict[int, Spent] = {}
+    for path in RunDir(out).rejected_files(shards):
+        for _, obj in iter_json_lines(path):
+            place = record_place(obj) if obj is not None and obj.get("id") is not None else None
+            if obj is None or place is None:
+                continue
+            row = id_key(obj["id"])
+            key = place_key(row, *place)
+            if key in done or (mine is not None and not mine(row)):
+                continue
+            total, rounds = found[key][:2] if key in found else (0, 0)
+            fresh = float(obj.get("time") or 0.0) > ledgered.get(key, float("-inf"))
+            reason, check = str(obj.get("reason") or "invalid"), str(obj.get("check") or "")
+            found[key] = Spent(total + 1, rounds + fresh, reason, check, str(obj.get("detail") or ""))
+    return found
 
 
 def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool = True) -> list[str]:
@@ -267,6 +294,17 @@ class RunWriter:
     def write_failure(self, failure: Failure) -> None:
         self._append(FAILURES, failure.to_line())
 
+    def write_rejected(self, rejected: Rejected) -> None:
+        """Append one rejected answer (the file is made on the first)."""
+        if REJECTED not in self._files and self.failed is None:
+            path = RunDir(self._out).writer().rejected
+            try:
+                self._files[REJECTED] = path.open("ab")
+            except OSError as exc:
+                self.failed = OutputError(f"cannot open {path}: {exc.strerror or exc}")
+                raise self.failed from exc
+        self._append(REJECTED, rejected.to_line())
+
     def _append(self, name: str, line: bytes) -> None:
         if self.failed is not None:
             raise self.failed
@@ -298,7 +336,7 @@ class RunWriter:
         self._save_index_when_due()
 
     def _fsync_files(self) -> None:
-        for f in self._files.values():
+        for f in list(self._files.values()):  # rejected.jsonl may be opened meanwhile
             os.fsync(f.fileno())
 
     def _settle_fsync(self) -> None:

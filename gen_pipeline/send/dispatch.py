@@ -6,6 +6,10 @@ topped up with one request per missing sample, with one warning for the run. Wit
 requests`, or when samples have seeds of their own (`--seed`: each sample's seed derives from (seed,
 id, sample), which one request with n cannot carry), each sample is one request, and all of a
 prompt's requests go to the server that answered its first, whose prefix cache holds the prompt.
+
+Every answer is judged (resample.py): a choice of a request with n that is refused is kept and its sample
+resampled one request at a time; a sample sent alone is resampled by the Resampler until it passes or the
+bound is reached.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..answers.validate import Validator
 from ..config import RunConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, RejectedAnswerError
 from ..fleet.discovery import FleetInfo
 from ..http import ChatResult
 from ..records import Completion, Failure, Prompt
-from ..samples import sample_key, sample_seed, truncated_in, turn_seed
+from ..samples import answer_seed, sample_key, truncated_in
 from .requests import RequestPath, Track
+from .resample import Attempts, Resampler, refusal
 from .usage import server_usage
 
 log = logging.getLogger("gen_pipeline")
@@ -67,43 +73,54 @@ class Sent:
 class SampleDispatch:
     """Turns one budgeted prompt and the samples it owes into one Completion or Failure per sample."""
 
-    def __init__(self, path: RequestPath, extra: dict[str, Any], warn: Callable[[str], None]) -> None:
+    def __init__(
+        self, path: RequestPath, extra: dict[str, Any], warn: Callable[[str], None], validator: Validator | None = None
+    ) -> None:
         self.path = path
         self.config = path.config
         self.extra = extra  # fields every request carries (the thinking budget)
         self.warn = warn
         self.short_answers = 0
+        validator = validator or Validator.build(self.config.validate, self.config.json_schema)
+        self.answers = Resampler(path, validator, self.attempt_fields)
 
     def _seed(self, prompt: Prompt) -> int | None:
         """The seed the row's samples derive theirs from (the row's own, else the run's), if any."""
         seed = (prompt.sampling or {}).get("seed", self.config.sampling.get("seed"))
         return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
-    def _fields(self, prompt: Prompt, sample: int) -> dict[str, Any]:
-        """The extra request fields of one sample sent alone."""
+    def attempt_fields(self, prompt: Prompt, sample: int, turn: int, attempt: int) -> dict[str, Any]:
+        """The extra request fields of one attempt at one answer sent alone: with a seed, its own
+        (samples.answer_seed: the sample's, or turn's, for attempt 0; a new draw for each resample)."""
         seed = self._seed(prompt)
-        return self.extra if seed is None else {**self.extra, "seed": sample_seed(seed, prompt.id, sample)}
-
-    def turn_fields(self, prompt: Prompt, sample: int, turn: int) -> dict[str, Any]:
-        """The extra request fields of one turn of one sample's conversation (turn 0: the sample's own)."""
-        seed = self._seed(prompt)
-        if seed is None or turn == 0:
-            return self._fields(prompt, sample)
-        return {**self.extra, "seed": turn_seed(seed, prompt.id, sample, turn)}
+        if seed is None:
+            return self.extra
+        return {**self.extra, "seed": answer_seed(seed, prompt.id, sample, turn, attempt)}
 
     async def generate(self, prompt: Prompt, max_tokens: int, samples: Sequence[int]) -> Sent:
-        """Send what `samples` need; one outcome per sample, in order."""
+        """Send what `samples` need; one outcome per sample."""
         sent = Sent()
+        tries = {s: Attempts.of(prompt, s, 0) for s in samples}
         if len(samples) > 1 and self.config.samples_via == "n" and self._seed(prompt) is None:
-            await self._with_n(prompt, max_tokens, list(samples), sent)
+            await self._with_n(prompt, max_tokens, tries, sent)
         else:
-            await self._one_by_one(prompt, max_tokens, list(samples), sent, prefer=None)
+            await self._one_by_one(prompt, max_tokens, tries, sent, prefer=None)
         return sent
 
-    async def _with_n(self, prompt: Prompt, max_tokens: int, samples: list[int], sent: Sent) -> None:
-        """One request with n = len(samples); a short answer is topped up one sample at a time."""
+    async def _with_n(self, prompt: Prompt, max_tokens: int, tries: dict[int, Attempts], sent: Sent) -> None:
+        """One request with n = the samples the bound still allows; a short answer, and the samples whose
+        choice was rejected, go on one request per sample."""
+        samples = [s for s, t in tries.items() if t.round <= self.answers.bound]
+        if len(samples) < 2:  # the others were rejected as often as the bound allows: ledgered one by one
+            await self._one_by_one(prompt, max_tokens, tries, sent, prefer=None)
+            return
         track = Track()
-        answer = await self.path.send(prompt, max_tokens, {**self.extra, "n": len(samples)}, track)
+        try:
+            answer = await self.path.send(prompt, max_tokens, {**self.extra, "n": len(samples)}, track)
+        except RejectedAnswerError as exc:  # the loop guard stopped the request: one choice's text is kept
+            self.answers.reject(prompt, samples[0], None, tries[samples[0]], exc, None)
+            await self._one_by_one(prompt, max_tokens, tries, sent, prefer=exc.server or None)
+            return
         if isinstance(answer, Failure):
             sent.outcomes += [dataclasses.replace(answer, sample=s) for s in samples]
             return
@@ -111,11 +128,18 @@ class SampleDispatch:
         sent.count(result)
         choices = result.choices or (result,)
         got = min(len(choices), len(samples))
+        share = None if result.usage_problem else (result.completion_tokens or 0) // len(choices)
         for choice, s in zip(choices[:got], samples, strict=False):
-            sent.outcomes.append(self.completion(prompt, choice, budget, track, s, result))
+            verdict = self.answers.verdict(prompt, choice, s, None)
+            if verdict is None:
+                sent.outcomes.append(self.completion(prompt, choice, budget, track, s, result))
+                del tries[s]
+                continue
+            sent.output_tokens -= share or 0  # counted with the reject instead (Recorder.rejected)
+            self.answers.reject(prompt, s, None, tries[s], refusal(verdict, choice, share, track.server), None)
         if got < len(samples):
             self._short(track.server, len(samples), len(choices))
-            await self._one_by_one(prompt, max_tokens, samples[got:], sent, prefer=track.server)
+        await self._one_by_one(prompt, max_tokens, tries, sent, prefer=track.server)
 
     def _short(self, server: str, asked: int, got: int) -> None:
         """Warn once per run that a server answered a request with n with fewer choices."""
@@ -127,18 +151,20 @@ class SampleDispatch:
             )
 
     async def _one_by_one(
-        self, prompt: Prompt, max_tokens: int, samples: list[int], sent: Sent, prefer: str | None
+        self, prompt: Prompt, max_tokens: int, tries: dict[int, Attempts], sent: Sent, prefer: str | None
     ) -> None:
-        """One request per sample, each on the server that answered the prompt before when it has room."""
-        for s in samples:
-            track = Track(prefer=prefer)
-            answer = await self.path.send(prompt, max_tokens, self._fields(prompt, s), track)
+        """One request per sample (resampled while rejected), each on the server that answered the prompt
+        before when it has room."""
+        for s, spent in tries.items():
+            answer, track = await self.answers.answer(prompt, max_tokens, s, None, Track(prefer=prefer), spent)
             if isinstance(answer, Failure):
                 sent.outcomes.append(dataclasses.replace(answer, sample=s))
                 continue
-            result, budget = answer
-            sent.count(result)
-            sent.outcomes.append(self.completion(prompt, result, budget, track, s, result))
+            sent.count(answer.result)
+            done = self.completion(prompt, answer.result, answer.budget, track, s, answer.result)
+            if answer.rejected:
+                done.extra["rejected"] = answer.rejected
+            sent.outcomes.append(done)
             prefer = track.server
 
     def completion(

@@ -7,6 +7,10 @@ client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names anothe
 
 An SGLang server gets a `rid` with each attempt, so the client can stop an attempt it gives up on; a streamed
 answer whose stream names no weights gets them from its server before its checkpoint is judged (attempts.py).
+
+A RejectedAnswerError (the loop guard stopped the answer while it decoded) is the model's answer, not the
+server's fault: the server is recorded as having answered, and the error goes up to the resampler
+(resample.py), which keeps the reject and sends the row again.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ..errors import (
     EndpointError,
     FleetError,
     FleetRedeployedError,
+    RejectedAnswerError,
     RequestError,
     ServerError,
     WrongModelError,
@@ -189,6 +194,8 @@ class RequestPath:
                 raise FleetError(f"{exc.server} refused the API key: {exc}") from exc
             except EndpointError as exc:  # a wrong --servers entry, not this row's fault: no ledger entry
                 raise FleetError(str(exc)) from exc
+            except RejectedAnswerError:  # an answer to keep in rejected.jsonl and resample (resample.py)
+                raise
             except BadRequestError as exc:
                 error = exc
                 if not self._second_opinion(exc, track):
@@ -248,6 +255,10 @@ class RequestPath:
                 result = await self.client.chat(server.url, self.rids.wire(payload, track.rid_base, server), timeout)
                 result = self._checked(await self._versioned(result, server), payload, track, server)
                 result = self._judged(result, payload, track, server)
+            except RejectedAnswerError as exc:  # the server answered (the model's answer was refused)
+                exc.server = exc.server or server.url
+                self.pool.record_success(server, time.monotonic() - started, exc.completion_tokens or 0, lease.started)
+                raise
             except RequestError as exc:
                 track.failed(server.url, exc)
                 self.pool.record_failure(server, exc, lease.started)

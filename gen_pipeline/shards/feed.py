@@ -22,7 +22,7 @@ from ..errors import OutputError
 from ..inputs.rows import BadRow
 from ..inputs.source import Skipped
 from ..progress.stats import RunStats
-from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt, RowId
+from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt, Rejected, RowId
 from ..resume.cursor import Mark
 from ..rundir.store import RunWriter, scan
 from ..tokens import TokenCounter
@@ -59,6 +59,10 @@ class ClaimWriter:
         writer.write_failure(failure)
         if failure.reason in TRANSIENT_REASONS:
             self.unsettled.add(s)
+
+    def write_rejected(self, rejected: Rejected) -> None:
+        """Append to the answer's shard's rejected answers."""
+        self._for(rejected.id, None)[1].write_rejected(rejected)
 
     def finish(self, shard: int) -> bool:
         """fsync and close one shard's files; whether every line reached the disk (then it may be settled)."""

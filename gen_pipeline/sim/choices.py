@@ -1,9 +1,25 @@
 """Several choices per request (`n`), seeds, thinking that spends the budget, a prefix cache, and a
-request log: what a test of samples per prompt needs from a simulated server."""
+request log: what a test of samples per prompt needs from a simulated server.
+
+What the simulated model answers beyond words: JSON when asked for it, and answers that are completions but
+not ones to keep (the invalid-answer faults), for the answer checks to find.
+
+A request with `response_format` (or any, with `json_answers`) is answered `{"answer": "<words>"}`, as a server
+that constrains the answer would. The invalid-answer faults (`invalid` {kind: p}) turn a fraction p of choices
+into one of:
+- `prose`: the answer wrapped in prose and a Markdown fence (not JSON any more);
+- `empty`: no answer text (only whitespace; the thinking is kept, with reasoning on);
+- `think_marker`: a think marker left in the answer;
+- `unfinished`: cut at max_tokens while still thinking (finish_reason length, no answer).
+A choice's fault is drawn from its seed when the request carries one (a rerun of a seeded request gets the same
+answer, a resample with a new seed another draw), else from the port's own random stream.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import random
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import IO, Any
@@ -11,7 +27,7 @@ from typing import IO, Any
 import orjson
 
 from . import faults, sglang
-from .config import SimConfig
+from .config import INVALID_ANSWERS, SimConfig
 from .sglang import Generation
 
 MAX_N = 128
@@ -171,3 +187,45 @@ class RequestLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+# what the simulated model answers beyond words (the module docstring)
+
+
+def wants_json(payload: dict[str, Any], cfg: SimConfig) -> bool:
+    """Whether the answer is JSON: the request asks for a response_format, or the fleet answers JSON always."""
+    return cfg.json_answers or isinstance(payload.get("response_format"), dict)
+
+
+def draw(key: bytes, seed: Any, rng: random.Random) -> float:
+    """A choice's fault draw in [0, 1): from its key when the request is seeded, else from `rng`."""
+    if seed is None:
+        return rng.random()
+    digest = hashlib.blake2b(b"invalid" + key, digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def fault_of(cfg: SimConfig, r: float) -> str | None:
+    """The invalid-answer fault a draw `r` falls on (None: a good answer)."""
+    edge = 0.0
+    for kind in INVALID_ANSWERS:
+        edge += cfg.invalid.get(kind, 0.0)
+        if r < edge:
+            return kind
+    return None
+
+
+def shaped(choice: Choice, as_json: bool, fault: str | None) -> Choice:
+    """The choice as the simulated model answers it: JSON when asked, then its fault, if any."""
+    answer = choice.answer
+    text = orjson.dumps({"answer": answer.text}).decode() if as_json else answer.text
+    finish = answer.finish_reason
+    if fault == "prose":
+        text = f"Sure! Here is what you asked for:\n```json\n{text}\n```\nLet me know if you need more."
+    elif fault == "empty":
+        text = "" if choice.thought is not None else "\n"
+    elif fault == "think_marker":  # a stray close the reasoning parser left, or an open after the answer
+        text = f"</think>\n\n{text}" if choice.thought is not None else f"{text}\n<think>"
+    elif fault == "unfinished":
+        text, finish = ("", "length") if choice.thought is not None else (f"<think>{answer.text}", "length")
+    return Choice(dataclasses.replace(answer, text=text, finish_reason=finish), choice.thought)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from ..config import parse_ports as config_parse_ports
 from ..errors import ConfigError, PipelineError
 from ..tokens import TINY_TOKENIZER
-from .config import SimConfig
+from .config import INVALID_ANSWERS, SimConfig
 from .fleet import SimFleet, start_fleet
 
 T = TypeVar("T")
@@ -219,6 +219,25 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
         help="a crashed port listens again after SECONDS",
     )
     add("--warmup", type=float, default=2.0, help="after a restart, /health answers 503 for SECONDS")
+    add(
+        "--invalid",
+        type=_invalid,
+        action="append",
+        default=[],
+        metavar="KIND:P",
+        help=f"turn a fraction P of the answers into invalid ones: {', '.join(INVALID_ANSWERS)} (seeded by the "
+        "request's seed when it has one)",
+    )
+    add("--json-answers", action="store_true", help="answer every chat request with JSON (else only response_format)")
+
+
+def _invalid(text: str) -> tuple[str, float]:
+    """KIND:P of --invalid."""
+    kind, _, p = text.rpartition(":")
+    try:
+        return kind, float(p)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KIND:P (e.g. prose:0.05), got {text!r}") from None
 
 
 def _by_port(pairs: list[tuple[int | None, Any]], default_port: int, flag: str) -> dict[int, Any]:
@@ -276,6 +295,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         template_error=args.template_error,
         poison=args.poison,
         poison_status=args.poison_status,
+        json_answers=args.json_answers,
+        invalid=dict(args.invalid),
     )
 
 

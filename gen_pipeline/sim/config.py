@@ -15,6 +15,7 @@ LEGACY_SGLANG_VERSION = "0.5.9"  # the last release whose check (B) rejects inpu
 QWEN_EOS_ID = 151645  # matched_stop when the tokenizer has no eos id
 KV_POOL_PER_CONTEXT = 8  # default max_total_num_tokens is this many full contexts
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096  # what SGLang reserves for an admitted request's output at most
+INVALID_ANSWERS = ("prose", "empty", "think_marker", "unfinished")  # the invalid-answer faults (answers.py)
 
 
 def _frozen_map(value: Any) -> Mapping[Any, Any]:
@@ -93,6 +94,9 @@ class SimConfig:
     fails (jinja2 missing, a template error) answers; `poison`: a request whose prompt contains this text is
     answered `poison_status` (500: a row that breaks the server's request handling; 400: a row the server
     refuses) by every port, with a message naming the text; other rows are served.
+    Answers (answers.py): `json_answers` answers every chat request with JSON (else only those with a
+    response_format); `invalid` {kind: p} turns a fraction p of the choices into an invalid answer of that kind
+    (INVALID_ANSWERS), drawn from the choice's seed when the request has one.
     """
 
     # fleet
@@ -154,11 +158,14 @@ class SimConfig:
     p_loop: float = 0.0
     loop_period: int = 48
     stream_interval: int = 1
+    # answers
+    json_answers: bool = False
+    invalid: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ports", tuple(self.ports))
         object.__setattr__(self, "dead", tuple(self.dead))
-        for name in ("flaky", "bad_gateway", "slow", "crash_after", "redeploy"):
+        for name in ("flaky", "bad_gateway", "slow", "crash_after", "redeploy", "invalid"):
             object.__setattr__(self, name, _frozen_map(getattr(self, name)))
         self._validate_shape()
         self._validate_faults()
@@ -196,6 +203,13 @@ class SimConfig:
             raise ConfigError(f"simulator: faults name ports outside --ports: {sorted(named - set(self.ports))}")
         if self.restart_after is not None and self.restart_after < 0:
             raise ConfigError("simulator: restart_after must be >= 0")
+        if not set(self.invalid) <= set(INVALID_ANSWERS):
+            kinds = ", ".join(INVALID_ANSWERS)
+            raise ConfigError(f"simulator: invalid-answer kinds are {kinds}, got {sorted(self.invalid)}")
+        for kind, p in self.invalid.items():
+            _check_probability(f"invalid {kind}", p)
+        if sum(self.invalid.values()) > 1.0:
+            raise ConfigError("simulator: the invalid-answer rates add up to more than 1")
         if not 400 <= self.poison_status <= 599:
             raise ConfigError(f"simulator: poison_status must be a 4xx or 5xx status, got {self.poison_status}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -30,6 +31,7 @@ class PortServer:
         self.cfg, self.port, self.counter, self.eos = cfg, port, counter, eos
         self.stats = PortStats()
         self.faults = FaultPlan.for_port(cfg, port)
+        self.answer_rng = random.Random(cfg.seed + port + 7919)  # unseeded choices' invalid-answer draws (its own)
         self.scheduler = Scheduler(cfg, self.stats, cfg.slow.get(port, 1.0))
         self.cache = choices.PrefixCache(cfg.prefix_cache)
         self.radix = radix.RadixCache(cfg.prefix_cache_tokens)
@@ -259,10 +261,7 @@ class PortServer:
             return sglang.text_body(req, gen, prompt_tokens)
         n, seed = choices.choices_wanted(payload), payload.get("seed")
         budget = payload.get("thinking_budget") if self.cfg.thinking_budget_enforced else None
-        made = [
-            choices.generate_choice(self._choice_key(key, seed, i), self.cfg, max_new, req.stop, self.eos, budget)
-            for i in range(n)
-        ]
+        made = [self._choice(key, seed, i, max_new, req, budget, payload) for i in range(n)]
         names = streaming.request_rids(payload, n)
         stream = streaming.Stream(request, req.model, made, self.rids, names) if payload.get("stream") else None
         reserve = self.cfg.reservation(prompt_tokens, max_new, n)
@@ -358,6 +357,19 @@ class PortServer:
             raise Rejection(
                 status, sglang.error_body(f"Internal server error on {poison!r}", "InternalServerError", status)
             )
+
+    def _choice(
+        self, key: bytes, seed: Any, index: int, max_new: int, req: GenRequest, budget: Any, payload: dict[str, Any]
+    ) -> choices.Choice:
+        """Choice `index` of a chat request: its words, as JSON when asked for, with its invalid-answer fault."""
+        choice_key = self._choice_key(key, seed, index)
+        made = choices.generate_choice(choice_key, self.cfg, max_new, req.stop, self.eos, budget)
+        as_json = choices.wants_json(payload, self.cfg)
+        if made.loop_tokens or (not self.cfg.invalid and not as_json):
+            return made  # a loop (the loop fault) stays as it is
+        drawn = choices.draw(choice_key, seed, self.answer_rng) if self.cfg.invalid else 1.0
+        fault = choices.fault_of(self.cfg, drawn)
+        return choices.shaped(made, as_json, fault)
 
     def _choice_key(self, key: bytes, seed: Any, index: int) -> bytes:
         """What one choice is derived from; the prompt alone when this server ignores seed and sampling."""
