@@ -26,7 +26,7 @@ FILE_INTERVAL = 2.0  # seconds between --metrics-file rewrites
 # After the run, a /metrics that has been scraped stays up until scraped once more (its final figures): at
 # most two of the intervals seen between scrapes, and never more than this long.
 LINGER_S = 15.0
-TOKEN_KINDS = ("prompt", "completion", "cached")
+TOKEN_KINDS = ("prompt", "completion", "cached", "rejected")  # rejected: of completion, what rejected answers cost
 
 
 def worker_file(path: Path, worker: int) -> Path:
@@ -61,7 +61,7 @@ class RunCollector:
         for reason in sorted(ALL_REASONS):
             rows.add_metric([*w, reason], stats.failed.get(reason, 0))
         tokens = CounterMetricFamily("gen_pipeline_tokens", "Tokens by kind", labels=["worker", "kind"])
-        counts = (stats.input_tokens, stats.output_tokens, stats.cached_tokens)
+        counts = (stats.input_tokens, stats.output_tokens, stats.cached_tokens, stats.rejected_tokens)
         for kind, count in zip(TOKEN_KINDS, counts, strict=True):
             tokens.add_metric([*w, kind], count)
         drift = CounterMetricFamily(
@@ -74,8 +74,22 @@ class RunCollector:
             labels=["worker"],
         )
         cpu.add_metric(w, round(time.process_time(), 3))
-        yield from (rows, tokens, drift, cpu, *self._gauges(GaugeMetricFamily), *self._servers())
+        yield from (rows, tokens, drift, cpu, *self._answers(), *self._gauges(GaugeMetricFamily), *self._servers())
         yield self._histogram()
+
+    def _answers(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        stats, w = self.stats, [self.worker]
+        judged = CounterMetricFamily("gen_pipeline_answers", "Answers judged by the answer checks", labels=["worker"])
+        judged.add_metric(w, stats.answers)
+        rejected = CounterMetricFamily(
+            "gen_pipeline_rejected_answers", "Answers rejected (kept in rejected.jsonl, resampled), by reason and "
+            "check", labels=["worker", "reason", "check"],
+        )  # fmt: skip
+        for (reason, check), n in sorted(stats.rejects.items()):
+            rejected.add_metric([*w, reason, check], n)
+        yield from (judged, rejected)
 
     def _gauges(self, family: Any) -> Iterator[Any]:
         stats, w = self.stats, [self.worker]
@@ -105,7 +119,9 @@ class RunCollector:
         )
         for s in self.pool.servers:
             key = [self.worker, s.url]  # the server's name: RunConfig took its credentials off
-            requests.add_metric([*key, "ok"], s.completions)
+            requests.add_metric([*key, "ok"], s.completions - sum(s.rejects.values()))
+            for reason, n in sorted(s.rejects.items()):  # answered, but the answer was rejected
+                requests.add_metric([*key, reason], n)
             for reason, n in sorted(s.failures.items()):
                 requests.add_metric([*key, reason], n)
             flight.add_metric(key, s.in_flight)

@@ -116,8 +116,7 @@ class Recorder:
         """One rejected answer kept (rejected.jsonl) and counted: its decode tokens are output the run paid for
         but can never use (progress/cost.py)."""
         self._write(self.writer.write_rejected, reject)
-        self.stats.rejected[reject.reason] += 1
-        self.stats.rejected_checks[reject.check] += 1
+        self.stats.rejects[reject.reason, reject.check] += 1
         self.stats.rejected_tokens += reject.completion_tokens or 0
         self.stats.output_tokens += reject.completion_tokens or 0
 

@@ -158,6 +158,7 @@ SUMMARY_RULES: dict[str, Any] = {
             "capacity_source": Rule(_joined),
             "capacity_range": Rule(_ranges, optional=True),
             "impossible_usage": Rule(total, optional=True),
+            "rejected": Rule(tally, optional=True),
             "out_of_service_s": Rule(lambda v: largest(v) or 0.0),
             # the slowest part's view: the parts share the servers, a mean of means would hide a slow one
             "mean_latency_s": Rule(largest),
@@ -178,6 +179,8 @@ SUMMARY_RULES: dict[str, Any] = {
     "untruncated_output_tokens": Rule(total, optional=True),
     "conversations": Rule(lambda v: conversations_merged(v), optional=True),  # --turns all
     "reshaped": Rule(tally, optional=True),  # rows sent otherwise than written (inputs/shape.py)
+    # the answer checks (send/resample.py): answers judged, rejected by reason and check, their decode tokens
+    "answers": {"attempts": SUM, "rejected": TALLY, "rejected_by_check": TALLY, "rejected_tokens": SUM},
 }
 
 STATUS_RULES: dict[str, Any] = {
@@ -269,6 +272,7 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "servers": pool.views(),
         "tail_s": None if tail is None else round(tail, 2),
         "warnings": warnings,
+        "answers": stats.answers_view(),
         **({"reshaped": dict(stats.reshaped)} if stats.reshaped else {}),
         **conversations_view(stats),
     }

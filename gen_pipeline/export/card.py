@@ -10,6 +10,7 @@ import orjson
 
 from ..fleet.provenance import recorded
 from ..resume.ledger import ledger_reasons
+from ..resume.rejects import reject_counts
 from ..rundir.layout import SUMMARY
 from ..views.rundata import read_json, read_manifest
 from .counts import count_rows
@@ -51,6 +52,13 @@ def _holds(config: ExportConfig) -> str:
 def dataset_card(config: ExportConfig, stats: ExportStats) -> str:
     """OUT/README.md: what the dataset holds, how it was made, and what was left out."""
     rows = count_rows(config, stats)
+    rejects = reject_counts(config.runs)
+    if rejects.answers:  # every attempt the answer checks refused, kept in rejected.jsonl (and resampled)
+        rows += [
+            ("answers rejected (rejected.jsonl, then resampled)", rejects.answers),
+            ("of them by check", rejects.by_check_text()),
+            ("decode tokens the rejected answers cost", rejects.tokens),
+        ]
     ledger = ledger_reasons(config.runs)  # as status and report count it
     rows += [(f"not generated: {reason} (ledger)", n) for reason, n in ledger.most_common()]
     rows += _cost_rows(config)

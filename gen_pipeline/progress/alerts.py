@@ -15,6 +15,9 @@ clock it is given, and keeps the little history its judgements need:
   together, waiting CLIENT_STARVED of it or more: other work on the machine holds the cores it needs, and
   more processes would not help. `limited_s` and `starved_s` add up the time judged so, for the end-of-run
   warnings (`cpu_warnings`);
+- the answers rejected (send/resample.py) by a server, or by the run, jumping: over the last REJECT_WINDOW_S at
+  least REJECT_HIGH of them, or REJECT_FLOOR and REJECT_JUMP times the share before (a broken chat template, a
+  checkpoint that loops), once REJECT_EVIDENCE answers were judged in that time;
 - a stall: no completion for --stall-minutes. `--on-stall CMD` runs CMD once per stall (through the
   shell, not waited for), with the alert in $GEN_PIPELINE_ALERT and the run directory in $GEN_PIPELINE_OUT.
 """
@@ -50,6 +53,12 @@ CLIENT_BUSY = 0.9  # the Python threads' CPU seconds per second at which the cli
 CLIENT_STARVED = 0.2  # ...or, with the time they waited for a CPU, when they waited at least this share
 LIMITED_WARN_S = 60.0  # the end-of-run warning: at the limit at least this long...
 LIMITED_WARN_SHARE = 0.1  # ...and for at least this share of the run
+REJECT_WINDOW_S = 60.0  # the recent time whose reject share is compared with the run's before it
+REJECT_EVIDENCE = 20  # answers judged in it before its reject share is judged
+REJECT_HIGH = 0.5  # a recent reject share this high is flagged whatever it was before
+REJECT_FLOOR = 0.2  # ...and one this high when it is also
+REJECT_JUMP = 3.0  # ...this many times the share before the window
+RUN = ""  # Sample.answers' key for the whole run
 
 
 def run_command(command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -84,6 +93,7 @@ class Sample(NamedTuple):
     cached_tokens: int
     prompt_tokens: int
     cpu: CPU  # the Python threads' CPU so far
+    answers: dict[str, tuple[int, int]] = {}  # noqa: RUF012  # server (RUN: the run): (answers, rejected) so far
 
 
 class Watch:
@@ -116,7 +126,7 @@ class Watch:
         servers = [s for s in servers if not getattr(s, "retired", False)]  # left out on purpose, for good
         self._sample(stats, servers, now, tail)
         judged = [] if tail else [*self._shares(), *self._cpu_limit()]
-        alerts = [*self._idle(servers, now), *judged, *self._drift(stats), *self._cache()]
+        alerts = [*self._idle(servers, now), *judged, *self._drift(stats), *self._cache(), *self._rejects()]
         stall = self._stall(stats, now)
         self.children = [c for c in self.children if c.poll() is None]  # reap finished commands
         return [*([stall] if stall else []), *alerts]
@@ -125,7 +135,9 @@ class Watch:
         if self.samples and now - self.samples[-1].at < SAMPLE_S:
             return
         load = {s.url: (s.in_flight, s.capacity) for s in servers}
-        sample = Sample(now, load, stats.cached_tokens, stats.input_tokens, self.cpu())
+        answers = {s.url: (s.completions, sum(s.rejects.values())) for s in servers}
+        answers[RUN] = (stats.answers, sum(stats.rejects.values()))
+        sample = Sample(now, load, stats.cached_tokens, stats.input_tokens, self.cpu(), answers)
         if self.samples and not tail:
             ran, waited = _cpu_shares(self.samples[-1], sample)
             self.limited_s += (now - self.samples[-1].at) * (ran >= CLIENT_BUSY)
@@ -189,6 +201,27 @@ class Watch:
         if recent >= CACHE_FLOOR * before:
             return []
         return [f"prefix-cache hits collapsed: {recent:.0%} of prompt tokens lately, {before:.0%} before"]
+
+    def _rejects(self) -> list[str]:
+        """The servers (and the run) whose share of rejected answers over the last REJECT_WINDOW_S jumped."""
+        last = self.samples[-1]
+        mark = next((s for s in reversed(self.samples) if last.at - s.at >= REJECT_WINDOW_S), None)
+        if mark is None:
+            return []
+        alerts = []
+        for name, (answers, rejected) in last.answers.items():
+            answers0, rejected0 = mark.answers.get(name, (0, 0))
+            recent = answers - answers0
+            if recent < REJECT_EVIDENCE:
+                continue
+            share, before = (rejected - rejected0) / recent, rejected0 / answers0 if answers0 else 0.0
+            if share >= REJECT_HIGH or (share >= REJECT_FLOOR and share >= REJECT_JUMP * before):
+                who = "the run" if name == RUN else name
+                alerts.append(
+                    f"{who}: {share:.0%} of its answers rejected lately ({rejected - rejected0} of {recent}), "
+                    f"{before:.0%} before: a broken chat template, or a checkpoint that loops? (rejected.jsonl)"
+                )
+        return alerts
 
     def _cpu_limit(self) -> list[str]:
         """The client busy on its one core, or short of one, over the recent window: it, not the servers, sets

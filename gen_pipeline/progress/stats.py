@@ -68,8 +68,7 @@ class RunStats:
     requests: int = 0
     # answers judged by the checks (send/resample.py), and those rejected: by reason, by check, their decode tokens
     answers: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
-    rejected_checks: Counter[str] = field(default_factory=Counter)
+    rejects: Counter[tuple[str, str]] = field(default_factory=Counter)  # (reason, check) -> answers rejected
     rejected_tokens: int = 0
     latency: Latencies = field(default_factory=Latencies)  # every request to a server
     in_flight: int = 0
@@ -179,6 +178,20 @@ class RunStats:
             if offset:
                 self.drift_shapes[f"{shape} drifted"] += 1
 
+    def answers_view(self) -> dict[str, Any]:
+        """The answers judged, those rejected by reason and by check, and the decode tokens they cost."""
+        by_reason: Counter[str] = Counter()
+        by_check: Counter[str] = Counter()
+        for (reason, check), n in self.rejects.items():
+            by_reason[reason] += n
+            by_check[check] += n
+        return {
+            "attempts": self.answers,
+            "rejected": dict(by_reason),
+            "rejected_by_check": dict(by_check),
+            "rejected_tokens": self.rejected_tokens,
+        }
+
     def drift_view(self) -> dict[str, Any]:
         """How often the server's prompt count differed from ours, and by how much."""
         compared = sum(self.drift.values())
@@ -269,6 +282,20 @@ def reshaped_lines(reshaped: dict[str, int]) -> list[str]:
     return lines
 
 
+def answers_lines(summary: dict[str, Any]) -> list[str]:
+    """The rejected answers as the summary and `report` print them (nothing when none was rejected)."""
+    answers = summary.get("answers") or {}
+    rejected = answers.get("rejected") or {}
+    if not rejected:
+        return []
+    tokens, out = answers.get("rejected_tokens") or 0, summary.get("output_tokens") or 0
+    share = f" ({100 * tokens / out:.1f}% of the output)" if out else ""
+    return [
+        f"answers judged {answers.get('attempts')}, rejected {sum(rejected.values())} {rejected} by check "
+        f"{answers.get('rejected_by_check')}: {tokens} decode tokens{share}, kept in rejected.jsonl"
+    ]
+
+
 def _cache_note(view: dict[str, Any]) -> str:
     """A server's prefix-cache hits, where it reports them (SGLang --enable-cache-report)."""
     cached, prompt = view.get("cached_tokens"), view.get("prompt_tokens")
@@ -291,6 +318,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"finish_reason {summary['finish_reasons']}",
     ]
     lines += _samples_lines(summary) + reshaped_lines(summary.get("reshaped") or {})
+    lines += answers_lines(summary)
     lines += cost_lines(summary)
     if cursor := summary.get("input_cursor"):
         lines.append(f"input read from line {cursor['line'] + 1} (the input cursor: every row before it was settled)")

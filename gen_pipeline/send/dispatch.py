@@ -118,7 +118,7 @@ class SampleDispatch:
         try:
             answer = await self.path.send(prompt, max_tokens, {**self.extra, "n": len(samples)}, track)
         except RejectedAnswerError as exc:  # the loop guard stopped the request: one choice's text is kept
-            self.answers.reject(prompt, samples[0], None, tries[samples[0]], exc, None)
+            self.answers.refused(prompt, samples[0], None, tries[samples[0]], exc, None)
             await self._one_by_one(prompt, max_tokens, tries, sent, prefer=exc.server or None)
             return
         if isinstance(answer, Failure):

@@ -110,7 +110,7 @@ class Resampler:
             try:
                 answer = await self.path.send(prompt, max_tokens, fields, track)
             except RejectedAnswerError as exc:  # the loop guard stopped it: no room was kept for a next turn
-                self.reject(prompt, sample, turn, tries, exc, fields.get("seed"))
+                self.refused(prompt, sample, turn, tries, exc, fields.get("seed"))
                 track = Track(prefer=exc.server or track.server, keep=track.keep)
                 continue
             if isinstance(answer, Failure):
@@ -123,6 +123,13 @@ class Resampler:
             self.reject(prompt, sample, turn, tries, error, fields.get("seed"))
             track = Track(prefer=track.server, home=track.keep, keep=track.keep)  # its server kept the room
         return self.exhausted(prompt, tries, max_tokens, track), track
+
+    def refused(
+        self, prompt: Prompt, sample: int, turn: int | None, tries: Attempts, error: RejectedAnswerError, seed: Any
+    ) -> None:
+        """An answer refused on the way (the loop guard stopped it): judged, and kept as a reject."""
+        self.path.stats.answers += 1
+        self.reject(prompt, sample, turn, tries, error, seed)
 
     def reject(
         self, prompt: Prompt, sample: int, turn: int | None, tries: Attempts, error: RejectedAnswerError, seed: Any

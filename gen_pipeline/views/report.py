@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..progress.cost import cost_lines
+from ..progress.stats import answers_lines
 from ..resume.ledger import ledger_reasons
+from ..resume.rejects import reject_counts
 from .rundata import Completions, distribution
 from .statustext import cache_text
 
@@ -37,6 +39,7 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
         f"throughput  {summary.get('requests_per_s')} req/s, {summary.get('output_tokens_per_s')} out tok/s "
         f"over {summary.get('elapsed_s')} s (last run)",
         f"drift       {drift_text(summary.get('token_drift') or {})}; learned offset {summary.get('learned_offset')}",
+        *(f"answers     {line}" for line in answers_lines(summary)),
         *(f"cost        {line}" for line in cost_lines(summary)),
     ]
 
@@ -81,6 +84,11 @@ def render_table(run: Path, rows: Completions, summary: dict[str, Any] | None, m
     lines = [f"run {run}: model {m.get('model')}, context {m.get('context_length')}, tokenizer {m.get('tokenizer')}"]
     lines += _summary_lines(summary) if summary else ["no summary.json: the run has not finished (or crashed)"]
     lines.append(f"ledger      {dict(ledger_reasons([run]))} (newest entry per id)")
+    if (rejects := reject_counts([run])).answers:
+        lines.append(
+            f"rejected    {rejects.answers} answers in rejected.jsonl {dict(rejects.by_reason)}, by check "
+            f"{rejects.by_check_text()}; {rejects.tokens:,} decode tokens"
+        )
     lines.append(f"completions {len(rows)} lines")
     lines.append(f"input tok   sum {sum(rows.input_tokens):,}  {_dist_text(distribution(rows.input_tokens))}")
     lines.append(f"output tok  sum {sum(rows.completion_tokens):,}  {_dist_text(distribution(rows.completion_tokens))}")
