@@ -150,3 +150,34 @@ def test_keys_of_rejects_match_the_lines_they_precede(write_jsonl, tmp_path):
     failed = {place_key(id_key(f["id"]), f["sample"], 0) for f in ledger(tmp_path / "out")}
     kept = {place_key(id_key(r["id"]), r["sample"], 0) for r in rejects(tmp_path / "out")}
     assert kept and kept <= done | failed and {r["check"] for r in rejects(tmp_path / "out")} == {"empty"}
+
+
+def test_export_rejected_writes_preference_pairs(write_jsonl, tmp_path):
+    """export --rejected: OUT/rejected/ holds one row per rejected answer, its prompt, the rejected answer and the
+    answer that passed for the same key (chosen; none when every answer was rejected), with why."""
+    import datasets
+    import pytest
+
+    from gen_pipeline.errors import ConfigError
+    from gen_pipeline.export.export import ExportConfig, export
+
+    out = tmp_path / "out"
+    sim = {"json_answers": True, "invalid": {"prose": 0.5}, "n_ports": 1}
+    run_sim(write_jsonl(prompts(12)), out, sim=sim, validate=("json",), sampling={"seed": SEED}, max_resamples=1)
+    done = {r["id"]: r for r in completions(out)}
+    kept = rejects(out)
+    stats = export(ExportConfig(runs=(out,), out=tmp_path / "ds", rejected=True))
+    files = sorted(str(p) for p in (tmp_path / "ds" / "rejected").glob("*.parquet"))
+    rows = datasets.load_dataset("parquet", data_files=files, split="train")
+    assert len(rows) == len(kept) == stats.rejected and stats.rejected_with_chosen < stats.rejected
+    for row, line in zip(rows, kept, strict=True):
+        assert row["id"] == str(line["id"]) and row["attempt"] == line["attempt"] and row["check"] == "json"
+        assert [t["content"] for t in row["prompt"]] == [m["content"] for m in line["messages"]]
+        assert row["rejected"][0]["content"] == line["completion"] and row["rejected"][0]["role"] == "assistant"
+        passed = done.get(line["id"])
+        assert [t["content"] for t in row["chosen"]] == ([passed["completion"]] if passed else [])
+    assert stats.rejected_with_chosen == sum(line["id"] in done for line in kept)
+    card = (tmp_path / "ds" / "README.md").read_text()
+    assert "- config_name: rejected" in card and f"| rejected answers (rejected/, --rejected) | {len(kept)} |" in card
+    with pytest.raises(ConfigError, match="--rejected"):
+        ExportConfig(runs=(out,), out=tmp_path / "c", rejected=True, format="conversations")

@@ -166,3 +166,17 @@ def test_answer_seeds_are_reproducible_and_each_resample_is_another_draw():
     seeds = {answer_seed(7, "a", 2, 0, attempt) for attempt in range(5)}
     assert len(seeds) == 5 and answer_seed(7, "a", 2, 0, 1) == answer_seed(7, "a", 2, 0, 1)
     assert answer_seed(7, "a", 2, 0, 1) != answer_seed(7, "a", 2, 1, 1) != answer_seed(8, "a", 2, 1, 1)
+
+
+def test_check_warns_of_validate_json_without_a_response_format(write_jsonl, tmp_path):
+    """`check` warns when --validate json has nothing constraining the answers to JSON; not with a schema."""
+    from test_check import check, sim
+
+    from gen_pipeline.answers.validate import unconstrained_json
+
+    path = write_jsonl([{"id": 1, "prompt": "say hi"}])
+    report = check([sim(1)], path, tmp_path, validate=("json",))
+    assert any("--validate json with no response_format" in w for w in report["warnings"]), report["warnings"]
+    config = build_config(path, tmp_path / "o", validate="json", json_schema={"type": "object"})
+    assert unconstrained_json(config.validate, config.sampling) is None
+    assert unconstrained_json(("regex:x",), {}) is None

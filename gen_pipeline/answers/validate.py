@@ -110,6 +110,16 @@ def build_checks(specs: Sequence[str], schema: dict[str, Any] | None) -> tuple[C
     return tuple(checks)
 
 
+def unconstrained_json(validate: Sequence[str], sampling: dict[str, Any]) -> str | None:
+    """What `check` says of --validate json with nothing that constrains the answers to JSON."""
+    if "json" not in validate or "response_format" in sampling:
+        return None
+    return (
+        "--validate json with no response_format (--json-schema FILE, or a response_format in --sampling): nothing "
+        "constrains the answers to JSON, so each one the model writes in prose is rejected and resampled"
+    )
+
+
 class Validator:
     """The run's checks in order: `verdict(answer)` is the first refusal, or None for an answer to keep."""
 

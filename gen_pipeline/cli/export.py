@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--drop-incomplete", action="store_true", help="a --turns all run: leave out conversations that ended early")
     add(
+        "--rejected",
+        action="store_true",
+        help="also the rejected answers (rejected.jsonl) as preference data in OUT/rejected/: prompt, rejected, "
+        "and chosen (the answer that passed for the same key, when one did), with the reason and check",
+    )
+    add(
         "--tokenizer",
         metavar="PATH",
         help="--format text: the run's tokenizer folder (or hub name) when it is not where the run's manifest "
@@ -91,6 +97,7 @@ def main(args: argparse.Namespace) -> int:
         reasoning=args.reasoning,
         row_per_turn=args.row_per_turn,
         tokenizer=args.tokenizer,
+        rejected=args.rejected,
     )
     stats = export(config)
     print("\n".join(summary_lines(config, stats)))

@@ -25,6 +25,13 @@ def _front_matter(config: ExportConfig) -> list[str]:
     if not config.save_to_disk:  # lets the hub viewer and load_dataset(repo) find the shards
         lines += ["configs:", "- config_name: default", "  data_files:", "  - split: train"]
         lines += ["    path: train.jsonl" if config.format in TRAINER_FORMATS else "    path: data/train-*.parquet"]
+        if config.rejected:  # export --rejected: the rejected answers as preference data
+            lines += [
+                "- config_name: rejected",
+                "  data_files:",
+                "  - split: train",
+                "    path: rejected/train-*.parquet",
+            ]
     return [*lines, "---"]
 
 

@@ -34,6 +34,9 @@ def count_rows(config: ExportConfig, stats: ExportStats) -> list[tuple[str, Any]
     if config.turns:
         rows += [(f"left out: conversations {LEFT_OUT[k]}", stats.conversations_left_out[k]) for k in _reasons(stats)]
         rows.append(("left out: turns of the conversations left out", stats.turns_left_out))
+    if config.rejected:
+        rows += [("rejected answers (rejected/, --rejected)", stats.rejected)]
+        rows += [("of them with a chosen answer", stats.rejected_with_chosen)]
     return rows
 
 
@@ -63,4 +66,9 @@ def summary_lines(config: ExportConfig, stats: ExportStats) -> list[str]:
         + (f"; rows of {len(stats.checkpoints)} checkpoints" if len(stats.checkpoints) > 1 else "")
         + (f"; {stats.ledgered} ledger entries -> errors.jsonl" if batch else "")
     )
+    if config.rejected:
+        lines.append(
+            f"export: {stats.rejected} rejected answers ({stats.rejected_with_chosen} with a chosen answer) -> "
+            f"{config.out / 'rejected'}"
+        )
     return lines

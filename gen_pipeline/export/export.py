@@ -137,6 +137,10 @@ def export(config: ExportConfig) -> ExportStats:
         staged = Path(tmp) / "out"
         stats.written = len(ds)
         write_dataset(ds, staged, config)
+        if config.rejected:
+            from .rejects import write_rejected
+
+            write_rejected(config, stats, staged, Path(tmp) / "rejected-cache")
         (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
         if config.push_to_hub:
             push(ds, staged / "README.md", config)

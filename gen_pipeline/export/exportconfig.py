@@ -70,6 +70,7 @@ class ExportConfig:
     reasoning: str = "separate"  # --format conversations: reasoning_content, <think> in the content, or none
     row_per_turn: bool = False  # --turns all, --format conversations/text: a row per assistant turn
     tokenizer: str | None = None  # --format text: the run's tokenizer where the manifest's path no longer is
+    rejected: bool = False  # also the rejected answers, as preference data in OUT/rejected/ (rejects.py)
 
     def __post_init__(self) -> None:
         if "id" not in self.columns:  # a row without its id cannot be told apart from the others
@@ -88,6 +89,7 @@ class ExportConfig:
             raise ConfigError("--reasoning is for --format conversations (text shows reasoning as the template does)")
         dataset_only = {"--group-samples": self.group_samples, "--save-to-disk": self.save_to_disk}
         dataset_only["--push-to-hub"] = self.push_to_hub is not None
+        dataset_only["--rejected"] = self.rejected
         if self.format != "dataset" and (flags := [f for f, on in dataset_only.items() if on]):
             raise ConfigError(f"{', '.join(flags)} shape a dataset: not with --format {self.format}")
         for run in self.runs:
@@ -102,6 +104,8 @@ class ExportConfig:
                 "--format openai-batch holds one answer per request: a --turns all run answered every turn of "
                 "its conversations; export it as a dataset (one row per conversation)"
             )
+        if self.rejected and self.push_to_hub is not None:
+            raise ConfigError("--rejected with --push-to-hub: push the folder, rejected/ with it, once it is written")
         if self.drop_incomplete and not self.turns:
             raise ConfigError("--drop-incomplete is for runs made with --turns all")
         if self.row_per_turn and not (self.turns and self.format in TRAINER_FORMATS):
@@ -134,6 +138,8 @@ class ExportStats:
     conversations_left_out: Counter[str] = field(default_factory=Counter)  # --turns all: why (LEFT_OUT)
     turns_left_out: int = 0  # --turns all: lines of the conversations left out (besides `truncated` ones)
     ledgered: int = 0  # --format openai-batch: lines of errors.jsonl
+    rejected: int = 0  # --rejected: rows of OUT/rejected/ (one per rejected answer)
+    rejected_with_chosen: int = 0  # ...of them with the answer that passed for the same key
 
     def add(self, obj: dict[str, Any]) -> None:
         """A completion line that is in a row."""

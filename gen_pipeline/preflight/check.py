@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from ..answers.validate import unconstrained_json
 from ..config import DEFAULT_SAFETY_MARGIN, RunConfig
 from ..engine.reader import conversation, first_lines, shaped
 from ..engine.setup import counting_kind, manifest_for, resolve
@@ -255,6 +256,8 @@ async def run_check(config: RunConfig, counter: TokenCounter | None = None, *, r
         report["plan"] = plan.view()
         plan_findings(plan, found, fleet_cache_tokens(c.info.max_total_num_tokens for c in checks if c.info))
     report["budget"] = {k: getattr(config, k) for k in ("max_tokens", "min_tokens", "safety_margin")}
+    if (unconstrained := unconstrained_json(config.validate, config.sampling)) is not None:
+        found.warnings.append(unconstrained)
     report.update(ok=not found.problems, problems=found.problems, warnings=found.warnings)
     return report
 
