@@ -181,3 +181,41 @@ def test_export_rejected_writes_preference_pairs(write_jsonl, tmp_path):
     assert "- config_name: rejected" in card and f"| rejected answers (rejected/, --rejected) | {len(kept)} |" in card
     with pytest.raises(ConfigError, match="--rejected"):
         ExportConfig(runs=(out,), out=tmp_path / "c", rejected=True, format="conversations")
+
+
+def test_a_loop_stopped_on_the_way_is_kept_short_and_resampled(write_jsonl, tmp_path, monkeypatch):
+    """Any RejectedAnswerError out of the request (the loop guard's DegenerateAnswerError) is kept, its looping
+    text cut to the head and its unit, resampled with the next seed, and never counted against the server;
+    rejected every time, the row is ledgered `degenerate`."""
+    from gen_pipeline.errors import DegenerateAnswerError
+    from gen_pipeline.http import Client
+
+    rows = prompts(8)
+    first = {answer_seed(SEED, r["id"], 0, 0, 0) for r in rows}
+    always = {"on": False}
+    real = Client.chat
+
+    async def chat(self: Client, server: str, payload: dict[str, Any], timeout: float) -> Any:
+        if payload.get("seed") in first or (always["on"] and payload.get("max_tokens", 0) > 1):
+            raise DegenerateAnswerError(
+                "a repetition loop in the content", check="loop", content="Start. " + "and again, " * 500,
+                completion_tokens=700, finish_reason="abort",
+            )  # fmt: skip
+        return await real(self, server, payload, timeout)
+
+    monkeypatch.setattr(Client, "chat", chat)
+    out = tmp_path / "out"
+    outcome, _ = run_sim(write_jsonl(rows), out, sim={"n_ports": 2}, sampling={"seed": SEED})
+    kept = rejects(out)
+    assert len(kept) == 8 and {(r["reason"], r["check"], r["attempt"]) for r in kept} == {("degenerate", "loop", 0)}
+    assert all(r["completion"].startswith("Start. and again, and again,") and "[... " in r["completion"] for r in kept)
+    assert all(len(r["completion"]) < 120 and r["completion_tokens"] == 700 for r in kept)
+    assert outcome.summary["completed"] == 8 and all(r["rejected"] == 1 for r in completions(out))
+    assert outcome.summary["answers"]["rejected"] == {"degenerate": 8}
+    assert outcome.summary["answers"]["rejected_tokens"] == 8 * 700
+    servers = outcome.summary["servers"].values()
+    assert all(not s["failures"] for s in servers) and sum(s["rejected"]["degenerate"] for s in servers) == 8
+    always["on"] = True
+    loops, _ = run_sim(write_jsonl(prompts(3), "more.jsonl"), tmp_path / "loops", sim={"n_ports": 1})
+    assert loops.summary["failed"] == {"degenerate": 3} and loops.exit_code == 0
+    assert {f["reason"] for f in ledger(tmp_path / "loops")} == {"degenerate"}

@@ -180,3 +180,19 @@ def test_check_warns_of_validate_json_without_a_response_format(write_jsonl, tmp
     config = build_config(path, tmp_path / "o", validate="json", json_schema={"type": "object"})
     assert unconstrained_json(config.validate, config.sampling) is None
     assert unconstrained_json(("regex:x",), {}) is None
+
+
+def test_a_looping_text_is_kept_as_its_head_and_two_units():
+    """shortened: the head, two copies of the repeated unit, and how much was left out; other texts unchanged."""
+    from gen_pipeline.answers.shorten import shortened
+
+    head, unit = "Let me think about the sum. ", "so the answer is 42, but wait, "
+    text = head + unit * 300
+    short = shortened(text)
+    kept = short[: short.index("[...")]
+    assert kept.startswith(head.strip()) and kept.count("so the answer is 42") == 2
+    assert len(kept) == len(head) - 1 + 2 * len(unit)  # the loop begins with the space that ends the head
+    assert short.endswith(f"more characters repeating the last {len(unit)} ...]")
+    assert len(kept) + int(short.split("[... ")[1].split()[0]) == len(text)
+    plain = "one two three " * 10 + "".join(f"{i}, " for i in range(400))  # a count: no loop
+    assert shortened(plain) == plain and shortened("short") == "short"

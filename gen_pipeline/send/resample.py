@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..answers.checks import Answer, Verdict
+from ..answers.shorten import shortened
 from ..answers.validate import Validator
-from ..errors import InvalidAnswerError, RejectedAnswerError
+from ..errors import DegenerateAnswerError, InvalidAnswerError, RejectedAnswerError
 from ..http import ChatResult
 from ..records import Failure, Prompt, Rejected
 from ..samples import place_key
@@ -134,7 +135,9 @@ class Resampler:
     def reject(
         self, prompt: Prompt, sample: int, turn: int | None, tries: Attempts, error: RejectedAnswerError, seed: Any
     ) -> None:
-        """Keep one rejected answer (written before anything else is sent for it) and count it."""
+        """Keep one rejected answer (written before anything else is sent for it) and count it; a loop's text cut
+        to its head and its repeated unit (answers/shorten.py)."""
+        loop = isinstance(error, DegenerateAnswerError)
         self.keep(
             Rejected(
                 id=prompt.id,
@@ -148,8 +151,8 @@ class Resampler:
                 finish_reason=error.finish_reason,
                 server=error.server,
                 seed=seed if isinstance(seed, int) else None,
-                content=error.content,
-                reasoning_content=error.reasoning,
+                content=shortened(error.content) if loop else error.content,
+                reasoning_content=shortened(error.reasoning) if loop and error.reasoning else error.reasoning,
                 messages=prompt.messages,
             )
         )
