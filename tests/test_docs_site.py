@@ -135,8 +135,8 @@ def documented_keys(doc: dict[str, object], nested: tuple[str, ...]) -> set[str]
 @pytest.mark.slow
 def test_every_field_a_run_writes_is_in_the_run_directory_reference(tmp_path: Path):
     """A run on the simulated fleet (thinking, samples with seeds, an over-length row, a carried field, a chat
-    ending in an old answer) writes
-    no field of completions.jsonl, failures.jsonl, manifest.json, summary.json or status.json that
+    ending in an old answer, answers the checks reject) writes
+    no field of completions.jsonl, failures.jsonl, rejected.jsonl, manifest.json, summary.json or status.json that
     reference/run-directory.md does not name."""
     import orjson
     from procs import run_generate, sim_fleet
@@ -152,7 +152,8 @@ def test_every_field_a_run_writes_is_in_the_run_directory_reference(tmp_path: Pa
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     out = tmp_path / "run"
-    with sim_fleet(2, "--context-length", "1024", "--reasoning-words", "5", "--cache-report") as servers:
+    sim = ("--context-length", "1024", "--reasoning-words", "5", "--cache-report", "--invalid", "think_marker:0.3")
+    with sim_fleet(2, *sim) as servers:
         done = run_generate(inp, out, servers, "--samples", "2", "--seed", "3", "--max-tokens", "64")
     assert done.returncode == 0, done.stderr
     page = reference("run-directory.md")
@@ -164,6 +165,7 @@ def test_every_field_a_run_writes_is_in_the_run_directory_reference(tmp_path: Pa
     written = {
         "completions.jsonl": line_keys("completions.jsonl"),
         "failures.jsonl": line_keys("failures.jsonl"),
+        "rejected.jsonl": line_keys("rejected.jsonl"),
         "manifest.json": documented_keys(orjson.loads((out / "manifest.json").read_bytes()), ("provenance",)),
         "summary.json": documented_keys(orjson.loads((out / "summary.json").read_bytes()), ("servers",)),
         "status.json": documented_keys(
