@@ -31,7 +31,6 @@ from ..send.requests import Track
 from ..send.resample import Attempts
 from ..send.turns import answer_turn, turn_request
 from ..tokens import TokenCounter
-from ..tokens.budget import dispatch_budget
 from .reader import conversation
 from .recorder import Recorder
 
@@ -145,15 +144,7 @@ class TurnDispatch:
             detail = f"turn {turn} cannot be rendered: {request}"
             return Failure(prompt.id, prompt.line, "bad_input", detail, sample=sample, turn=turn)
         path = self.path
-        budget = dispatch_budget(
-            path.config,
-            path.context_length,
-            request.input_tokens,
-            prompt.max_tokens,
-            path.learner.offset,
-            request.at_least,
-            path.max_input,
-        )
+        budget = path.budget(request)  # the turn's request: the conversation's row with this turn's messages
         if isinstance(budget, str):
             self.path.pool.unhome(home)
             ends = f"after turn {turn - 1}" if turn else "before its first answer"  # (not "after turn -1")

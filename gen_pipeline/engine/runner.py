@@ -41,7 +41,7 @@ from ..send.refusals import RefusalJudge, refused
 from ..send.requests import RequestPath
 from ..send.usage import usage_warnings
 from ..tokens import TokenCounter
-from ..tokens.budget import OffsetLearner, dispatch_budget
+from ..tokens.budget import OffsetLearner
 from ..tokens.findings import drift_warning, over_length_advice, server_cut_warning
 from .converse import TurnDispatch
 from .metrics import exporting
@@ -228,16 +228,7 @@ class Runner:
             await self.turns.until_tail(self.pool)
 
     def _budget(self, p: Prompt) -> int | None:
-        path = self.path
-        budget = dispatch_budget(
-            self.config,
-            path.context_length,
-            p.input_tokens,
-            p.max_tokens,
-            path.learner.offset,
-            p.at_least,
-            path.max_input,
-        )
+        budget = self.path.budget(p)
         if isinstance(budget, str):
             for s in p.pending or (0,):
                 failure = Failure(p.id, p.line, "over_length", budget, input_tokens=p.input_tokens, sample=s)

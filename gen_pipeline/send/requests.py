@@ -43,7 +43,7 @@ from ..fleet.state import ServerState
 from ..http import ChatResult, Client
 from ..progress.stats import RunStats
 from ..records import TEMPLATE_FIELDS, Completion, Failure, Prompt
-from ..tokens.budget import OffsetLearner, rebudget, room_needed
+from ..tokens.budget import OffsetLearner, dispatch_budget, rebudget, room_needed
 from .attempts import Rids, WeightVersions
 from .retry import with_transport_retries
 from .usage import usage_problem
@@ -163,6 +163,19 @@ class RequestPath:
         self.stats = stats
         self.versions = WeightVersions(client, config.timeout_for(1))
         self.rids = Rids()
+
+    def budget(self, prompt: Prompt) -> int | str:
+        """The max_tokens to send `prompt` with now (our count plus the offset learned so far, its row's own
+        max_tokens, this fleet's context and input cap), or why it is over length (tokens.budget.dispatch_budget)."""
+        return dispatch_budget(
+            self.config,
+            self.context_length,
+            prompt.input_tokens,
+            prompt.max_tokens,
+            self.learner.offset,
+            prompt.at_least,
+            self.max_input,
+        )
 
     def payload(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
         """The request body for this prompt."""
