@@ -1,6 +1,6 @@
 """Which way `generate` runs, chosen here and nowhere else.
 
-- single: one process holds the run directory's lock and runs the whole input (engine.runner.run_single);
+- single: one process holds the run directory's lock and runs the whole input (engine.single.run_single);
 - claimer: one of any number of processes claiming the shards of a claimed-shard run directory
   (shards.run.run_claimer): with --join, --shards, or in a directory made with shards;
 - supervisor: `--workers K` starts K claimer processes on this node and merges what they report
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from .config import RunConfig
-from .engine.runner import run_single
+from .engine.single import run_single
 from .engine.summary import Outcome
 from .inputs.file import check_input
 from .rundir.layout import make_dir

@@ -1,6 +1,6 @@
 """One process's `generate` run: prompts file -> validated rows -> token counts -> budgets -> balanced
-requests -> one line in the output or the ledger. The Runner drives it; `run_single` is the single-process
-mode (one writer holding the run directory's lock); shards/run.py reuses the Runner as a claimer, and
+requests -> one line in the output or the ledger. The Runner drives it, built by assembly.py for either mode:
+the single-process mode (single.py: one writer holding the run directory's lock) or a claimer (shards/run.py);
 modes.py chooses between them.
 """
 
@@ -23,32 +23,25 @@ from ..fleet.balancer import ServerPool
 from ..fleet.discovery import FleetInfo
 from ..fleet.loads import watch_loads
 from ..fleet.prober import watch_servers
-from ..http import Client, open_transport
+from ..http import Client
 from ..inputs.rows import BadRow
 from ..inputs.source import Skipped
 from ..progress import cost
 from ..progress.alerts import Watch
 from ..progress.stats import RunStats, snapshot, watch_run
 from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt, Rejected
-from ..resume import cursor
 from ..resume.cursor import InputCursor, Mark, MarkTracker
-from ..rundir.layout import RunDir, write_json_atomic
-from ..rundir.locks import DirLock, refuse_shard_writers
-from ..rundir.store import RunWriter, repair_all
-from ..runtime import install_run_handlers
-from ..send.dispatch import SampleDispatch, Sent, thinking_fields
+from ..rundir.layout import RunDir
+from ..send.dispatch import SampleDispatch, Sent
 from ..send.refusals import RefusalJudge, refused
 from ..send.requests import RequestPath
 from ..send.usage import usage_warnings
 from ..tokens import TokenCounter
-from ..tokens.budget import OffsetLearner
-from ..tokens.findings import drift_warning, over_length_advice, server_cut_warning
 from .converse import TurnDispatch
 from .metrics import exporting
-from .reader import BatchReader, input_warnings
+from .reader import input_warnings
 from .recorder import Recorder
-from .setup import build_pool, resume_point, settle_manifest
-from .summary import Outcome, run_summary, write_status
+from .summary import run_summary, write_status
 
 log = logging.getLogger("gen_pipeline")
 
@@ -348,80 +341,5 @@ def run_error(runner: Runner) -> str | None:
     return str(fatal) if fatal is not None else runner.stats.input_error
 
 
-async def run_single(config: RunConfig, counter: TokenCounter | None, handle_signals: bool) -> Outcome:
-    """The single-process mode: hold the run directory's lock, then run the whole input."""
-    lock = DirLock(config.out)
-    lock.acquire()
-    try:
-        await asyncio.to_thread(refuse_shard_writers, config.out)  # an older version's worker still writing
-        async with open_transport(config.api_key, auth=config.server_auth) as transport:
-            return await _run_locked(config, Client(transport), counter, handle_signals)
-    finally:
-        lock.release()
-
-
-async def _run_locked(
-    config: RunConfig, client: Client, counter: TokenCounter | None, handle_signals: bool = True
-) -> Outcome:
-    fleet, model, ctx, counter, point = await settle_manifest(config, client, counter, lambda: resume_point(config))
-    assert point is not None
-    resume, resumed = point
-    extra = thinking_fields(config, fleet)  # refused here, before anything is opened or sent
-    if torn := repair_all(config.out):
-        resume, resumed = resume_point(config)  # the scan read the torn tail as a corrupt line: again without it
-        resume.torn_bytes = torn
-    pool = build_pool(config, fleet)
-    stats = RunStats()
-    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), stats, fleet.input_limit())
-    found = resume.files.get(RunDir(config.out).writer().completions.name)
-    writer = RunWriter(config.out, config.fsync_interval, found)
-    reader = BatchReader(config, counter, resume, stats, resumed, ctx)
-    tracker = MarkTracker()
-    keeper = (
-        None if config.limit is not None else cursor.CursorKeeper(config.out, config.input, resumed, config.samples)
-    )
-    marks = None if keeper is None else InputCursor(keeper, tracker, reader.source)
-    warnings: list[str] = []
-    dispatch = SampleDispatch(path, extra, warnings.append)
-    runner = Runner(
-        config, counter, path, pool, writer, stats, reader, tracker, marks, client, dispatch, warnings=warnings
-    )
-    if resume.corrupt_lines:
-        runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")
-    if resume.torn_bytes:
-        runner.warnings.append(f"moved a torn last line ({resume.torn_bytes} bytes) aside to *.torn")
-    if handle_signals:
-        restore_signals = install_run_handlers(runner.request_stop, runner.sink.sync, config.grace_period)
-    else:
-        restore_signals = no_handlers
-    try:
-        return await _run_loop(runner, fleet)
-    finally:
-        restore_signals()
-
-
 def no_handlers() -> None:
     """No signal handlers to put back (the Python API installs none)."""
-
-
-async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
-    """Run until done or stopped, then write what the run leaves behind (cursor, status, summary)."""
-    config, writer, stats = runner.config, runner.sink, runner.stats
-    try:
-        await runner.run()
-    except OutputError:
-        pass  # recorded in runner.fatal; what is on disk stays valid
-    finally:
-        writer.close()
-        runner.save_cursor()
-    view = stats.drift_view()
-    warnings = drift_warning(view, stats.drift_shapes), over_length_advice(stats.failed, view)
-    for warning in (*warnings, server_cut_warning(stats.server_cut)):
-        if warning is not None:
-            runner.warnings.append(warning)
-    exit_code = final_exit_code(runner)
-    summary = runner_summary(runner, fleet, exit_code)
-    runner.write_status("finished")
-    with contextlib.suppress(OutputError):
-        write_json_atomic(RunDir(config.out).writer().summary, summary)
-    return Outcome(summary, exit_code, run_error(runner))

@@ -20,8 +20,9 @@ from typing import Any
 import orjson
 
 from ..config import RunConfig
+from ..engine.assembly import Assembly
 from ..engine.runner import Runner, final_exit_code, no_handlers, run_error, runner_summary
-from ..engine.setup import build_pool, settle_manifest
+from ..engine.setup import settle_manifest
 from ..engine.summary import Outcome, merge_summaries
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, OutputError
 from ..fleet.discovery import FleetInfo
@@ -32,10 +33,7 @@ from ..rundir.layout import MANIFEST, SUMMARY, RunDir, write_json_atomic
 from ..rundir.locks import refuse_shard_writers
 from ..rundir.store import repair_all
 from ..runtime import install_run_handlers
-from ..send.dispatch import SampleDispatch, thinking_fields
-from ..send.requests import RequestPath
 from ..tokens import TokenCounter
-from ..tokens.budget import OffsetLearner
 from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, last_session, run_shards, shard_counts
 from .feed import ClaimFeed, ClaimTracker, ClaimWriter
 
@@ -119,8 +117,7 @@ def _runner(
     stopping: asyncio.Event,
 ) -> tuple[Runner, ClaimTracker]:
     """The one Runner of a claimer (its pool and learned offset serve every claim), and its tracker."""
-    pool = build_pool(config, fleet)
-    path = RequestPath(config, client, pool, model, ctx, OffsetLearner(), feed.stats, fleet.input_limit())
+    parts = Assembly.build(config, client, counter, fleet, model, ctx, feed.stats)
 
     def may_settle() -> bool:
         # A write error (recorder.fatal) stops the run too, so `stopping` covers it.
@@ -132,23 +129,8 @@ def _runner(
         return {"claimer": {**claimer.info(feed.shards()), "done_total": feed.stats.completed}}
 
     tracker = ClaimTracker(feed, claimer.ident, may_settle)
-    warnings: list[str] = []
-    runner = Runner(
-        config,
-        counter,
-        path,
-        pool,
-        sink=feed.writer,
-        stats=feed.stats,
-        feed=feed,
-        tracker=tracker,
-        client=client,
-        dispatch=SampleDispatch(path, thinking_fields(config, fleet), warnings.append),
-        status_path=claimer.rundir.claimer(claimer.ident).status,
-        status_extra=status_extra,
-        warnings=warnings,
-        stopping=stopping,
-    )
+    status_path = claimer.rundir.claimer(claimer.ident).status
+    runner = parts.runner(feed.writer, feed, tracker, None, status_path, status_extra, stopping)
     return runner, tracker
 
 
