@@ -167,15 +167,8 @@ class RequestPath:
     def budget(self, prompt: Prompt) -> int | str:
         """The max_tokens to send `prompt` with now (our count plus the offset learned so far, its row's own
         max_tokens, this fleet's context and input cap), or why it is over length (tokens.budget.dispatch_budget)."""
-        return dispatch_budget(
-            self.config,
-            self.context_length,
-            prompt.input_tokens,
-            prompt.max_tokens,
-            self.learner.offset,
-            prompt.at_least,
-            self.max_input,
-        )
+        ctx, offset, cap = self.context_length, self.learner.offset, self.max_input
+        return dispatch_budget(self.config, ctx, prompt.input_tokens, prompt.max_tokens, offset, prompt.at_least, cap)
 
     def payload(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
         """The request body for this prompt."""
