@@ -148,6 +148,7 @@ class Prompt:
     dropped: int = 0
     reference: Any = None
     spent: dict[int, Spent] = field(default_factory=dict)  # place key -> its answers rejected by earlier runs
+    restart: dict[int, int] = field(default_factory=dict)  # sample -> its restart generation (samples.py), if > 0
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:
@@ -179,6 +180,7 @@ class Completion:
     request: dict[str, Any] = field(default_factory=dict)
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
     turn: int | None = None  # --turns all: which user turn this answers (its key is samples.place_key)
+    restart: int = 0  # its (id, sample)'s restart generation (samples.py: the newest stands); written when > 0
     extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
     # what produced it: the fingerprint of the server's identity (the manifest lists it under provenance),
     # and the weight_version the answer reported; each written only when known
@@ -202,6 +204,7 @@ class Completion:
                     "id": self.id,
                     "sample": self.sample,  # right after the id: samples.line_place reads it without parsing
                     **({"turn": self.turn} if self.turn is not None else {}),  # and the turn right after it
+                    **({"restart": self.restart} if self.restart else {}),  # then the restart generation
                     "messages": self.messages,
                     **self.request,
                     "completion": self.completion,
@@ -242,6 +245,7 @@ class Failure:
     max_tokens: int | None = None
     sample: int = 0  # which sample of the row failed
     turn: int | None = None  # --turns all: the turn that failed (the conversation ends or waits there)
+    restart: int = 0  # its (id, sample)'s restart generation (samples.py); written when > 0
     # when it was written (epoch s): with several ledger shards, "newest entry per id" compares this
     time: float = field(default_factory=time.time)
     # not written: the id that placed an entry without `id` in its claimed shard (inputs.rows.BadRow)
@@ -254,6 +258,7 @@ class Failure:
                     "id": self.id,
                     "sample": self.sample,
                     **({"turn": self.turn} if self.turn is not None else {}),
+                    **({"restart": self.restart} if self.restart else {}),
                     "line": self.line,
                     "reason": self.reason,
                     "status": self.status,
@@ -304,6 +309,7 @@ class Rejected:
     reasoning_content: str | None = None
     messages: Messages = field(default_factory=list)
     time: float = field(default_factory=time.time)
+    restart: int = 0  # its (id, sample)'s restart generation (samples.py); written when > 0
 
     def to_line(self) -> bytes:
         return (
@@ -312,6 +318,7 @@ class Rejected:
                     "id": self.id,
                     "sample": self.sample,
                     **({"turn": self.turn} if self.turn is not None else {}),
+                    **({"restart": self.restart} if self.restart else {}),
                     "attempt": self.attempt,
                     "reason": self.reason,
                     "check": self.check,

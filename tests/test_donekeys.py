@@ -11,6 +11,7 @@ from gen_pipeline.records import Completion, id_key
 from gen_pipeline.rundir.donekeys import BUCKET_SHIFT, INDEX_DIR, KeySet, completion_keys
 from gen_pipeline.rundir.layout import COMPLETIONS
 from gen_pipeline.rundir.store import scan
+from gen_pipeline.samples import place_key, sample_key
 
 
 def test_keyset_is_a_sorted_set_of_keys():
@@ -139,6 +140,36 @@ def test_the_writer_keeps_the_index_of_its_file_current(tmp_path):
         f.write(completion("late").to_line())
     assert indexed(path) == fresh_copy(path)
     assert len(indexed(path)[0]) == 7
+
+
+def restarted(i: object, sample: int, restart: int) -> Completion:
+    done = completion(i)
+    done.sample, done.restart = sample, restart
+    done.key = place_key(id_key(i), sample, 0, restart)
+    return done
+
+
+def test_the_index_keeps_the_restart_generations_of_the_lines_it_read_and_the_writer_wrote(tmp_path):
+    """The newest restart generation of each (id, sample) answered again is known from a read of the file,
+    from its index without re-reading it, and from the lines a run appended since; a scan merges them with
+    the ledger's, and settles each (id, sample) in its newest generation only."""
+    from gen_pipeline.rundir.store import RunWriter
+
+    path = tmp_path / COMPLETIONS
+    path.write_bytes(b"".join(x.to_line() for x in (completion("a"), restarted("a", 0, 1), restarted("b", 1, 2))))
+    want = {sample_key(id_key("a"), 0): 1, sample_key(id_key("b"), 1): 2}
+    assert completion_keys(path).restarts == want
+    assert completion_keys(path, save=False).restarts == want  # from the index
+    writer = RunWriter(tmp_path, 1.0, completion_keys(path))
+    writer.write_completion(restarted("a", 0, 3))
+    writer.close()
+    found = completion_keys(path, save=False)
+    assert found.restarts == {**want, sample_key(id_key("a"), 0): 3} == completion_keys(path, save=False).restarts
+    (tmp_path / "failures.jsonl").write_bytes(b'{"id":"c","sample":0,"restart":4,"reason":"timeout","time":1}\n')
+    state = scan(tmp_path, repair=False)
+    assert state.generation(sample_key(id_key("c"), 0)) == 4 and state.generation(id_key("a")) == 3
+    assert state.row_settled(id_key("a"), frozenset()) == "done" and state.row_settled(id_key("c"), frozenset()) is None
+    assert state.settled(id_key("b"), frozenset()) is None  # b has only sample 1
 
 
 def test_the_writer_keeps_no_index_for_a_file_the_scan_did_not_see_whole(tmp_path):

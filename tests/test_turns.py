@@ -82,8 +82,28 @@ def test_turn_keys_extend_the_sample_keys():
     keys = {place_key(key, s, t) for s in range(8) for t in range(8)}
     assert len(keys) == 64 and turn_key(key, 1) != sample_key(key, 1)
     line = b'{"id":"c1","sample":2,"turn":3,"messages":[]}\n'
-    assert line_place(line) == (2, 3) and line_key(line) == place_key(key, 2, 3)
-    assert line_place(b'{"id":"c1","messages":[],"turn":4}\n') == (0, 4)
+    assert line_place(line) == (2, 3, 0) and line_key(line) == place_key(key, 2, 3)
+    assert line_place(b'{"id":"c1","messages":[],"turn":4}\n') == (0, 4, 0)
+
+
+@pytest.mark.parametrize(
+    ("line", "place"),
+    [
+        (b'{"id":"c1","sample":2,"turn":3,"restart":2,"messages":[]}\n', (2, 3, 2)),
+        (b'{"id":"c1","sample":1,"restart":5,"messages":[]}\n', (1, 0, 5)),
+        (b'{"id":"c1","messages":[],"restart":1,"sample":1}\n', (1, 0, 1)),
+        (b'{"id":"c1","sample":0,"restart":-1,"messages":[]}\n', None),
+    ],
+)
+def test_a_lines_restart_generation_is_read_and_gives_it_keys_of_its_own(line, place):
+    """A line of restart generation g carries `restart` after sample and turn, read fast or parsed; its key is
+    generation g's (samples.py), every generation's keys distinct, generation 0's the keys lines always had."""
+    key = id_key("c1")
+    assert line_place(line) == place
+    if place is not None:
+        assert line_key(line) == place_key(key, *place) != place_key(key, place[0], place[1])
+    keys = {place_key(key, s, t, g) for s in range(4) for t in range(4) for g in range(4)}
+    assert len(keys) == 64 and place_key(key, 1, 2, 0) == place_key(key, 1, 2)
 
 
 def test_every_turn_is_answered_once_with_the_targets_own_history(write_jsonl, tmp_path):

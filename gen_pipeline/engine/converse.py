@@ -142,25 +142,26 @@ class TurnDispatch:
         if isinstance(request, str):
             self.path.pool.unhome(home)
             detail = f"turn {turn} cannot be rendered: {request}"
-            return Failure(prompt.id, prompt.line, "bad_input", detail, sample=sample, turn=turn)
+            return _placed(Failure(prompt.id, prompt.line, "bad_input", detail), prompt, sample, turn)
         path = self.path
         budget = path.budget(request)  # the turn's request: the conversation's row with this turn's messages
         if isinstance(budget, str):
             self.path.pool.unhome(home)
             ends = f"after turn {turn - 1}" if turn else "before its first answer"  # (not "after turn -1")
             detail = f"turn {turn}: {budget}; the conversation ends {ends}"
-            tokens = request.input_tokens
-            return Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=tokens, sample=sample, turn=turn)
+            over = Failure(prompt.id, prompt.line, "over_length", detail, input_tokens=request.input_tokens)
+            return _placed(over, prompt, sample, turn)
         track = Track(prefer=home, home=home is not None, keep=keep)
         tries = Attempts.of(prompt, sample, turn)
         answer, track = await self.dispatch.answers.answer(request, budget, sample, turn, track, tries)
         if track.home:  # never given a slot
             self.path.pool.unhome(track.prefer)
         if isinstance(answer, Failure):
-            return dataclasses.replace(answer, sample=sample, turn=turn)
+            return _placed(answer, prompt, sample, turn)
         result = answer.result
         done = self.dispatch.completion(request, result, answer.budget, track, sample, result)
-        done.turn, done.key = turn, place_key(prompt.key, sample, turn)
+        done.turn, done.restart = turn, prompt.restart.get(sample, 0)
+        done.key = place_key(prompt.key, sample, turn, done.restart)
         done.extra["turns"] = len(prompt.turns or ())  # export tells a complete conversation by it
         if answer.rejected:
             done.extra["rejected"] = answer.rejected
@@ -172,6 +173,11 @@ class TurnDispatch:
             *request.messages,
             answer_turn(result.content, result.reasoning_content),
         ], track.server if keep else None
+
+
+def _placed(failure: Failure, prompt: Prompt, sample: int, turn: int) -> Failure:
+    """A failure of one turn of one conversation, in its restart generation."""
+    return dataclasses.replace(failure, sample=sample, turn=turn, restart=prompt.restart.get(sample, 0))
 
 
 def _end(failure: Failure) -> End:

@@ -15,7 +15,7 @@ from ..records import Prompt
 from ..resume.cursor import Mark, Resumed, mark_of
 from ..rundir.store import ResumeState
 from ..samples import pending, place_key, row_reason
-from ..send.turns import TurnHistory, owed, split_turns
+from ..send.turns import TurnHistory, owed, recorded_history, split_turns, stale
 from ..tokens import TokenCounter
 from ..tokens.conversation import ChatInput, Conversation
 from ..tokens.oversize import SizeFloor
@@ -42,6 +42,7 @@ class BatchReader:
         resumed: Resumed | None = None,
         context_length: int | None = None,
         mine: Callable[[int], bool] | None = None,  # a claimer's held shards (None: every row)
+        retired: frozenset[str] = frozenset(),  # checkpoints no longer serving (fleet.provenance.retired)
     ) -> None:
         start = resumed.start if resumed else None
         shape = RowShape.of(config.template, config.turns)
@@ -61,6 +62,7 @@ class BatchReader:
         self.fit = context_length - config.safety_margin - config.min_tokens if context_length else None
         self.floor = SizeFloor(counter)
         self.history = TurnHistory(config.out / name for name in resume.files)
+        self.retired = retired  # --turns all: a conversation they answered is answered again, not gone on
 
     def hold_cursor(self) -> None:
         """A row failed for a transient reason: the input cursor stops short of it."""
@@ -138,7 +140,7 @@ class BatchReader:
         """What earlier runs spent on the answers the prompt still owes (sample -> the turn it goes on at)."""
         if self.resume.rejects:
             for s, t in starts.items():
-                key = place_key(item.key, s, t)
+                key = place_key(item.key, s, t, item.restart.get(s, 0))
                 if key in self.resume.rejects:
                     item.spent[key] = self.resume.rejects[key]
 
@@ -152,14 +154,22 @@ class BatchReader:
             return self._settle(BadRow(item.line, str(exc), item.id))
         item.messages = item.turns[0]  # what is counted here and planned by check: the first turn
         found, reason = owed(self.resume, item, k, self.retry)
+        shaped(item, self.config)  # the turns as they are sent, to compare with those recorded
         for s, t in sorted(found.start.items()):
-            history = self.history.history(item, s, t) if t > 0 else []
-            if history is None:
+            restart = found.restart.get(s, 0)
+            line = self.history.line(item, s, t - 1, restart) if t > 0 else None
+            if t > 0 and line is None:
                 log.warning("id %r sample %d: turn %d is done but its line was not found; left as it is", item.id, s, t)
                 continue
+            why = stale(line, item.turns[:t], self.retired) if line is not None else None
+            if why is not None:  # never gone on as a hybrid: answered again from turn 0, the next generation
+                restart, line = restart + 1, None
+                self.stats.note_restart(why, item.id)
             item.pending += (s,)
-            if t > 0:
-                item.resume[s] = (t, history)
+            if restart:
+                item.restart[s] = restart
+            if line is not None:
+                item.resume[s] = (t, recorded_history(line))
         self._spent(item, found.start)
         return item if item.pending else skipped(reason)
 

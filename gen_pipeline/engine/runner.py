@@ -305,6 +305,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     served = [s for s in runner.pool.servers if s.requests] or runner.pool.servers
     caches = fleet_cache_tokens(s.prefixes.pool_tokens for s in served)
     late = [runner.stats.same_samples.warning(), runner.stats.scatter.warning(caches), thinking_warning(runner)]
+    late.append(runner.stats.restart_warning())
     warnings += [w for w in late if w is not None] + runner.watch.cpu_warnings(runner.stats.elapsed())
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(

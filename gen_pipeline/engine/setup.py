@@ -21,7 +21,7 @@ from ..fleet.balancer import ServerPool
 from ..fleet.capacity import GUESS_GROWTH, guess_warning, server_capacity
 from ..fleet.discovery import FleetInfo, discover
 from ..fleet.pacing import queue_margin
-from ..fleet.provenance import provenance_section, seed_warning
+from ..fleet.provenance import provenance_section, retired, seed_warning
 from ..fleet.state import ServerState
 from ..http import Client
 from ..resume import cursor
@@ -274,6 +274,12 @@ def with_provenance(config: RunConfig, fleet: FleetInfo, manifest: dict[str, Any
     the servers serve a checkpoint the run's rows were not written by, and --accept-checkpoint is not set)."""
     old = read_manifest(config.out)
     return {**manifest, "provenance": provenance_section(old, fleet.identities(), config.accept_checkpoint)}
+
+
+def retired_checkpoints(config: RunConfig, fleet: FleetInfo) -> frozenset[str]:
+    """The checkpoints that wrote rows of the run directory and that the fleet no longer serves (the manifest
+    as settle_manifest left it): a conversation they began is answered again, not gone on (engine.reader)."""
+    return retired(read_manifest(config.out), fleet.identities())
 
 
 def resume_state(config: RunConfig) -> ResumeState:

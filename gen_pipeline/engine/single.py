@@ -24,7 +24,7 @@ from ..tokens.findings import drift_warning, over_length_advice, server_cut_warn
 from .assembly import Assembly
 from .reader import BatchReader
 from .runner import Runner, final_exit_code, no_handlers, run_error, runner_summary
-from .setup import resume_point, settle_manifest
+from .setup import resume_point, retired_checkpoints, settle_manifest
 from .summary import Outcome
 
 
@@ -52,7 +52,7 @@ async def _run_locked(
         resume.torn_bytes = torn
     found = resume.files.get(RunDir(config.out).writer().completions.name)
     writer = RunWriter(config.out, config.fsync_interval, found)
-    reader = BatchReader(config, counter, resume, parts.stats, resumed, ctx)
+    reader = BatchReader(config, counter, resume, parts.stats, resumed, ctx, retired=retired_checkpoints(config, fleet))
     tracker = MarkTracker()
     keeper = (
         None if config.limit is not None else cursor.CursorKeeper(config.out, config.input, resumed, config.samples)

@@ -2,8 +2,9 @@
 `export` prints are both made from ExportStats here, so they cannot disagree with each other or the rows.
 
 Every readable completion line is in a row, left out by a --drop-* flag ("truncated"), a repeat
-("duplicate"), or, of a --turns all run, a turn of a conversation left out whole; every conversation found
-(each checkpoint's version of it, in one run) is a row or left out with one of LEFT_OUT's reasons.
+("duplicate"), a line of an (id, sample) answered again since ("superseded", samples.py's restarts), or, of
+a --turns all run, a turn of a conversation left out whole; every conversation found (each checkpoint's
+version of it, in one run, each restart generation's) is a row or left out with one of LEFT_OUT's reasons.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def count_rows(config: ExportConfig, stats: ExportStats) -> list[tuple[str, Any]
         ("left out: duplicate (id, sample)", stats.duplicates),
         ("left out: unreadable lines", stats.unreadable),
     ]
+    if stats.superseded:
+        rows.append(("left out: answered again since (restart)", stats.superseded))
     if config.turns:
         rows += [(f"left out: conversations {LEFT_OUT[k]}", stats.conversations_left_out[k]) for k in _reasons(stats)]
         rows.append(("left out: turns of the conversations left out", stats.turns_left_out))
@@ -62,7 +65,9 @@ def summary_lines(config: ExportConfig, stats: ExportStats) -> list[str]:
     turns = f"{stats.turns_left_out} turns of the conversations left out, " if config.turns else ""
     lines.append(
         f"export: {stats.written} {what} from {stats.lines} completion lines -> {config.out} (left out: "
-        f"{stats.truncated} truncated, {turns}{stats.duplicates} duplicates, {stats.unreadable} unreadable lines)"
+        f"{stats.truncated} truncated, {turns}{stats.duplicates} duplicates, {stats.unreadable} unreadable lines"
+        + (f", {stats.superseded} answered again since" if stats.superseded else "")
+        + ")"
         + (f"; rows of {len(stats.checkpoints)} checkpoints" if len(stats.checkpoints) > 1 else "")
         + (f"; {stats.ledgered} ledger entries -> errors.jsonl" if batch else "")
     )

@@ -128,6 +128,7 @@ class ExportStats:
     truncated_in_reasoning: int = 0  # of the lines in rows
     duplicates: int = 0
     unreadable: int = 0
+    superseded: int = 0  # lines of an (id, sample) answered again since (samples.py: restart generations)
     finish_reasons: Counter[str] = field(default_factory=Counter)  # of the lines in rows
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -161,6 +162,7 @@ LEFT_OUT = {
     "ended_early": "ended early (--drop-incomplete)",
     "superseded": "answered again under a newer checkpoint",
     "continued": "continued on another checkpoint's answers",
+    "restarted": "answered again from the first turn since (restart)",
 }
 
 

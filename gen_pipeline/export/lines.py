@@ -11,6 +11,7 @@ from typing import Any
 from ..fleet.provenance import checkpoint_key
 from ..inputs.formats import jsonl_rows
 from ..records import id_key
+from ..resume.restarts import generations
 from ..samples import place_key, record_place
 from ..views.rundata import completion_files, read_manifest
 from .exportconfig import ExportConfig, ExportStats, dropped, is_completion
@@ -56,11 +57,15 @@ def _unique(stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterat
 def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:
     """Every exportable completion line of every run, once per (id, sample); the lines the --drop-* flags
     leave out are counted into `stats`."""
-    for obj in unique_lines(config, stats):
-        if dropped(config, obj):
-            stats.truncated += 1
-        else:
-            yield obj
+    for run in config.runs:
+        gens = generations(run)  # an (id, sample) answered again: its newest restart generation's line stands
+        for obj in run_lines(config, stats, run):
+            if gens.superseded_line(obj):
+                stats.superseded += 1
+            elif dropped(config, obj):
+                stats.truncated += 1
+            else:
+                yield obj
 
 
 def answered_rows(config: ExportConfig, stats: ExportStats) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:

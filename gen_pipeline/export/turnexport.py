@@ -11,13 +11,15 @@ tools, chat_template_kwargs and sampling. `conversation` says whether every user
 `--drop-incomplete` leaves those out. The other columns are the last turn's. A conversation with a turn
 that export leaves out (`--drop-truncated`) is left out whole: a conversation with a hole is no data.
 
-Within one run, a conversation may hold the answers of two checkpoints: after a redeploy and
-`--accept-checkpoint`, `generate` answers a conversation begun under the old checkpoint again from its first
-turn under the new one. Export keeps each conversation's newest whole version (every turn from the first,
-all from one checkpoint; newest: its checkpoint recorded last in the run's manifest) and counts each other
-version as left out: "answered again under a newer checkpoint", or, turns without a first turn of their own
-(written on another checkpoint's answers, by versions before that rule), "continued on another checkpoint's
-answers". Runs exported side by side keep each its own versions (an A/B of two checkpoints).
+Within one run, a conversation may hold several versions: after a redeploy and `--accept-checkpoint`, or
+once its earlier user turns changed in the input, `generate` answers a conversation begun before again from
+its first turn, as its next restart generation (samples.py). Export keeps each conversation's newest whole
+version (every turn from the first, all from one checkpoint and one generation; newest: of the run's newest
+generation of the conversation, then of the checkpoint recorded last in the run's manifest) and counts each
+other version as left out: "answered again from the first turn since" (an older generation), "answered again
+under a newer checkpoint", or, turns without a first turn of their own (written on another checkpoint's
+answers, by versions before restarts), "continued on another checkpoint's answers". Runs exported side by
+side keep each its own versions (an A/B of two checkpoints).
 
 Two passes over the output: the first gathers each conversation's versions (a few numbers each), the second
 counts the lines of the rows and writes each row from the line of its last turn.
@@ -31,6 +33,7 @@ from typing import Any
 
 from ..fleet.provenance import recorded
 from ..records import id_key, key_of
+from ..resume.restarts import generations
 from ..samples import record_place, sample_key
 from ..views.rundata import read_manifest
 from .exportconfig import REQUEST_COLUMNS, ExportConfig, ExportStats, dropped
@@ -51,6 +54,8 @@ class Version:
     first: bool = False  # holds the first turn
     dropped: bool = False  # holds a turn the --drop-* flags leave out
     complete: bool = False  # its last turn answered the conversation's last user turn
+    restart: int = 0  # its restart generation (samples.py)
+    superseded: bool = False  # the run holds a newer generation of the conversation
 
     @property
     def whole(self) -> bool:
@@ -62,6 +67,7 @@ class Planned:
     """A conversation that is a row: the checkpoint whose version it is, its last turn, and its status."""
 
     checkpoint: str | None
+    restart: int
     last: int
     status: str
 
@@ -80,7 +86,7 @@ def conversation_rows(
             if dropped(config, obj):
                 continue  # counted by the first pass
             planned = plan.get(_key(i, obj))
-            if planned is None or planned.checkpoint != _checkpoint(obj):
+            if planned is None or (planned.checkpoint, planned.restart) != _version(obj):
                 stats.turns_left_out += 1
                 continue
             stats.add(obj)
@@ -96,12 +102,14 @@ def _versions(config: ExportConfig, stats: ExportStats, run_lines: Lines) -> dic
     found: dict[int, list[Version]] = {}
     for i, run in enumerate(config.runs):
         ranks = {c.fingerprint: n for n, c in enumerate(recorded(read_manifest(run)))}
+        gens = generations(run)
         for obj in run_lines(config, stats, run):
             versions = found.setdefault(_key(i, obj), [])
-            checkpoint = _checkpoint(obj)
-            version = next((v for v in versions if v.checkpoint == checkpoint), None)
+            checkpoint, restart = _version(obj)
+            version = next((v for v in versions if (v.checkpoint, v.restart) == (checkpoint, restart)), None)
             if version is None:
-                version = Version(checkpoint, ranks.get(checkpoint or "", -1))
+                version = Version(checkpoint, ranks.get(checkpoint or "", -1), restart=restart)
+                version.superseded = gens.superseded_line(obj)
                 versions.append(version)
             turn = obj["turn"]
             version.turns += 1
@@ -118,11 +126,12 @@ def _plan(found: dict[int, list[Version]], config: ExportConfig, stats: ExportSt
     """The conversations that are rows; every other version counted as left out, with its reason."""
     plan: dict[int, Planned] = {}
     for key, versions in found.items():
-        whole = [v for v in versions if v.whole]
-        chosen = max(whole, key=lambda v: v.rank) if whole else None
+        whole = [v for v in versions if v.whole and not v.superseded]
+        chosen = max(whole, key=lambda v: (v.restart, v.rank)) if whole else None
         for v in versions:
             if v is not chosen:
-                stats.conversations_left_out["superseded" if v.whole else "continued"] += 1
+                why = "restarted" if v.superseded else "superseded" if v.whole else "continued"
+                stats.conversations_left_out[why] += 1
         if chosen is None:
             continue
         if chosen.dropped:
@@ -130,7 +139,8 @@ def _plan(found: dict[int, list[Version]], config: ExportConfig, stats: ExportSt
         elif config.drop_incomplete and not chosen.complete:
             stats.conversations_left_out["ended_early"] += 1
         else:
-            plan[key] = Planned(chosen.checkpoint, chosen.last, "complete" if chosen.complete else "ended_early")
+            status = "complete" if chosen.complete else "ended_early"
+            plan[key] = Planned(chosen.checkpoint, chosen.restart, chosen.last, status)
     return plan
 
 
@@ -142,9 +152,11 @@ def _key(run: int, obj: dict[str, Any]) -> int:
     return key ^ key_of(f"run {run}".encode()) if run else key
 
 
-def _checkpoint(obj: dict[str, Any]) -> str | None:
-    checkpoint = obj.get("checkpoint")
-    return checkpoint if isinstance(checkpoint, str) and checkpoint else None
+def _version(obj: dict[str, Any]) -> tuple[str | None, int]:
+    """Which version of its conversation a line is: its checkpoint and its restart generation (samples.py)."""
+    checkpoint, place = obj.get("checkpoint"), record_place(obj)
+    assert place is not None
+    return (checkpoint if isinstance(checkpoint, str) and checkpoint else None), place[2]
 
 
 def conversation_features(columns: tuple[str, ...], types: dict[str, str]) -> Any:

@@ -213,6 +213,19 @@ def checkpoint_change(manifest: dict[str, Any], servers: Servers) -> str | None:
     )
 
 
+def retired(manifest: dict[str, Any], servers: Servers) -> frozenset[str]:
+    """The fingerprints the manifest records whose checkpoint none of these servers serves now (after
+    --accept-checkpoint); none when no server reports an identity (nothing can be told)."""
+    serving = [identity for identity, _ in by_fingerprint(servers).values()]
+    section = manifest.get("provenance")
+    records = section.get("checkpoints") if isinstance(section, dict) else None
+    if not serving or not isinstance(records, list):
+        return frozenset()
+    old = [r for r in records if isinstance(r, dict) and isinstance(r.get("fingerprint"), str)]
+    gone = (r for r in old if not any(ServerIdentity.from_record(r).same_checkpoint(i) for i in serving))
+    return frozenset(r["fingerprint"] for r in gone)
+
+
 def provenance_section(manifest: dict[str, Any] | None, servers: Servers, accept: bool) -> dict[str, Any]:
     """The manifest's `provenance`: every identity that ever answered in this directory (the old ones kept),
     and the fingerprints of this run's fleet. A changed checkpoint raises CheckpointChangedError unless

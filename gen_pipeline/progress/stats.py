@@ -28,6 +28,7 @@ STATUS_INTERVAL = 2.0  # seconds between status.json snapshots
 # smooth the ups and downs of generation lengths, short enough to follow a server going down.
 ETA_WINDOW = 120.0
 RATE_SAMPLE = 1.0  # seconds between the samples the window is made of
+RESTARTS_NAMED = 5  # conversations answered again from turn 0 named in the summary (all are counted)
 # Upper bounds (seconds) of the request-latency histogram (engine/metrics.py's gen_pipeline_request_seconds).
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
 
@@ -90,7 +91,10 @@ class RunStats:
     most_thinking: int = 0
     same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
     scatter: Scatter = field(default_factory=Scatter)  # how far apart the input has rows that begin alike
-    conversations: Counter[str] = field(default_factory=Counter)  # --turns all: "complete", "ended_early"
+    # --turns all: "complete", "ended_early", and "restarted_edited" / "restarted_checkpoint" for those answered
+    # again from turn 0 (their input's earlier turns changed, or another checkpoint began them: engine.reader)
+    conversations: Counter[str] = field(default_factory=Counter)
+    restarted_ids: list[str] = field(default_factory=list)  # the first of those, named in the summary
     # rows sent otherwise than written (inputs/shape.py): "answered_from_last_user_turn" (trailing assistant
     # turns dropped, the old answer kept as `reference`) and "user_turns_merged"
     reshaped: Counter[str] = field(default_factory=Counter)
@@ -103,6 +107,26 @@ class RunStats:
             self.started = self.clock()
         self.rate_points.append((self.started, 0))
         self.progressed = (self.started, 0)
+
+    def note_restart(self, why: str, row_id: Any) -> None:
+        """A conversation is answered again from turn 0 (`why`: "edited" or "checkpoint")."""
+        self.conversations[f"restarted_{why}"] += 1
+        if len(self.restarted_ids) < RESTARTS_NAMED:
+            self.restarted_ids.append(repr(row_id))
+
+    def restart_warning(self) -> str | None:
+        """What the summary says of the conversations answered again from turn 0, if any."""
+        edited, other = self.conversations["restarted_edited"], self.conversations["restarted_checkpoint"]
+        if not edited + other:
+            return None
+        why = [f"{edited} whose earlier user turns changed in the input"] if edited else []
+        why += [f"{other} begun by a checkpoint no longer serving"] if other else []
+        more = " ..." if edited + other > len(self.restarted_ids) else ""
+        return (
+            f"{edited + other} conversation(s) answered again from turn 0, never gone on from a history they no "
+            f"longer have ({' and '.join(why)}): {', '.join(self.restarted_ids)}{more}; their new lines carry "
+            "`restart` and stand in place of the old ones"
+        )
 
     def note_input(self, rows: int, fraction: float) -> None:
         """The reader has passed on `rows` more rows, having consumed `fraction` of the input."""

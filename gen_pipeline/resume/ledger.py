@@ -1,6 +1,7 @@
 """Reading the ledger back: the reason that stands for each row the output does not hold.
 
-The newest entry per (id, sample) (and turn, under --turns all) decides (by its `time`, so ledger
+The newest entry per (id, sample) (and turn, under --turns all; of its newest restart generation:
+restarts.py) decides (by its `time`, so ledger
 shards written side by side compare); an entry whose (id, sample) has a completion line counts
 nowhere (the row failed, then succeeded; or an earlier version ledgered a row that reused a done id
 under that id); a bad row without an id counts once. `status`, `report` and export's dataset card all
@@ -19,7 +20,8 @@ from ..records import id_key
 from ..rundir.donekeys import KeySet, completion_keys, union
 from ..rundir.layout import RunDir
 from ..rundir.store import iter_json_lines
-from ..samples import place_key, record_place
+from ..samples import note_generation, place_key, record_place
+from .restarts import Generations, generations
 
 T = TypeVar("T")
 
@@ -40,22 +42,37 @@ def ledger_reasons(runs: Sequence[Path], done: Container[int] | None = None) -> 
 
 def standing(runs: Sequence[Path], done: Container[int] | None, pick: Callable[[dict[str, Any]], T]) -> list[T]:
     """`pick` of each ledger entry that stands for a row the output does not hold: the newest per key not
-    `done` (default: the runs' completion lines, read only when an entry has an id), after each entry
-    without an id."""
-    newest: dict[int, tuple[float, T]] = {}
+    `done` (default: the runs' completion lines) and not of a restart generation older than its (id,
+    sample)'s newest in its run (restarts.py), after each entry without an id. Given `done`, the
+    generations are the ledger's alone."""
+    runs_read: list[tuple[Generations, list[tuple[int, float, dict[str, Any]]]]] = []  # per run: (key, time, entry)
     anonymous: list[T] = []
-    for path in (p for run in runs for p in RunDir(run).failure_files()):
-        for _, obj in iter_json_lines(path):
-            place = record_place(obj) if obj is not None and "reason" in obj else None
-            if obj is None or place is None:
-                continue
-            if obj.get("id") is None:
-                anonymous.append(pick(obj))
-                continue
-            key, when = place_key(id_key(obj["id"]), *place), float(obj.get("time") or 0.0)
-            if key not in newest or when >= newest[key][0]:
-                newest[key] = (when, pick(obj))
-    if not newest:  # nothing a completion could stand against: the completion files are not read
+    for run in runs:
+        gens, entries = Generations(), list[tuple[int, float, dict[str, Any]]]()
+        runs_read.append((gens, entries))
+        for path in RunDir(run).failure_files():
+            for _, obj in iter_json_lines(path):
+                place = record_place(obj) if obj is not None and "reason" in obj else None
+                if obj is None or place is None:
+                    continue
+                if obj.get("id") is None:
+                    anonymous.append(pick(obj))
+                    continue
+                row = id_key(obj["id"])
+                entries.append((place_key(row, *place), float(obj.get("time") or 0.0), obj))
+                note_generation(gens.newest, row, place)
+    if not any(entries for _, entries in runs_read):  # nothing a completion could stand against: not read
         return anonymous
-    done = done_keys(runs) if done is None else done
+    newest: dict[int, tuple[float, T]] = {}
+    for run, (gens, entries) in zip(runs, runs_read, strict=True):
+        if done is None:
+            gens.add(generations(run, ledger=False))
+        for key, when, obj in entries:
+            if not gens.superseded_line(obj) and (key not in newest or when >= newest[key][0]):
+                newest[key] = (when, pick(obj))
+    if done is None:
+        keys: array[int] = array("Q")
+        for gens, _ in runs_read:
+            keys = union(keys, gens.keys)
+        done = KeySet(keys, presorted=True)
     return anonymous + [value for key, (_, value) in newest.items() if key not in done]

@@ -3,7 +3,8 @@
 Resuming a 650,000-row run reads every output line for its id (3.5 s here). `DIR/.index/` keeps, per
 output file, the sorted keys of the complete lines read last time and where they ended. The next read
 checks that the file is still the one indexed (same inode, at least as long, the same bytes at 64
-sampled places and at the end of the indexed part) and reads only what was appended since. Another
+sampled places and at the end of the indexed part) and reads only what was appended since. It keeps the
+restart generations found too (samples.py: the (id, sample)s answered again, few). Another
 file under the same name, a file cut short or edited in place all fail the check, and the whole file
 is read again. The index is a cache: deleting `DIR/.index/` is always safe.
 """
@@ -17,16 +18,16 @@ import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
 from ..records import RowId, id_key, parsed_id, peek_id
-from ..samples import line_place, place_key
+from ..samples import line_place, note_generation, place_key
 
 INDEX_DIR = ".index"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: the restart generations
 INDEX_EVERY = 60.0  # seconds between saves while a run appends
 SAMPLES = 64  # blocks compared to tell an appended file from a different one
 BLOCK = 4096
@@ -101,11 +102,17 @@ def line_id(raw: bytes) -> RowId | None:
     return rid if rid is not None else parsed_id(raw)
 
 
-def line_key(raw: bytes) -> int | None:
-    """The key of one output line, `(id, sample, turn)` (samples.place_key), or None when it is not a completion."""
+def line_key(raw: bytes, restarts: dict[int, int] | None = None) -> int | None:
+    """The key of one output line, `(id, sample, turn, restart)` (samples.place_key), or None when it is not a
+    completion; a line of a restart generation is noted in `restarts` (samples.note_generation) when given."""
     rid = line_id(raw)
     place = line_place(raw) if rid is not None else None
-    return place_key(id_key(rid), *place) if rid is not None and place is not None else None
+    if rid is None or place is None:
+        return None
+    row = id_key(rid)
+    if place[2] and restarts is not None:
+        note_generation(restarts, row, place)
+    return place_key(row, *place)
 
 
 @dataclass
@@ -118,6 +125,7 @@ class FileKeys:
     size: int  # bytes of complete lines
     lines: int  # complete lines
     complete: bool  # False when an unfinished last line was read beyond `size`
+    restarts: dict[int, int] = field(default_factory=dict)  # sample_key -> newest restart generation (samples.py)
 
 
 def completion_keys(path: Path, save: bool = True) -> FileKeys:
@@ -126,10 +134,10 @@ def completion_keys(path: Path, save: bool = True) -> FileKeys:
     Starts from the index when it still describes the file, and records the new end (if `save`).
     A last line without its newline (a writer is appending, or a crash) is read but never indexed.
     """
-    start, lines, keys, corrupt = 0, 0, array("Q"), list[int]()
+    start, lines, keys, corrupt, restarts = 0, 0, array("Q"), list[int](), dict[int, int]()
     cached = _load(path)
     if cached is not None:
-        start, lines, keys, corrupt = cached
+        start, lines, keys, corrupt, restarts = cached
     end, appended, tail = start, array("Q"), None
     with path.open("rb") as f:
         f.seek(start)
@@ -139,7 +147,7 @@ def completion_keys(path: Path, save: bool = True) -> FileKeys:
                 break
             lines += 1
             end += len(raw)
-            key = line_key(raw)
+            key = line_key(raw, restarts)
             if key is None:
                 corrupt.append(lines)
             else:
@@ -147,16 +155,18 @@ def completion_keys(path: Path, save: bool = True) -> FileKeys:
     if appended:
         keys = merge_sorted(keys, appended)
     if save and end > start:
-        _save(path, keys, corrupt, end, lines)
-    found = FileKeys(path, keys, corrupt, end, lines, complete=tail is None)
+        _save(path, keys, corrupt, end, lines, restarts)
+    found = FileKeys(path, keys, corrupt, end, lines, complete=tail is None, restarts=restarts)
     if tail is not None:
-        tail_key = line_key(tail)
+        seen = dict(restarts)  # the index keeps complete lines' only
+        tail_key = line_key(tail, seen)
         if tail_key is None:
             found.corrupt = [*corrupt, lines + 1]
         else:
             found.keys = array("Q", keys)
             key = tail_key
             found.keys.insert(bisect_left(found.keys, key), key)
+            found.restarts = seen
     return found
 
 
@@ -183,7 +193,7 @@ class IndexKeeper:
         if self.appended:
             f.keys = merge_sorted(f.keys, self.appended)
             self.appended = array("Q")
-        _save(f.path, f.keys, f.corrupt, f.size, f.lines)
+        _save(f.path, f.keys, f.corrupt, f.size, f.lines, f.restarts)
         self.saved_at = time.monotonic()
 
 
@@ -202,8 +212,9 @@ def _fingerprint(path: Path, size: int) -> str:
     return h.hexdigest()
 
 
-def _load(path: Path) -> tuple[int, int, array[int], list[int]] | None:
-    """(indexed bytes, lines, sorted keys, corrupt line numbers) when the index still fits the file."""
+def _load(path: Path) -> tuple[int, int, array[int], list[int], dict[int, int]] | None:
+    """(indexed bytes, lines, sorted keys, corrupt line numbers, restart generations) when the index still
+    fits the file."""
     try:
         raw = _index_path(path).read_bytes()
         header_end = raw.index(b"\n")
@@ -218,12 +229,13 @@ def _load(path: Path) -> tuple[int, int, array[int], list[int]] | None:
         keys.frombytes(raw[header_end + 1 :])
         if len(keys) != head.get("count"):
             return None
-        return size, int(head["lines"]), keys, [int(n) for n in head.get("corrupt", [])]
+        restarts = {int(k): int(g) for k, g in head.get("restarts", [])}
+        return size, int(head["lines"]), keys, [int(n) for n in head.get("corrupt", [])], restarts
     except (OSError, ValueError, KeyError, TypeError):  # no index, or not one we wrote: read the file
         return None
 
 
-def _save(path: Path, keys: array[int], corrupt: list[int], size: int, lines: int) -> None:
+def _save(path: Path, keys: array[int], corrupt: list[int], size: int, lines: int, restarts: dict[int, int]) -> None:
     """Record the sorted keys of the first `size` bytes (`lines` complete lines) of `path`; best effort:
     an index that cannot be written costs the next resume time, never this run."""
     index = _index_path(path)
@@ -237,6 +249,7 @@ def _save(path: Path, keys: array[int], corrupt: list[int], size: int, lines: in
             "lines": lines,
             "count": len(keys),
             "corrupt": corrupt,
+            "restarts": sorted(restarts.items()),
             "fingerprint": _fingerprint(path, size),
         }
         index.parent.mkdir(exist_ok=True)

@@ -21,7 +21,7 @@ import orjson
 
 from ..errors import ManifestMismatchError, OutputError
 from ..records import PERMANENT_REASONS, REJECT_REASONS, Completion, Failure, Rejected, Spent, id_key
-from ..samples import place_key, record_place, row_reason
+from ..samples import note_generation, place_key, record_place, restart_key, row_reason
 from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, union
 from .layout import COMPLETIONS, FAILURES, REJECTED, RunDir, write_json_atomic
 
@@ -132,6 +132,11 @@ class ResumeState:
     later_samples_ledgered: bool = False  # a ledger entry names a sample or turn > 0 (the cursor checks key 0 only)
     turns: bool = False  # --turns all: a row's settledness needs its turns (the row parsed: engine.reader._settle)
     rejects: dict[int, Spent] = field(default_factory=dict)  # key not done -> its rejected answers (rejected.jsonl)
+    restarts: dict[int, int] = field(default_factory=dict)  # sample_key -> newest restart generation (samples.py)
+
+    def generation(self, key: int) -> int:
+        """The newest restart generation of the (id, sample) whose sample_key is `key` (0: none)."""
+        return self.restarts.get(key, 0) if self.restarts else 0
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None:
         """Why this (id, sample) key needs no request now ("done", or its permanent reason), or None."""
@@ -147,7 +152,9 @@ class ResumeState:
         (always under --turns all: how many turns a conversation has is known only from its row)."""
         if self.turns:
             return None
-        return self.settled(key, retry) if self.samples == 1 else row_reason(self, key, self.samples, retry)
+        if self.samples == 1:
+            return self.settled(restart_key(key, self.generation(key)), retry)
+        return row_reason(self, key, self.samples, retry)
 
     def rows(self, retry: frozenset[str]) -> SettledRows:
         """A pass over the input (`--retry-failed` reasons count as not settled)."""
@@ -191,6 +198,8 @@ def scan(
         state.files[str(path.relative_to(out))] = found
         state.corrupt_lines += [f"{path.relative_to(out)}:{n}" for n in found.corrupt]
         done = union(done, found.keys)
+        for plain, restart in found.restarts.items():
+            note_generation(state.restarts, plain, (0, 0, restart))  # (a sample_key is sample 0's own key)
     state.done = KeySet(done, presorted=True)
     del done
     newest: dict[int, float] = {}
@@ -204,7 +213,8 @@ def scan(
             elif obj.get("id") is not None and (place := record_place(obj)) is not None:
                 row, when = id_key(obj["id"]), float(obj.get("time") or 0.0)
                 key = place_key(row, *place)
-                state.later_samples_ledgered |= place != (0, 0)
+                state.later_samples_ledgered |= place != (0, 0, 0)
+                note_generation(state.restarts, row, place)
                 if (mine is None or mine(row)) and when >= newest.get(key, float("-inf")):
                     newest[key], state.last_reason[key] = when, obj["reason"]
                 if obj["reason"] in REJECT_REASONS:
@@ -290,6 +300,9 @@ class RunWriter:
         self._append(COMPLETIONS, line)
         if self.index is not None:
             self.index.add(completion.key, len(line))
+            if completion.restart:
+                place = (completion.sample, 0, completion.restart)
+                note_generation(self.index.found.restarts, id_key(completion.id), place)
 
     def write_failure(self, failure: Failure) -> None:
         self._append(FAILURES, failure.to_line())

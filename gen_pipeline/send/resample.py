@@ -40,7 +40,7 @@ class Attempts:
     @classmethod
     def of(cls, prompt: Prompt, sample: int, turn: int) -> Attempts:
         """What earlier runs spent on this answer (none: a fresh start)."""
-        spent = prompt.spent.get(place_key(prompt.key, sample, turn))
+        spent = prompt.spent.get(place_key(prompt.key, sample, turn, prompt.restart.get(sample, 0)))
         return cls() if spent is None else cls(spent.total, spent.round, (spent.reason, spent.check, spent.detail))
 
     def note(self, error: RejectedAnswerError) -> None:
@@ -154,6 +154,7 @@ class Resampler:
                 content=shortened(error.content) if loop else error.content,
                 reasoning_content=shortened(error.reasoning) if loop and error.reasoning else error.reasoning,
                 messages=prompt.messages,
+                restart=prompt.restart.get(sample, 0),
             )
         )
         tries.note(error)

@@ -9,6 +9,8 @@ request it answered: the line of turn k-1 plus its `completion` (and `reasoning_
 of turn k. So a resume needs nothing but the output: a conversation goes on at its first turn not done,
 from the line of the turn before it (TurnHistory reads it). A conversation is settled when every turn is
 done, or when a turn is under a permanent ledger reason (it ended there: over_length, context_overflow).
+A conversation is read in its newest restart generation (samples.py); `stale` says when its recorded
+history cannot be gone on from (the reader then answers it again from turn 0, in the next generation).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import orjson
 from ..inputs.rows import RowError
 from ..records import Messages, Prompt, id_key
 from ..rundir.donekeys import line_id
-from ..samples import Settles, line_place, place_key
+from ..samples import Settles, line_place, place_key, restart_key, sample_key, turn_key
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
@@ -71,6 +73,7 @@ class Conversations:
     start: dict[int, int] = field(default_factory=dict)
     history: dict[int, Messages] = field(default_factory=dict)
     ended: dict[int, tuple[int, str]] = field(default_factory=dict)  # sample -> (turn, permanent reason)
+    restart: dict[int, int] = field(default_factory=dict)  # sample -> its newest restart generation, if > 0
 
 
 def owed(state: Settles, prompt: Prompt, samples: int, retry: frozenset[str]) -> tuple[Conversations, str]:
@@ -79,8 +82,12 @@ def owed(state: Settles, prompt: Prompt, samples: int, retry: frozenset[str]) ->
     turns = len(prompt.turns or ())
     found, reason = Conversations(), "done"
     for s in range(samples):
+        plain = sample_key(prompt.key, s)
+        if restart := state.generation(plain):
+            found.restart[s] = restart
+        conversation = restart_key(plain, restart)
         for t in range(turns):
-            why = state.settled(place_key(prompt.key, s, t), retry)
+            why = state.settled(turn_key(conversation, t), retry)
             if why == "done":
                 continue
             if why is None:
@@ -92,6 +99,21 @@ def owed(state: Settles, prompt: Prompt, samples: int, retry: frozenset[str]) ->
     return found, reason
 
 
+def recorded_history(line: dict[str, Any]) -> Messages:
+    """The history a turn's line leaves for the next turn: its request and its answer."""
+    return [*line["messages"], answer_turn(line["completion"], line.get("reasoning_content"))]
+
+
+def stale(line: dict[str, Any], segments: list[Messages], retired: frozenset[str]) -> str | None:
+    """Why a conversation cannot go on from the line of its last answered turn: "edited" when its user (and
+    system) turns are no longer the row's first segments, "checkpoint" when a checkpoint no longer serving
+    wrote it (`retired`: fingerprints); None when it can."""
+    asked = [m for m in line["messages"] if not (isinstance(m, dict) and m.get("role") == "assistant")]
+    if asked != [m for segment in segments for m in segment]:
+        return "edited"
+    return "checkpoint" if line.get("checkpoint") in retired else None
+
+
 class TurnHistory:
     """Finds the output line of one (id, sample, turn) in the files a resume read; indexed on first use
     (one pass over the files: only conversations cut short by a crash or a transient failure need it)."""
@@ -100,13 +122,13 @@ class TurnHistory:
         self.files = list(files)
         self._at: dict[int, tuple[int, int]] | None = None  # key -> (file number, offset)
 
-    def history(self, prompt: Prompt, sample: int, turn: int) -> Messages | None:
-        """The conversation before `turn` as recorded (turn - 1's request and answer); None when its line
-        cannot be found."""
-        obj = self._line(place_key(prompt.key, sample, turn - 1))
+    def line(self, prompt: Prompt, sample: int, turn: int, restart: int = 0) -> dict[str, Any] | None:
+        """The recorded line of one turn (of restart generation `restart`); None when it cannot be found or
+        is not a whole answer."""
+        obj = self._line(place_key(prompt.key, sample, turn, restart))
         if obj is None or not isinstance(obj.get("messages"), list) or not isinstance(obj.get("completion"), str):
             return None
-        return [*obj["messages"], answer_turn(obj["completion"], obj.get("reasoning_content"))]
+        return obj
 
     def _line(self, key: int) -> dict[str, Any] | None:
         if self._at is None:

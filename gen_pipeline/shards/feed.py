@@ -114,6 +114,7 @@ class ClaimFeed:
     tried: set[int] = field(default_factory=set)  # shards this process held: never taken twice
     reader: BatchReader | None = None
     started: None = None  # no input cursor: every claim reads from the top
+    retired: frozenset[str] = frozenset()  # checkpoints no longer serving (engine.setup.retired_checkpoints)
 
     def hold_cursor(self) -> None:
         """The Runner's Feed interface: a claimer keeps no input cursor (its current read's source stops
@@ -137,7 +138,9 @@ class ClaimFeed:
         resume = scan(self.config.out, repair=False, mine=mine, shards=sorted(claims))
         resume.samples, resume.turns = self.config.samples, self.config.turns == "all"
         self.writer.add(claims, resume.files, self.config.out)
-        self.reader = BatchReader(self.config, self.counter, resume, self.stats, None, self.ctx, mine=mine)
+        self.reader = BatchReader(
+            self.config, self.counter, resume, self.stats, None, self.ctx, mine=mine, retired=self.retired
+        )
         self.current = Held(claims)
         self.held.append(self.current)
         return True

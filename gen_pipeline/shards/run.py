@@ -22,7 +22,7 @@ import orjson
 from ..config import RunConfig
 from ..engine.assembly import Assembly
 from ..engine.runner import Runner, final_exit_code, no_handlers, run_error, runner_summary
-from ..engine.setup import settle_manifest
+from ..engine.setup import retired_checkpoints, settle_manifest
 from ..engine.summary import Outcome, merge_summaries
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, OutputError
 from ..fleet.discovery import FleetInfo
@@ -88,6 +88,7 @@ async def _claim_loop(config: RunConfig, client: Client, counter: TokenCounter |
         writer = ClaimWriter(table.count, config.fsync_interval)
         stopping = asyncio.Event()  # the Runner's: set when it stops, so the feed claims nothing more
         feed = ClaimFeed(config, counter, stats, ctx, table, writer, stopping.is_set)
+        feed.retired = retired_checkpoints(config, fleet)
         if not await asyncio.to_thread(feed.claim_next):
             summary, code, error = merge_summaries([], 0.0, EXIT_OK), EXIT_OK, None  # found nothing to claim
         else:

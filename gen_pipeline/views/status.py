@@ -64,6 +64,7 @@ from ..inputs.file import input_lines
 from ..progress.display import duration
 from ..progress.stats import format_summary
 from ..resume.ledger import ledger_reasons
+from ..resume.restarts import generations, standing_lines
 from ..rundir.layout import LOCK, MANIFEST, STATUS, SUMMARY, RunDir
 from ..rundir.locks import holder, is_held
 from .rundata import completion_files, read_json
@@ -76,7 +77,8 @@ EXIT_NOT_RUNNING = EXIT_INCOMPLETE  # crashed, killed, stopped or finished badly
 
 def file_counts(run: Path, manifest: dict[str, Any] | None) -> str:
     """What the files say, whoever wrote them."""
-    done = sum(count_lines(p) for p in completion_files(run))
+    files, gens = completion_files(run), generations(run)
+    done = standing_lines(files, gens) if gens.newest else sum(count_lines(p) for p in files)  # restarts.py
     text = f"files: {done} completions, ledger {dict(ledger_reasons([run]))} (newest entry per id)"
     source = Path(str((manifest or {}).get("input", "")))
     if source.is_file() and (lines := input_lines(source)) is not None:
