@@ -14,7 +14,7 @@ import asyncio
 from .config import RunConfig
 from .engine.single import run_single
 from .engine.summary import Outcome
-from .inputs.file import check_input
+from .inputs.kinds import check_input
 from .rundir.layout import make_dir
 from .shards.run import claimed, run_claimer
 from .shards.workers import follow_parent, run_workers

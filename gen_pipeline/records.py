@@ -81,6 +81,8 @@ _LEADING_ID = re.compile(rb'\{"id":\s*(?:"([^"\\]*)"|(-?[1-9]\d*|0))\s*,')
 
 # The integers orjson reads as integers (and can write back); past them it reads a float.
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+# An integer literal too long for 64 bits, which orjson reads as a float (1.58e+29).
+BIG_INTEGER = re.compile(rb"-?\d{19,}(?![\d.eE])")
 
 
 def _leading_id(raw: bytes) -> tuple[RowId, bytes] | None:

@@ -13,9 +13,10 @@ from e2e import check_invariant, prompts, read_jsonl, run_sim
 from procs import generate, run_generate, sim_fleet
 
 from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.inputs.kinds import input_fingerprint
 from gen_pipeline.modes import run_async
 from gen_pipeline.rundir.layout import RunDir
-from gen_pipeline.shards.claims import ShardTable, batch_size, input_fingerprint, shard_of
+from gen_pipeline.shards.claims import ShardTable, batch_size, shard_of
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 
 

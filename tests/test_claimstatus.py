@@ -11,9 +11,9 @@ from gen_pipeline.errors import ExportCheckError
 from gen_pipeline.export.export import check_settled
 from gen_pipeline.export.exportconfig import ExportConfig, ExportStats
 from gen_pipeline.export.lines import kept_completions
+from gen_pipeline.inputs.kinds import input_fingerprint
 from gen_pipeline.rundir.layout import RunDir
 from gen_pipeline.rundir.locks import FileLock
-from gen_pipeline.shards.claims import input_fingerprint
 from gen_pipeline.shards.run import aggregate_summary
 from gen_pipeline.views.status import inspect_run
 

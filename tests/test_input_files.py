@@ -65,7 +65,7 @@ def test_gzip_input_is_read_transparently(tmp_path, name):
 
 def test_plain_text_named_gz_is_read_as_text(tmp_path):
     """The name does not decide: a plain JSONL file called .gz is read as it is."""
-    from gen_pipeline.inputs.file import check_input
+    from gen_pipeline.inputs.file import check_text as check_input
 
     path = tmp_path / "odd.jsonl.gz"
     path.write_bytes(lines_of(prompts(3)))
@@ -110,7 +110,7 @@ def test_compressed_input_resumes_from_its_cursor(write_jsonl, tmp_path):
 @pytest.mark.skipif(not HAVE_ZSTD, reason="neither the zstandard package nor Python 3.14's compression.zstd")
 def test_zstd_input_is_read_transparently(tmp_path):
     """A zstd file yields the rows of the text inside."""
-    from gen_pipeline.inputs.file import check_input
+    from gen_pipeline.inputs.file import check_text as check_input
 
     try:
         import zstandard
@@ -128,7 +128,7 @@ def test_zstd_input_is_read_transparently(tmp_path):
 @pytest.mark.skipif(HAVE_ZSTD, reason="a zstd reader is installed")
 def test_zstd_input_without_a_reader_is_one_clear_error(tmp_path):
     """Without a zstd reader the message says how to get one, or to decompress first."""
-    from gen_pipeline.inputs.file import check_input
+    from gen_pipeline.inputs.file import check_text as check_input
 
     path = tmp_path / "p.jsonl.zst"
     path.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 20)

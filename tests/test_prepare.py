@@ -93,13 +93,13 @@ def test_each_format_is_detected_and_normalized(raw, fmt, messages, reference):
     converted = RowConverter(keep_reference=True)(raw)
     assert converted.row["messages"] == messages
     assert converted.row.get("reference") == reference
-    assert converted.row["id"] == content_id(messages)
+    assert converted.row["id"] == raw.get("id", content_id(messages))  # a row's own id, else its content id
 
 
-def test_infinity_instruct_row_keeps_its_columns_and_source_id():
-    """The source id becomes source_id; other columns are carried; the old answer is dropped."""
+def test_infinity_instruct_row_keeps_its_id_and_columns():
+    """The source's id stays the row's id; other columns are carried; the old answer is dropped."""
     row = RowConverter()(infinity_row(42, "Why is the sky blue?")).row
-    assert row["source_id"] == 42
+    assert row["id"] == 42 and "source_id" not in row
     assert row["label"] == {"ability_en": ["math"], "cate_ability_en": ["logic"]}
     assert (row["langdetect"], row["source"]) == ("en", "sharegpt")
     assert "reference" not in row and "conversations" not in row
@@ -206,14 +206,14 @@ def test_an_id_beyond_64_bits_is_kept_as_its_digits(tmp_path, write_jsonl):
     out = tmp_path / "prompts.jsonl"
     assert run_prepare("--input", src, "--out", out) == 0
     rows = read_rows(out)
-    assert [r["source_id"] for r in rows] == ["1180591620717411303424", 12, 9223372036854775807]
+    assert [r["id"] for r in rows] == ["1180591620717411303424", 12, 9223372036854775807]
     assert rows[0]["n"] == 18446744073709551615
 
 
 def test_ids_are_stable_across_runs(tmp_path, write_jsonl):
-    """The same prompt gets the same id in every run, whatever the source's own id."""
-    a = write_jsonl([infinity_row(1, "Same question")], "a.jsonl")
-    b = write_jsonl([{"id": "other", "messages": msgs((U, " Same  question "))}], "b.jsonl")
+    """The same prompt without an id gets the same content id in every run, whatever its format."""
+    a = write_jsonl([{"conversations": [{"from": "human", "value": "Same question"}]}], "a.jsonl")
+    b = write_jsonl([{"messages": msgs((U, " Same  question "))}], "b.jsonl")
     run_prepare("--input", a, "--out", tmp_path / "a_out.jsonl")
     run_prepare("--input", b, "--out", tmp_path / "b_out.jsonl")
     assert read_rows(tmp_path / "a_out.jsonl")[0]["id"] == read_rows(tmp_path / "b_out.jsonl")[0]["id"]
@@ -325,7 +325,7 @@ def test_dataset_sources_are_read_through_datasets(kind, tmp_path):
     assert run_prepare("--input", src, "--out", out, "--split", "test", "--report", report) == 0
     rows = read_rows(out)
     assert [r["messages"][0]["content"] for r in rows] == ["Add 2 and 2.", "Translate.\n\nbonjour"]
-    assert [r["source_id"] for r in rows] == ["a1", "a2"]
+    assert [r["id"] for r in rows] == ["a1", "a2"]
     assert orjson.loads(report.read_bytes())["formats"] == {str(src): {"alpaca": 3}}
 
 

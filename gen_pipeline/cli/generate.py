@@ -121,8 +121,16 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
 
 def _add_input_flags(g: Any) -> None:
     """What to read, and how a row becomes a request."""
-    g.add_argument("--input", "-i", type=Path, required=True, help="prompts JSONL")
-    g.add_argument("--limit", type=int, metavar="N", help="only the first N lines of the input (a smoke test)")
+    g.add_argument(
+        "--input",
+        "-i",
+        type=Path,
+        required=True,
+        help="the prompts: JSONL or a JSON array (rows with messages or prompt, ShareGPT conversations, Alpaca "
+        "instruction/input/output, or text), CSV or Parquet (plain, gzip or zstd), a folder saved by datasets' "
+        "save_to_disk, or a hub dataset name[:config][:split]",
+    )
+    g.add_argument("--limit", type=int, metavar="N", help="only the first N rows of the input (a smoke test)")
     g.add_argument(
         "--system-prompt",
         metavar="TEXT",

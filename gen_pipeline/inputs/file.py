@@ -3,13 +3,14 @@
 Every offset the reader, the input cursor and the repeat check keep is a position in the decompressed
 stream, so a compressed input resumes like a plain one. Random access (the repeat check re-reads the row
 that owns an id) moves forward by reading and backward by reopening, so it costs a pass over the stream
-only when a repeat's first row lies behind the one read last. Other binary input (zip, Parquet, UTF-16
-text, ...) is refused in one line.
+only when a repeat's first row lies behind the one read last. Other binary input (zip, SQLite, UTF-16
+text, ...) is refused in one line. (Parquet, Arrow, CSV, a JSON array and datasets are read too: kinds.py.)
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import zlib
 from pathlib import Path
@@ -24,9 +25,7 @@ REFUSED = {
     b"BZh": "a bzip2 file (decompress it first: bunzip2 -k)",
     b"\xfd7zXZ\x00": "an xz file (decompress it first: xz -dk)",
     b"PK\x03\x04": "a zip archive (unzip it first)",
-    b"PAR1": "a Parquet file (convert it with `gen-pipeline prepare`)",
     b"7z\xbc\xaf\x27\x1c": "a 7-Zip archive (extract it first)",
-    b"ARROW1": "an Arrow file (convert it with `gen-pipeline prepare`)",
     b"SQLite format 3\x00": "an SQLite database",
     b"\xff\xfe": "UTF-16 text (convert it to UTF-8: iconv -f UTF-16 -t UTF-8)",
     b"\xfe\xff": "UTF-16 text (convert it to UTF-8: iconv -f UTF-16 -t UTF-8)",
@@ -140,12 +139,8 @@ def skip(f: BinaryIO, n: int) -> None:
         n -= len(block)
 
 
-def check_input(path: Path) -> str | None:
-    """Refuse, in one line, an input that is not (compressed) JSONL text; return its compression."""
-    if path.is_dir():
-        raise InputError(f"{path} is a directory: --input takes a prompts file (JSONL)")
-    if not path.is_file():
-        raise InputError(f"input file not found: {path}")
+def check_text(path: Path) -> str | None:
+    """Refuse, in one line, a text input that is not (compressed) UTF-8 text; return its compression."""
     kind = compression(path)
     head = b""
     try:
@@ -160,6 +155,19 @@ def check_input(path: Path) -> str | None:
     if b"\x00" in first:
         raise InputError(f"{path} is binary (NUL bytes on its first line), not JSONL text")
     return kind
+
+
+def hash_prefix(path: Path, size: int) -> Any:
+    """A hashlib.sha256 of the first `size` bytes of the (decompressed) input; ValueError when it is shorter."""
+    h = hashlib.sha256()
+    with open_stream(path, compression(path)) as f:
+        while size > 0:
+            block = f.read(min(SKIP_BLOCK, size))
+            if not block:
+                raise ValueError(f"{path} is shorter than recorded")
+            h.update(block)
+            size -= len(block)
+    return h
 
 
 class InputFile:

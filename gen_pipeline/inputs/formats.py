@@ -1,5 +1,8 @@
 """Reading prompt sources, and turning the common conversation formats into `generate` input rows.
 
+`generate` reads rows in these formats too (`native_row`, called by the validator): each as its whole
+conversation, with its own id.
+
     messages   {"messages": [{"role", "content"}, ...]}                  OpenAI chat
     sharegpt   {"conversations": [{"from": "human"|"gpt", "value"}]}     ShareGPT, Infinity-Instruct
     alpaca     {"instruction", "input", "output"}
@@ -8,8 +11,10 @@
 
 Each row keeps its prompt (every turn up to and including the last user turn); the old answer is
 dropped, or kept as `reference` when asked. With `keep_turns` (`prepare --keep-turns`) a conversation
-keeps its system and user turns only, for `generate --turns all` to answer every one. A source id
-column becomes `source_id`, and every other column is carried as is (`generate` files them under `meta`).
+keeps its turns up to the last user one, for `generate --turns all` to answer every one. A row's `id`
+stays its id (prepare makes repeated ones unique); another id column (conversation_id, uuid, ...)
+becomes `source_id` beside a content id, and every other column is carried as is (`generate` files them
+under `meta`).
 Whether a converted row is valid is not judged here: `prepare` checks each row it writes with `inputs.rows.parse_row`,
 the one validator `generate` reads it with.
 
@@ -30,8 +35,7 @@ from typing import Any
 import orjson
 
 from ..errors import ConfigError, PipelineError, RequestShapeError
-from ..records import INT_MAX, INT_MIN, Messages, content_digest, id_from_digest
-from .rows import BIG_INTEGER
+from ..records import BIG_INTEGER, INT_MAX, INT_MIN, Messages, content_digest, id_from_digest
 from .shape import merge_user_turns
 
 # Suffixes read by `datasets` builders; .jsonl is read directly (faster, no Arrow copy).
@@ -72,10 +76,12 @@ class InvalidRowError(PipelineError):
 
 @dataclass(frozen=True, slots=True)
 class Converted:
-    """One source row as an input row, with the digest that dedup compares."""
+    """One source row as an input row, with the digest that dedup compares; `own_id`: the row's id is the
+    source's own `id` (else the content id)."""
 
     row: dict[str, Any]
     digest: bytes
+    own_id: bool = False
 
 
 def detect_format(raw: dict[str, Any]) -> str | None:
@@ -215,6 +221,30 @@ _CONSUMED = {
 }
 
 
+def native_row(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """A row in another format (ShareGPT, Alpaca, text, a prompt given as turns) as `generate` reads rows:
+    its whole conversation as `messages`, old answer included (inputs.shape sets it aside as `reference`), its
+    other columns kept; None for a row in no format (or one `generate` reads as it is); InvalidRowError.
+
+    Unlike `prepare`, nothing is dropped or given a new id: the row's `id` is its id, and one without gets
+    the content id of the conversation."""
+    fmt = detect_format(raw)
+    if fmt is None or fmt == "messages" or (fmt == "prompt" and isinstance(raw.get("prompt"), str)):
+        return None
+    if fmt == "sharegpt":
+        messages = _sharegpt(raw)
+    elif fmt == "alpaca":
+        messages = _alpaca(raw)[0]
+        if isinstance(answer := raw.get("output"), str) and answer.strip():
+            messages = [*messages, {"role": "assistant", "content": answer}]
+    elif fmt == "text":
+        messages = _user(_column(raw, "text"))
+    else:  # TRL's conversational prompt column: the turns themselves
+        messages = _turns(raw.get("prompt"), "role", "content", None)
+    consumed = _CONSUMED[fmt] - set(ANSWER_COLUMNS) if fmt == "prompt" else _CONSUMED[fmt]
+    return {"messages": messages, **{k: v for k, v in raw.items() if k not in consumed and k != "messages"}}
+
+
 class RowConverter:
     """Turns source rows into input rows; "auto" judges each row's format by its columns."""
 
@@ -234,21 +264,29 @@ class RowConverter:
             raise InvalidRowError("unknown_format")
         messages, answer = _extract(raw, fmt, self.keep_turns)
         digest = content_digest(asked(messages) if self.keep_turns else messages)
+        own = own_id(raw.get("id"))
         # the id from the digest in hand: hashing twice was half of prepare's time.
-        row: dict[str, Any] = {"id": id_from_digest(digest), "messages": messages}
-        row.update(_extras(raw, fmt))
+        row: dict[str, Any] = {"id": own if own is not None else id_from_digest(digest), "messages": messages}
+        row.update(_extras(raw, fmt, own is not None))
         if self.keep_reference and answer is not None:
             row["reference"] = answer
         self.seen[fmt] += 1
-        return Converted(row, digest)
+        return Converted(row, digest, own is not None)
 
 
-def _extras(raw: dict[str, Any], fmt: str) -> dict[str, Any]:
-    """The columns a row carries besides its prompt; the source id becomes source_id."""
-    id_column = next((c for c in ID_COLUMNS if raw.get(c) is not None), None)
+def own_id(value: Any) -> str | int | None:
+    """A source's `id` that is an id generate takes (a non-empty string, an integer within 64 bits), else None."""
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        return None
+    return value if isinstance(value, str) or INT_MIN <= value <= INT_MAX else None
+
+
+def _extras(raw: dict[str, Any], fmt: str, own: bool) -> dict[str, Any]:
+    """The columns a row carries besides its prompt; a source id that is not the row's id becomes source_id."""
+    id_column = "id" if own else next((c for c in ID_COLUMNS if raw.get(c) is not None), None)
     skip = _CONSUMED[fmt] | _RESERVED | {id_column}
     extras = {k: v for k, v in raw.items() if k not in skip}
-    if id_column is not None:
+    if id_column is not None and not own:
         extras["source_id"] = raw[id_column]
     return extras
 

@@ -6,16 +6,16 @@ tokens.conversation's to judge, so that the count and the request agree.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from ..errors import RequestShapeError
-from ..records import ROLES, TEMPLATE_FIELDS, Messages, Prompt, RowId, content_id, template_input_error
+from ..records import BIG_INTEGER, ROLES, TEMPLATE_FIELDS, Messages, Prompt, RowId, content_id, template_input_error
 from ..samples import row_samples
 from ..tokens.conversation import content_texts
+from .formats import InvalidRowError, native_row
 from .shape import RowShape, shape_messages
 from .template import TemplateRowError
 
@@ -53,9 +53,9 @@ class RowError(ValueError):
 
 
 def _messages(row: dict[str, Any]) -> Messages:
-    if "messages" in row and "prompt" in row:
+    if row.get("messages") is not None and row.get("prompt") is not None:
         raise RowError("row has both messages and prompt; keep one", "messages_and_prompt")
-    if "prompt" in row:
+    if row.get("prompt") is not None:
         prompt = row["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
             raise RowError(
@@ -64,7 +64,12 @@ def _messages(row: dict[str, Any]) -> Messages:
         return [{"role": "user", "content": prompt}]
     messages = row.get("messages")
     if messages is None:
-        raise RowError("row has neither messages nor prompt", "no_messages")
+        columns = ", ".join(sorted(map(str, row))[:8]) or "none"
+        raise RowError(
+            f"row has neither messages nor prompt (nor ShareGPT conversations, an Alpaca instruction or text; its "
+            f"columns: {columns}); --template FILE renders a prompt from columns",
+            "no_messages",
+        )
     if not isinstance(messages, list) or not messages:
         raise RowError("messages must be a non-empty list", "no_messages")
     for i, m in enumerate(messages):
@@ -205,10 +210,6 @@ def from_batch(line: dict[str, Any]) -> dict[str, Any]:
     return {**row, "max_tokens": given[0]} if given else row
 
 
-# An integer literal too long for 64 bits, which orjson reads as a float (1.58e+29).
-BIG_INTEGER = re.compile(rb"-?\d{19,}(?![\d.eE])")
-
-
 def as_written(detail: str, raw: bytes) -> str:
     """`detail` with each integer the line holds beyond 64 bits shown as written, not as the float JSON
     parsing made of it ("not 158000000000000000000000000000", not "not 1.58e+29")."""
@@ -220,6 +221,8 @@ def as_written(detail: str, raw: bytes) -> str:
 def _prompt(raw: bytes, row: dict[str, Any], line: int, shape: RowShape | None) -> Prompt:
     _check_writable(raw, row)
     template = shape.template if shape is not None else None
+    if template is None and row.get("messages") is None and not isinstance(row.get("prompt"), str):
+        row = _converted(row)
     messages = _messages(row) if template is None else _rendered(template.messages, row)
     max_tokens, sampling = _options(row)
     tools, template_kwargs, sampling = _template_inputs(row, sampling)
@@ -238,6 +241,15 @@ def _prompt(raw: bytes, row: dict[str, Any], line: int, shape: RowShape | None) 
         prompt.messages, prompt.merged, prompt.dropped = shaped.messages, shaped.merged, shaped.dropped
         prompt.reference = shaped.reference
     return prompt
+
+
+def _converted(row: dict[str, Any]) -> dict[str, Any]:
+    """A row in one of the formats `prepare` reads (ShareGPT, Alpaca, text) as one of ours (formats.native_row)."""
+    try:
+        native = native_row(row)
+    except InvalidRowError as exc:
+        raise RowError(f"cannot read the row as a conversation: {exc.reason}", exc.reason) from None
+    return row if native is None else native
 
 
 def _rendered(render: Any, row: dict[str, Any]) -> Messages:

@@ -20,6 +20,8 @@ from ..errors import InputError
 from ..records import Prompt, RowId, id_key, parsed_id, peek_key
 from ..rundir.donekeys import KeyMap
 from .file import STREAM_ERRORS, InputFile, strip_bom
+from .kinds import open_reader
+from .readers import RowReader
 from .rows import BadRow, RowError, conflict_detail, own_samples, parse_row, same_content
 from .shape import RowShape
 
@@ -115,7 +117,12 @@ class PromptSource:
         start = start or Start()
         self.start = start.offset
         self.prior = start.prior
-        self.hasher = start.hasher if start.hasher is not None else hashlib.sha256()
+        self.reader = open_reader(path)  # None: JSONL, read line by line here
+        self.input = InputFile(path) if self.reader is None else None
+        self.hasher = start.hasher
+        if self.hasher is None:  # a table's hash vouches for the file, not for bytes read: the same at every row
+            by_rows = self.reader is not None and self.reader.by_rows
+            self.hasher = self.reader.prefix_hash(0) if by_rows and self.reader else hashlib.sha256()
         self.seen = KeyMap()  # id key -> offset of the row that owns it, ~20 bytes a row
         self.repeats = start.repeats
         self.bytes_read = start.offset
@@ -124,7 +131,6 @@ class PromptSource:
         self.bad_log = array("Q")  # (line, key when the row owns its id else 0) of each bad row
         self.owned = self.bad_count = 0  # pairs logged by this pass
         self.logging = True  # off once the cursor cannot move further in this run
-        self.input = InputFile(path)
         self.unfinished: int | None = None  # the last line, held back: no newline yet and not whole JSON
         self.read_error: str | None = None  # why reading stopped before the end (a truncated compressed stream)
         self._stream: BinaryIO | None = None
@@ -132,6 +138,10 @@ class PromptSource:
 
     def __iter__(self) -> Iterator[Prompt | BadRow | Skipped]:
         try:
+            if self.reader is not None:
+                yield from self._records(self.reader)
+                return
+            assert self.input is not None
             with self.input.open_at(self.start) as f:
                 self._stream = f
                 try:
@@ -140,7 +150,29 @@ class PromptSource:
                     # the rows before the cut are all yielded: the run settles them, then says why it stopped
                     self.read_error = f"cannot read {self.path} after line {self.lines}: {exc}"
         finally:  # also when the pass is closed early (--limit, a stop): the repeat reader is ours to close
+            self.close()
+
+    def close(self) -> None:
+        """Close what the pass holds open (the repeat reader, a table's file)."""
+        if self.input is not None:
             self.input.close()
+        if self.reader is not None:
+            self.reader.close()
+
+    def _records(self, reader: RowReader) -> Iterator[Prompt | BadRow | Skipped]:
+        """The rows of an input that is not JSONL (readers.py), each handed on as its JSON line."""
+        try:
+            for record in reader.records(self.start):
+                offset, self.bytes_read = self.bytes_read, record.end
+                self.lines += 1
+                if record.consumed is not None:
+                    self.hasher.update(record.consumed)
+                item = self._item(record.raw, self.lines, offset)
+                if item is not None:
+                    self._watch(item)
+                    yield item
+        except (InputError, *STREAM_ERRORS) as exc:  # a cut stream, a broken array: what came before is settled
+            self.read_error = f"cannot read {self.path} after row {self.lines}: {exc}"
 
     def _rows(self, f: BinaryIO) -> Iterator[Prompt | BadRow | Skipped]:
         readline = f.readline
@@ -188,7 +220,9 @@ class PromptSource:
 
     def fraction(self) -> float:
         """How much of the input this pass has read (compressed bytes for a compressed file)."""
-        return self.input.fraction(self._stream, self.bytes_read) if self._stream is not None else 0.0
+        if self.reader is not None:
+            return self.reader.fraction(self.bytes_read)
+        return self.input.fraction(self._stream, self.bytes_read) if self.input and self._stream else 0.0
 
     def _rest_of_line(self, f: BinaryIO, size: int) -> int:
         """Read and drop the rest of a line over MAX_LINE_BYTES, in blocks; the whole line's size."""
@@ -218,7 +252,7 @@ class PromptSource:
             example = f"line {item.line}: {item.detail}" if item is not None else "lines over the size limit"
             raise InputError(
                 f"the first {ALL_BAD_LIMIT} rows of {self.path} are all invalid ({example}): "
-                "is it prompts JSONL? Nothing was sent or written"
+                "does it hold prompts? Nothing was sent or written"
             )
 
     def _item(self, raw: bytes, line: int, offset: int) -> Prompt | BadRow | Skipped | None:
@@ -280,7 +314,10 @@ class PromptSource:
         return None, reason
 
     def _line_at(self, offset: int) -> bytes:
-        """The line at `offset` again (only for the rare row whose id came before)."""
+        """The row at `offset` again (only for the rare row whose id came before)."""
+        if self.reader is not None:
+            return self.reader.line_at(offset)
+        assert self.input is not None
         return self.input.line_at(offset)
 
     def _again(self, raw: bytes, owner: int, rid: RowId | None, line: int) -> BadRow | None:

@@ -43,7 +43,7 @@ from ..errors import EXIT_ERROR, ConfigError, RequestError
 from ..fleet.affinity import fleet_cache_tokens
 from ..fleet.provenance import checkpoint_change, identity_records, server_lines
 from ..http import Client, open_transport
-from ..inputs.file import check_input
+from ..inputs.kinds import check_input
 from ..inputs.rows import BadRow
 from ..inputs.shape import RowShape
 from ..inputs.source import PromptSource

@@ -4,9 +4,12 @@
         --exclude runs/previous --exclude prompts/older.jsonl --report prepare.json
 
 Sources are JSONL (read directly), JSON, Parquet, CSV, TXT, a dataset folder (a `save_to_disk`
-folder or data files), or a Hugging Face hub name. Each row is normalized by `formats`, given its
-content id, and written unless its normalized content was seen before (a duplicate) or is already
-in an --exclude file or run directory (excluded). Memory holds one 8-byte key per distinct prompt;
+folder or data files), or a Hugging Face hub name. Each row is normalized by `formats` and written
+unless its normalized content was seen before (a duplicate) or is already in an --exclude file or run
+directory (excluded). A row keeps its own `id`; one another row already has (written here, or in an
+--exclude path: the nightly job's dataset) becomes `<id>-<8 hex digits of its content digest>`, its
+`source_id` the id it had, so a dataset keeps the users' scheme and every id stays unique. A row without
+an id gets its content id, as generate gives one. Memory holds one 8-byte key per distinct prompt;
 rows are written as they are accepted into `<out>.tmp`, which replaces `<out>` only when complete.
 
 With --group-prefixes, rows that begin alike (the same messages up to the first user turn, the same tools:
@@ -35,7 +38,7 @@ import orjson
 from ..errors import ConfigError, OutputError
 from ..inputs.formats import FORMATS, InvalidRowError, RowConverter, jsonl_rows, open_source
 from ..inputs.rows import RowError, parse_row
-from ..records import PERMANENT_REASONS, group_digest, id_key
+from ..records import PERMANENT_REASONS, group_digest, id_from_digest, id_key
 from ..rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,7 @@ class PrepareReport:
     excluded: int = 0
     written: int = 0
     known: int = 0
+    ids_made_unique: int = 0  # rows whose own id another row had (unique_id)
     formats: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -105,9 +109,10 @@ class PrepareReport:
         """The one-line summary printed at the end."""
         why = ", ".join(f"{k} {v}" for k, v in self.invalid.most_common())
         invalid = f"{self.invalid.total()}" + (f" ({why})" if why else "")
+        unique = f" ({self.ids_made_unique} with an id made unique)" if self.ids_made_unique else ""
         return (
             f"prepare: read {self.read}, invalid {invalid}, duplicates {self.duplicates}, "
-            f"excluded {self.excluded}, written {self.written} -> {out} ({self.seconds:.1f}s)"
+            f"excluded {self.excluded}, written {self.written}{unique} -> {out} ({self.seconds:.1f}s)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,6 +123,7 @@ class PrepareReport:
             "duplicates": self.duplicates,
             "excluded": self.excluded,
             "written": self.written,
+            "ids_made_unique": self.ids_made_unique,
             "exclude_known": self.known,
             "formats": self.formats,
             "seconds": round(self.seconds, 3),
@@ -221,13 +227,30 @@ class AtomicJsonl:
 
 @dataclass
 class KnownPrompts:
-    """What earlier prompt files and runs hold: content keys, and settled ledger ids."""
+    """What earlier prompt files and runs hold: content keys, settled ledger ids (and --turns all runs'
+    answered ids), and every id they use (`taken`: a new row may not reuse one for other content)."""
 
     keys: set[int] = field(default_factory=set)
     ids: set[int] = field(default_factory=set)
+    taken: set[int] = field(default_factory=set)
 
-    def holds(self, key: int, row_id: str) -> bool:
-        return key in self.keys or (bool(self.ids) and id_key(row_id) in self.ids)
+    def holds(self, key: int, content_id: str) -> bool:
+        """Whether a row with content key `key` (and that content id) is there already: by its content, or by a
+        settled content id. A row's own id says nothing of its content (another row may have had it): a
+        ledger entry under it does not exclude the row; the prompts file that held it does, by content."""
+        return key in self.keys or (bool(self.ids) and id_key(content_id) in self.ids)
+
+
+def unique_id(row_id: str | int, digest: bytes, taken: set[int]) -> str | int:
+    """`row_id` when no other row took it, else `<id>-<8 hex digits of the row's content digest>` (longer in the
+    rare case that is taken too): the user's scheme, unique, and the same on every run for the same row."""
+    if id_key(row_id) not in taken:
+        return row_id
+    for width in range(8, 2 * len(digest) + 1, 4):
+        candidate = f"{row_id}-{digest.hex()[:width]}"
+        if id_key(candidate) not in taken:
+            return candidate
+    raise InvalidRowError("id_taken")
 
 
 def exclusion_files(path: Path) -> list[Path]:
@@ -251,6 +274,8 @@ def load_known(paths: tuple[Path, ...], keep_turns: bool = False) -> KnownPrompt
     for f in (f for p in paths for f in exclusion_files(p)):
         convert = RowConverter(keep_turns=keep_turns)
         for obj in jsonl_rows(f):
+            if isinstance(obj, dict) and obj.get("id") is not None:
+                known.taken.add(id_key(obj["id"]))
             if isinstance(obj, dict) and "turn" in obj and obj.get("id") is not None:
                 answered.add(id_key(obj["id"]))
                 continue
@@ -271,22 +296,29 @@ def load_known(paths: tuple[Path, ...], keep_turns: bool = False) -> KnownPrompt
 def _accept(
     convert: RowConverter, raw: Any, known: KnownPrompts, seen: set[int], report: PrepareReport
 ) -> tuple[bytes, dict[str, Any]] | None:
-    """The line to write for one source row and the row, or None (counted as invalid, excluded or dup)."""
+    """The line to write for one source row and the row, or None (counted as invalid, excluded or dup). A row's
+    own id is kept unless another row (written, or in --exclude) has it: then it is made unique (unique_id)."""
     try:
         row = convert(raw)
         line = valid_line(row.row)
+        key = digest_key(row.digest)
+        if known.holds(key, id_from_digest(row.digest)):
+            report.excluded += 1
+            return None
+        if key in seen:
+            report.duplicates += 1
+            return None
+        final = unique_id(row.row["id"], row.digest, known.taken)
     except InvalidRowError as exc:
         report.invalid[exc.reason] += 1
         return None
-    key = digest_key(row.digest)
-    if known.holds(key, row.row["id"]):
-        report.excluded += 1
-    elif key in seen:
-        report.duplicates += 1
-    else:
-        seen.add(key)
+    seen.add(key)
+    known.taken.add(id_key(final))
+    if final == row.row["id"]:
         return line, row.row
-    return None
+    report.ids_made_unique += 1
+    renamed = {**row.row, "id": final, "source_id": row.row["id"]}
+    return orjson.dumps(renamed, default=str, option=_DUMP) + b"\n", renamed
 
 
 def valid_line(row: dict[str, Any]) -> bytes:

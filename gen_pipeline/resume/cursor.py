@@ -34,7 +34,8 @@ from typing import IO, Any
 import orjson
 
 from ..errors import InputError
-from ..inputs.file import STREAM_ERRORS, compression, open_stream
+from ..inputs.file import STREAM_ERRORS, hash_prefix
+from ..inputs.kinds import input_identity, open_reader
 from ..inputs.source import PromptSource, Start
 from ..rundir.donekeys import INDEX_DIR, INDEX_EVERY, KeyMap
 from ..rundir.store import ResumeState
@@ -95,12 +96,16 @@ def _blocks(f: IO[bytes], size: int) -> Iterator[bytes]:
         size -= len(block)
 
 
-def _hash_prefix(path: Path, size: int) -> Any:
-    h = hashlib.sha256()
-    with open_stream(path, compression(path)) as f:
-        for block in _blocks(f, size):
-            h.update(block)
-    return h
+def _hash_prefix(path: Path, position: int) -> Any:
+    """What vouches for the input's rows before `position`: the SHA-256 of its bytes there, or a table's own
+    digest (inputs/readers.py)."""
+    reader = open_reader(path)
+    if reader is None:
+        return hash_prefix(path, position)
+    try:
+        return reader.prefix_hash(position)
+    finally:
+        reader.close()
 
 
 def load(out: Path, input_path: Path, retry: frozenset[str], state: ResumeState) -> Resumed | None:
@@ -108,11 +113,10 @@ def load(out: Path, input_path: Path, retry: frozenset[str], state: ResumeState)
     path = cursor_path(out, input_path)
     try:
         head, body_at = _header(path)
-        st = input_path.stat()
         same = (
             head.get("version") == CURSOR_VERSION
             and head.get("input") == str(input_path.resolve())
-            and (head.get("dev"), head.get("inode")) == (st.st_dev, st.st_ino)
+            and (head.get("dev"), head.get("inode")) == input_identity(input_path)
             and int(head["offset"]) > 0  # a position in the decompressed stream: _hash_prefix finds a short file
             and head.get("samples", 1) == state.samples  # more samples now: the rows before the mark owe some
         )
@@ -242,12 +246,12 @@ class CursorKeeper:
         new_owners, new_bad = source.log[: 2 * n_owners], source.bad_log[: 2 * n_bad]
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
-            st = self.input.stat()
+            dev, inode = input_identity(self.input)
             head = {
                 "version": CURSOR_VERSION,
                 "input": str(self.input.resolve()),
-                "dev": st.st_dev,
-                "inode": st.st_ino,
+                "dev": dev,
+                "inode": inode,
                 "offset": mark.offset,
                 "line": mark.line,
                 "repeats": mark.repeats,

@@ -55,12 +55,6 @@ def shard_of(row_id: RowId | None, line: int | None, count: int) -> int:
     return (id_key(row_id) if row_id is not None else int(line or 0)) % count
 
 
-def input_fingerprint(path: Path) -> dict[str, Any]:
-    """What a settled marker is valid for: the input as it is now (a grown input reopens its shards)."""
-    st = path.stat()
-    return {"name": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
 def run_shards(manifest: Path, asked: int | None) -> int:
     """V: the manifest's when the run directory has one (a different --shards is refused), else `asked` or
     the default."""

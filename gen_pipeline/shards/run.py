@@ -27,6 +27,7 @@ from ..engine.summary import Outcome, merge_summaries
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, OutputError
 from ..fleet.discovery import FleetInfo
 from ..http import Client, open_transport
+from ..inputs.kinds import input_fingerprint
 from ..inputs.shape import RowShape
 from ..progress.stats import RunStats
 from ..rundir.layout import MANIFEST, SUMMARY, RunDir, write_json_atomic
@@ -34,7 +35,7 @@ from ..rundir.locks import refuse_shard_writers
 from ..rundir.store import repair_all
 from ..runtime import install_run_handlers
 from ..tokens import TokenCounter
-from .claims import Claimer, ShardTable, SharedRunLock, input_fingerprint, last_session, run_shards, shard_counts
+from .claims import Claimer, ShardTable, SharedRunLock, last_session, run_shards, shard_counts
 from .feed import ClaimFeed, ClaimTracker, ClaimWriter
 
 

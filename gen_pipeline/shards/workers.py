@@ -35,7 +35,7 @@ from ..engine import metrics
 from ..engine.summary import Outcome, merge_summaries
 from ..errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from ..http import Client, open_transport
-from ..inputs.file import check_input
+from ..inputs.kinds import check_input
 from ..rundir.layout import RunDir, make_dir, write_json_atomic
 from ..rundir.locks import refuse_shard_writers
 from ..rundir.store import repair_all

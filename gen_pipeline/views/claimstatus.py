@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.summary import merge_statuses
-from ..inputs.file import input_lines
+from ..inputs.kinds import input_fingerprint, input_rows
 from ..progress.display import duration
 from ..records import TRANSIENT_REASONS
 from ..resume.ledger import ledger_reasons
 from ..rundir.layout import RunDir
 from ..rundir.locks import is_held
-from ..shards.claims import ShardTable, input_fingerprint, last_session, shard_counts
+from ..shards.claims import ShardTable, last_session, shard_counts
 from .rundata import read_json
 from .statustext import ago, count_lines, status_lines
 
@@ -95,7 +95,8 @@ def rows_left(run: Path, manifest: dict[str, Any]) -> tuple[int, int | None]:
     """Rows done (completions on disk) and rows still to settle (None when the input cannot be read here)."""
     done = sum(count_lines(p) for p in RunDir(run).completion_files())
     source = Path(str(manifest.get("input", "")))
-    lines = input_lines(source) if source.is_file() else None
+    rows = input_rows(source) if source.is_file() else None
+    lines = rows[0] if rows is not None else None
     if lines is None:
         return done, None
     ledgered = sum(n for reason, n in ledger_reasons([run]).items() if reason not in TRANSIENT_REASONS)

@@ -60,7 +60,7 @@ from typing import Any
 
 from ..engine.summary import merge_statuses
 from ..errors import EXIT_INCOMPLETE, EXIT_OK, ConfigError
-from ..inputs.file import input_lines
+from ..inputs.kinds import input_rows
 from ..progress.display import duration
 from ..progress.stats import format_summary
 from ..resume.ledger import ledger_reasons
@@ -81,8 +81,8 @@ def file_counts(run: Path, manifest: dict[str, Any] | None) -> str:
     done = standing_lines(files, gens) if gens.newest else sum(count_lines(p) for p in files)  # restarts.py
     text = f"files: {done} completions, ledger {dict(ledger_reasons([run]))} (newest entry per id)"
     source = Path(str((manifest or {}).get("input", "")))
-    if source.is_file() and (lines := input_lines(source)) is not None:
-        text += f"; the input has {lines} lines"
+    if source.is_file() and (rows := input_rows(source)) is not None:
+        text += f"; the input has {rows[0]} {rows[1]}"
     return text
 
 
