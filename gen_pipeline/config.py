@@ -55,9 +55,10 @@ OFFSET_EVIDENCE = 3
 
 MAX_PORT = 65535
 _PORTS = re.compile(r"^(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
-# "user:password@" in a server URL (up to the last @ before the path): sent as HTTP Basic auth, never part
-# of the name a server is shown and recorded under
-_USERINFO = re.compile(r"(?<=://)[^/?#]*@")
+# "user:password@" in a server URL: everything from "://" to the URL's last "@" (a password may hold "/", "?",
+# "#" or "@" typed as they are), never past a space, a comma (the --servers separator) or another "://".
+# Sent as HTTP Basic auth, never part of the name a server is shown and recorded under
+_USERINFO = re.compile(r"(?<=://)(?:(?!://)[^\s,])*@")
 
 
 def parse_ports(spec: str) -> list[int]:
@@ -81,24 +82,41 @@ def parse_servers(spec: str) -> tuple[str, ...]:
     comma list of them; a bad host or port is a ConfigError. A URL's `user:password@` stays on each of its
     URLs (RunConfig takes it off: `server_name`); no message shows it."""
     urls: list[str] = []
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        if _PORTS.match(part):
-            urls.extend(f"http://127.0.0.1:{p}" for p in parse_ports(part))
-            continue
-        bare = not part.startswith(("http://", "https://"))
-        url = f"http://{part}" if bare else part
-        shown = redact(url).removeprefix("http://") if bare else redact(url)
-        if bare and ("/" in part or ":" not in part):
-            raise ConfigError(f"bad server {shown!r}: use host:port, host:lo-hi or a URL")
-        if "?" in url or "#" in url:  # paths are appended to a server's URL: a query would swallow them
-            raise ConfigError(f"bad server {re.split('[?#]', shown)[0]!r}: a server URL has no query or fragment")
-        userinfo = _userinfo(url)
-        urls.extend(u.replace("://", f"://{userinfo}", 1) for u in _url_servers(redact(url), shown))
+    for n, part in enumerate(filter(None, (p.strip() for p in spec.split(","))), start=1):
+        try:
+            urls.extend(_part_servers(part))
+        except ConfigError as exc:
+            if "@" in spec and "@" not in part:  # a comma in a password cut this part off its URL, maybe
+                raise ConfigError(
+                    f"bad server: part {n} of --servers, not shown (a comma in a password splits --servers: write "
+                    f"it %2C): {str(exc).split(': ', 1)[-1] if part not in str(exc) else 'not a server'}"
+                ) from None
+            raise
     if not urls:
         raise ConfigError("no servers given")
-    if len({server_name(u)[0] for u in urls}) != len(urls):
-        raise ConfigError(f"a server is listed twice in {redact(spec)!r}")
+    names = [server_name(u)[0] for u in urls]
+    if len(set(names)) != len(urls):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ConfigError(f"a server is listed twice in --servers: {twice}")
     return tuple(urls)
+
+
+def _part_servers(part: str) -> list[str]:
+    """The URLs of one comma-separated part of --servers (a bare port or range, host:port, or a URL)."""
+    if _PORTS.match(part):
+        return [f"http://127.0.0.1:{p}" for p in parse_ports(part)]
+    if any(c.isspace() for c in part):  # not quoted: a space may be in its password
+        raise ConfigError("bad server: a server URL holds no space (write one in a password as %20)")
+    bare = not part.startswith(("http://", "https://"))
+    url = f"http://{part}" if bare else part
+    named = redact(url)
+    shown = named.removeprefix("http://") if bare else named
+    if bare and ("/" in shown or ":" not in shown):
+        raise ConfigError(f"bad server {shown!r}: use host:port, host:lo-hi or a URL")
+    if "?" in named or "#" in named:  # paths are appended to a server's URL: a query would swallow them
+        raise ConfigError(f"bad server {re.split('[?#]', shown)[0]!r}: a server URL has no query or fragment")
+    userinfo = _userinfo(url)
+    return [u.replace("://", f"://{userinfo}", 1) for u in _url_servers(named, shown)]
 
 
 def _userinfo(url: str) -> str:
