@@ -105,8 +105,9 @@ def test_drop_incomplete_keeps_the_finished_conversations_only(run, tmp_path, ca
 
 def test_a_run_redeployed_mid_conversation_exports_each_conversation_under_one_checkpoint(tmp_path, capsys):
     """The issue's campaign on the simulator: the fleet is redeployed mid-run, the run goes on with
-    --accept-checkpoint; every conversation is one row whose answers are all its checkpoint's, and the
-    printed count, its breakdown, the card's checkpoint table and the rows agree."""
+    --accept-checkpoint; every conversation is one complete row whose answers are all its checkpoint's (the
+    ones cut by the redeploy answered again under the new one), and the printed count, its breakdown, the
+    card's checkpoint table and the rows agree."""
     from e2e import conversation_rows, read_jsonl, run_sim
 
     from gen_pipeline.errors import FleetError
@@ -134,5 +135,7 @@ def test_a_run_redeployed_mid_conversation_exports_each_conversation_under_one_c
     assert sum(per_checkpoint) == len(rows) == 8
     said = re.search(r"export: (\d+) conversations \((\d+) complete, (\d+) ended early\) of (\d+)", printed)
     assert said is not None and int(said[1]) == int(said[2]) + int(said[3]) == 8, printed
+    # generate answered each conversation cut by the redeploy again from its first turn: all are whole
+    assert said[2] == "8" and {r["conversation"] for r in rows} == {"complete"}
     left = sum(int(n) for n in re.findall(r"\| left out: conversations [^|]* \| (\d+) \|", card))
     assert int(said[4]) == 8 + left
