@@ -161,6 +161,9 @@ def scratch_root(tmp_path: Path) -> Path:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"prompt": [f"Tonight: {q}" for q in QUESTIONS]}), root / "incoming" / "prompts.parquet")
+    (root / "data").mkdir()
+    ids = [f"p{i}" for i in range(len(QUESTIONS))]
+    pq.write_table(pa.table({"id": ids, "prompt": QUESTIONS}), root / "data" / "prompts.parquet")
     return root
 
 
@@ -229,7 +232,7 @@ def test_the_readme_runs_as_written(tmp_path):
     with sim_fleet(2) as servers:
         run_blocks(blocks, root, servers)
     made = made_dirs(blocks)
-    assert {"runs/my-run", "runs/night", "runs/regen", "datasets/regen", "datasets/nightly"} <= set(made), made
+    assert {"runs/my-run", "runs/regen", "datasets/regen", "datasets/nightly"} <= set(made), made
     for out in made:
         assert (root / out).is_dir(), out
 
