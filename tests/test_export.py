@@ -219,3 +219,33 @@ def test_existing_output_needs_overwrite(run_dir, tmp_path):
     with pytest.raises(ConfigError, match="not a run directory"):
         run_export(tmp_path, "--out", tmp_path / "other")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".export-")] == []
+
+
+def _colliding_runs(write_jsonl: Any, tmp_path: Path, turns: str) -> tuple[Path, Path, int]:
+    """Two runs of two prompt files whose ids are the same (0..N-1, c0..cN-1) and whose prompts differ."""
+    from e2e import conversation_rows, prompts, run_sim
+
+    first = prompts(8) if turns == "last" else conversation_rows(6)
+    second = [{**r, "messages": [{**m, "content": f"other {m['content']}"} for m in r["messages"]]} for r in first]
+    for rows, name in ((first, "a"), (second, "b")):
+        run_sim(write_jsonl(rows, f"{name}.jsonl"), tmp_path / name, sim={"n_ports": 2}, turns=turns, samples=2)
+    return tmp_path / "a", tmp_path / "b", 2 * len(first)
+
+
+@pytest.mark.parametrize("turns", ["last", "all"])
+def test_different_prompts_under_one_id_are_not_duplicates(write_jsonl, tmp_path, turns):
+    """Two runs whose ids collide but whose prompts differ: export refuses and names the ids (it wrote one run's
+    rows and called the other's "duplicates"); --keep-colliding-ids keeps both; the same prompts twice are
+    still duplicates, exported once."""
+    from gen_pipeline.errors import ExportCheckError
+
+    a, b, n = _colliding_runs(write_jsonl, tmp_path, turns)
+    with pytest.raises(ExportCheckError, match=r"different prompts.*id (0|'c0') sample 0.*--keep-colliding-ids"):
+        run_export(a, b, "--out", tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    assert run_export(a, b, "--out", tmp_path / "both", "--keep-colliding-ids") == 0
+    both = read_parquet(tmp_path / "both", tmp_path)
+    asked = {str([t["content"] for t in m if t["role"] != "assistant"]) for m in both["messages"]}
+    assert len(both) == 2 * n and len(asked) == n  # every prompt of both runs, each with its 2 samples
+    assert run_export(a, a, "--out", tmp_path / "same") == 0
+    assert len(read_parquet(tmp_path / "same", tmp_path)) == n

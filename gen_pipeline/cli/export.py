@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--private", action="store_true", help="make the pushed repo private")
     add("--partial", action="store_true", help="export a claimed-shard run whose shards are not all settled")
     add(
+        "--keep-colliding-ids",
+        action="store_true",
+        help="runs holding different prompts under one (id, sample): keep them all (refused by default; the same "
+        "prompt twice is a duplicate, exported once)",
+    )
+    add(
         "--format",
         choices=EXPORT_FORMATS,
         default="dataset",
@@ -98,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
         row_per_turn=args.row_per_turn,
         tokenizer=args.tokenizer,
         rejected=args.rejected,
+        keep_colliding_ids=args.keep_colliding_ids,
     )
     stats = export(config)
     print("\n".join(summary_lines(config, stats)))

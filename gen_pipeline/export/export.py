@@ -8,7 +8,8 @@ plus the new assistant turn) and the chosen columns; `--group-samples` makes one
 list of its completions (see grouped.py). Written as Parquet shards under OUT/data/ (the hub's layout)
 or, with --save-to-disk, as a `datasets` folder; OUT/README.md is a dataset card with the counts and the
 generation settings. Nothing in the run directory is changed; a torn last line is skipped, and an
-(id, sample) seen twice from the same checkpoint is exported once: the answers of different checkpoints to
+(id, sample) seen twice from the same checkpoint with the same prompt is exported once (another prompt under
+it is no duplicate: refused, naming the ids, or kept with --keep-colliding-ids): the answers of different checkpoints to
 the same ids (two runs over the same prompts, an A/B of two teachers) are all kept, side by side, with the
 `checkpoint` column naming each row's (export refuses runs of several checkpoints without that column;
 `--group-samples` groups within a checkpoint). A claimed-shard run (shards/claims.py) is checked as a whole: it is
@@ -131,9 +132,9 @@ def export(config: ExportConfig) -> ExportStats:
             _stage_trainer(config, stats, Path(tmp) / "out")
             return stats
         ds = build_dataset(config, stats, Path(tmp) / "cache")
-        if stats.twice:
+        if (why := unsure(stats, config)) is not None:
             del ds
-            _refuse_twice(stats)
+            raise ExportCheckError(why)
         staged = Path(tmp) / "out"
         stats.written = len(ds)
         write_dataset(ds, staged, config)
@@ -156,9 +157,28 @@ def _move(staged: Path, out: Path) -> None:
     staged.rename(out)
 
 
-def _refuse_twice(stats: ExportStats) -> None:
-    shown = "; ".join(stats.twice[:5]) + (f"; and {len(stats.twice) - 5} more" if len(stats.twice) > 5 else "")
-    raise ExportCheckError(f"{len(stats.twice)} keys are in the run's shard files more than once: {shown}")
+def unsure(stats: ExportStats, config: ExportConfig) -> str | None:
+    """Why an export cannot tell which line is a key's, if it cannot: a claimed-shard run wrote a key twice, or
+    the runs hold different prompts under one (id, sample) (unless --keep-colliding-ids)."""
+    if stats.twice:
+        return f"{len(stats.twice)} keys are in the run's shard files more than once: {_first(stats.twice)}"
+    if stats.collided and not config.keep_colliding_ids:
+        return (
+            f"{len(stats.collided)} (id, sample) keys hold different prompts in these runs, so they are not "
+            f"duplicates: {_first(stats.collided)}. Export the runs apart, or add --keep-colliding-ids to keep "
+            "every one of them (the dataset then has rows that share an id)"
+        )
+    return None
+
+
+def refuse_unsure(stats: ExportStats, config: ExportConfig) -> None:
+    """ExportCheckError when `unsure` says why."""
+    if (why := unsure(stats, config)) is not None:
+        raise ExportCheckError(why)
+
+
+def _first(named: list[str]) -> str:
+    return "; ".join(named[:5]) + (f"; and {len(named) - 5} more" if len(named) > 5 else "")
 
 
 def _stage_batch(config: ExportConfig, stats: ExportStats, staged: Path) -> None:
@@ -166,8 +186,7 @@ def _stage_batch(config: ExportConfig, stats: ExportStats, staged: Path) -> None
     from .batchexport import write_batch
 
     stats.written, stats.ledgered = write_batch(config, staged, _counted(stats, kept_completions(config, stats)))
-    if stats.twice:
-        _refuse_twice(stats)
+    refuse_unsure(stats, config)
     _move(staged, config.out)
 
 
@@ -177,8 +196,7 @@ def _stage_trainer(config: ExportConfig, stats: ExportStats, staged: Path) -> No
 
     staged.mkdir()
     write_lines(trainer_rows(config, stats), staged / TRAIN_FILE)
-    if stats.twice:
-        _refuse_twice(stats)
+    refuse_unsure(stats, config)
     (staged / "README.md").write_text(dataset_card(config, stats), encoding="utf-8")
     _move(staged, config.out)
 

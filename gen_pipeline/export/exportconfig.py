@@ -70,6 +70,7 @@ class ExportConfig:
     reasoning: str = "separate"  # --format conversations: reasoning_content, <think> in the content, or none
     row_per_turn: bool = False  # --turns all, --format conversations/text: a row per assistant turn
     tokenizer: str | None = None  # --format text: the run's tokenizer where the manifest's path no longer is
+    keep_colliding_ids: bool = False  # keep every prompt found under one (id, sample) key, not refuse them
     rejected: bool = False  # also the rejected answers, as preference data in OUT/rejected/ (rejects.py)
 
     def __post_init__(self) -> None:
@@ -132,9 +133,11 @@ class ExportStats:
     finish_reasons: Counter[str] = field(default_factory=Counter)  # of the lines in rows
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    seen: set[int] = field(default_factory=set)  # (id, sample, turn) keys read, each mixed with its checkpoint's
+    # (id, sample, turn) keys read, each mixed with its checkpoint's -> the first line's lines.prompt_digest
+    seen: dict[int, int] = field(default_factory=dict)
     checkpoints: Counter[str] = field(default_factory=Counter)  # rows per checkpoint ("" not named)
     twice: list[str] = field(default_factory=list)  # keys a claimed-shard run holds more than once
+    collided: list[str] = field(default_factory=list)  # keys found again with another prompt (lines.prompt_digest)
     conversations: Counter[str] = field(default_factory=Counter)  # --turns all, of the rows: "complete", "ended_early"
     conversations_left_out: Counter[str] = field(default_factory=Counter)  # --turns all: why (LEFT_OUT)
     turns_left_out: int = 0  # --turns all: lines of the conversations left out (besides `truncated` ones)

@@ -4,9 +4,12 @@ conversation's last turn: turnexport.py). What is read, kept and left out is cou
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from ..fleet.provenance import checkpoint_key
 from ..inputs.formats import jsonl_rows
@@ -30,11 +33,13 @@ def run_lines(config: ExportConfig, stats: ExportStats, run: Path) -> Iterator[d
     whole = read_manifest(run).get("shards") is not None  # a claimed-shard run: each key once, checked
     seen: dict[int, Path] = {}
     for f in completion_files(run):
-        yield from _unique(stats, f, seen if whole else None)
+        yield from _unique(stats, f, seen if whole else None, config.keep_colliding_ids)
 
 
-def _unique(stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterator[dict[str, Any]]:
-    """unique_lines for one file; `seen`: the keys of this claimed-shard run so far and their files."""
+def _unique(stats: ExportStats, f: Path, seen: dict[int, Path] | None, keep: bool) -> Iterator[dict[str, Any]]:
+    """unique_lines for one file; `seen`: the keys of this claimed-shard run so far and their files. A line is
+    a duplicate only when its prompt is the first one's too; another prompt under the same key collides
+    (named in `stats.collided`, and kept when `keep`: --keep-colliding-ids)."""
     for obj in jsonl_rows(f):
         place = record_place(obj) if is_completion(obj) else None
         if place is None:
@@ -46,12 +51,29 @@ def _unique(stats: ExportStats, f: Path, seen: dict[int, Path] | None) -> Iterat
                 turn = f" turn {place[1]}" if "turn" in obj else ""
                 stats.twice.append(f"id {obj['id']!r} sample {place[0]}{turn} ({seen[key]} and {f})")
             seen.setdefault(key, f)
-        mixed = checkpoint_key(key, obj)
-        if mixed in stats.seen:
+        mixed, prompt = checkpoint_key(key, obj), prompt_digest(obj)
+        first = stats.seen.get(mixed)
+        if first is None:
+            stats.seen[mixed] = prompt
+        elif first == prompt:
             stats.duplicates += 1
             continue
-        stats.seen.add(mixed)
+        else:
+            turn = f" turn {place[1]}" if "turn" in obj else ""
+            stats.collided.append(f"id {obj['id']!r} sample {place[0]}{turn} ({f})")
+            if not keep:
+                continue
         yield obj
+
+
+def prompt_digest(obj: dict[str, Any]) -> int:
+    """What makes two lines of one (id, sample, turn) the same prompt: their messages (of a --turns all line,
+    the user and system turns alone: its earlier answers are the model's own, and differ from run to run)."""
+    messages = obj.get("messages")
+    if "turn" in obj and isinstance(messages, list):
+        messages = [m for m in messages if not (isinstance(m, dict) and m.get("role") == "assistant")]
+    data = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def kept_completions(config: ExportConfig, stats: ExportStats) -> Iterator[dict[str, Any]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .export import build_dataset, checked
+from .export import build_dataset, checked, refuse_unsure
 from .exportconfig import TRAINER_FORMATS, ExportConfig, ExportStats, with_default_columns
 
 
@@ -46,8 +46,11 @@ def load(
         **options,
     )
     checked(config)
+    stats = ExportStats()
     try:
-        return build_dataset(config, ExportStats(), folder / "cache", in_memory=cache_dir is None)
+        dataset = build_dataset(config, stats, folder / "cache", in_memory=cache_dir is None)
+        refuse_unsure(stats, config)  # as export refuses
+        return dataset
     finally:
         if cache_dir is None:
             shutil.rmtree(folder, ignore_errors=True)
