@@ -64,3 +64,19 @@ def test_the_warning_needs_many_prompts_and_most_of_them():
 def test_greedy_table():
     assert greedy({"temperature": 0}) and greedy({"top_k": 1}) and greedy({"temperature": 0.0})
     assert not greedy({}) and not greedy({"temperature": 0.7})
+
+
+@pytest.mark.parametrize(("sim", "identical"), [({"ignore_sampling": True}, 12), ({}, 0)], ids=["ignored", "sampled"])
+def test_the_samples_of_a_conversation_are_compared_too(write_jsonl, tmp_path, sim, identical):
+    """--turns all: each conversation's samples are compared at their first turn, as --turns last compares a
+    prompt's (a server ignoring the seed made every sample-1 conversation a copy of sample 0's, and the summary
+    said compared 0 and warned of nothing)."""
+    from e2e import conversation_rows
+
+    rows = conversation_rows(12)
+    run = {"turns": "all", "samples": 2, "sampling": {"seed": 5}}  # each sample's requests seeded apart
+    outcome, _ = run_sim(write_jsonl(rows), tmp_path / "out", sim={**sim, "n_ports": 2}, **run)
+    assert outcome.exit_code == 0, outcome.summary
+    assert outcome.summary["identical_samples"] == {"compared": 12, "identical": identical}
+    warned = [w for w in outcome.summary["warnings"] if "identical samples" in w]
+    assert len(warned) == (1 if identical else 0)

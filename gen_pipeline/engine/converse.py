@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from ..fleet.balancer import ServerPool
-from ..records import TRANSIENT_REASONS, Failure, Messages, Prompt
+from ..records import TRANSIENT_REASONS, Completion, Failure, Messages, Prompt
 from ..samples import place_key
 from ..send.dispatch import SampleDispatch, Sent
 from ..send.refusals import RefusalJudge
@@ -58,6 +58,7 @@ class TurnDispatch:
         self.counter, self.recorder, self.stopping, self.judge = counter, recorder, stopping, judge
         self.stats = recorder.stats
         self._count_thread = ThreadPoolExecutor(1, thread_name_prefix="turns-count")
+        self._firsts: dict[int, list[Completion]] = {}  # by id() of a prompt being run: its turn 0 answers
         self.owed = 0  # turns still to send of the conversations read: the run's backlog
         self._tail, self._tail_at = asyncio.Event(), -1  # set once the backlog fits the fleet (until_tail)
 
@@ -86,7 +87,12 @@ class TurnDispatch:
     async def run(self, prompt: Prompt) -> tuple[End, Sent]:
         """Every owed conversation of the prompt, side by side: the least settled outcome of them, and the
         failures they stopped at, not written yet (the Runner judges and writes them)."""
-        outs = await asyncio.gather(*(self._conversation(prompt, s) for s in prompt.pending))
+        firsts = self._firsts[id(prompt)] = []
+        try:
+            outs = await asyncio.gather(*(self._conversation(prompt, s) for s in prompt.pending))
+        finally:
+            del self._firsts[id(prompt)]
+        self.recorder.judge_samples(prompt, firsts)  # its samples' first answers, as --turns last compares them
         failures = [o for o in outs if isinstance(o, Failure)]
         ends = {o if isinstance(o, str) else _end(o) for o in outs}
         return next(e for e in ENDS if e in ends or e == "complete"), Sent(list(failures))
@@ -169,6 +175,8 @@ class TurnDispatch:
         outcome.count(result)
         self.judge.hold(request, outcome)  # never held (an answer): the fleet serves rows
         self.recorder.sent(request, outcome)
+        if turn == 0:
+            self._firsts[id(prompt)].append(done)
         return [
             *request.messages,
             answer_turn(result.content, result.reasoning_content),

@@ -102,10 +102,10 @@ class Recorder:
         done = [o for o in sent.outcomes if isinstance(o, Completion)]
         if done:
             self.stats.input_tokens += prompt.input_tokens  # once: one request with n, or a cached prefix
-            self._judge_samples(prompt, done)
+            self.judge_samples(prompt, done)
         return transient
 
-    def _judge_samples(self, prompt: Prompt, done: list[Completion]) -> None:
+    def judge_samples(self, prompt: Prompt, done: list[Completion]) -> None:
         """Count prompts whose samples all came back the same (not asked greedy); warn once when many did."""
         if greedy({**self.config.sampling, **(prompt.sampling or {})}):
             return
