@@ -165,7 +165,7 @@ def test_a_notebook_cell_shows_a_progress_bar_and_prints_the_summary(
     in_thread(lambda: asyncio.run(asyncio.wait_for(cell(), DEADLINE)))
     _check_example_run(namespace, Path("runs/shown"))
     out, err = capsys.readouterr()
-    assert "20row" in err.replace(" ", "") and "done 20" in err, err  # the bar's count and its line
+    assert "20/20" in err and "100%" in err and "done 20" in err, err  # the bar's count of its total, its line
     assert format_summary(namespace["summary"]) in out, out
 
 

@@ -113,6 +113,7 @@ class TurnDispatch:
                 self._pay(1)
                 left -= 1
                 if not isinstance(answer, tuple):
+                    self.stats.work.dropped += left  # settled for this run's progress: never sent
                     return answer
                 history, home = answer
             self.stats.conversations["complete"] += 1

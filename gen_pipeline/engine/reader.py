@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Generator, Iterator
 
 from ..config import RunConfig
@@ -19,6 +20,7 @@ from ..send.turns import TurnHistory, owed, recorded_history, split_turns, stale
 from ..tokens import TokenCounter
 from ..tokens.conversation import ChatInput, Conversation
 from ..tokens.oversize import SizeFloor
+from .workload import start_count
 
 log = logging.getLogger("gen_pipeline")
 
@@ -63,6 +65,11 @@ class BatchReader:
         self.floor = SizeFloor(counter)
         self.history = TurnHistory(config.out / name for name in resume.files)
         self.retired = retired  # --turns all: a conversation they answered is answered again, not gone on
+        self.work = stats.work
+        self.work.counts_for(config.turns, config.samples)
+        self.work.carried_rows = sum(self.carried.values())
+        self.cursor_at = start.offset if start else 0
+        self.counting: threading.Thread | None = None  # the bar's total, counted beside the run (workload.py)
 
     def hold_cursor(self) -> None:
         """A row failed for a transient reason: the input cursor stops short of it."""
@@ -90,6 +97,8 @@ class BatchReader:
                 self.stats.note_shape(settled.merged, settled.dropped)
                 if len(prompts) >= self.batch:
                     break
+        else:
+            self.work.read_all = True
         self.stats.repeats = self.source.repeats
         self.stats.input_fraction = self.source.fraction()
         self.stats.unfinished_line = self.source.unfinished or self.stats.unfinished_line
@@ -111,6 +120,8 @@ class BatchReader:
                 x = bad
             counted.append(x)
         self._note_progress(sum(tally.values()) + len(counted))
+        if self.counting is None:
+            self.counting = start_count(self.config, self.cursor_at, self.work, lambda: self.stats.settled() > 0)
         return [*(Skipped(reason, n) for reason, n in tally.items()), *counted], mark_of(self.source)
 
     def _note_progress(self, rows: int) -> None:
@@ -122,15 +133,20 @@ class BatchReader:
 
     def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
         """A bad row an earlier run already ledgered is skipped (the source skips settled ids itself);
-        a prompt gets the samples it still owes, and is skipped when it owes none."""
+        a prompt gets the samples it still owes, and is skipped when it owes none. What earlier runs
+        settled counts into the progress's skipped units."""
         if isinstance(item, BadRow):
             seen = (self.name, item.line) in self.resume.bad_lines
-            return skipped("bad_input") if seen and "bad_input" not in self.retry else item
+            item = skipped("bad_input") if seen and "bad_input" not in self.retry else item
+        if isinstance(item, Skipped):
+            self.work.skipped += item.count * (1 if self.config.turns == "all" else self.samples)
+            return item
         if isinstance(item, Prompt):
             k = item.samples or self.samples
             if self.config.turns == "all":
                 return self._settle_turns(item, k)
             item.pending = pending(self.resume, item.key, k, self.retry)
+            self.work.skipped += k - len(item.pending)
             if not item.pending:
                 return skipped(row_reason(self.resume, item.key, k, self.retry) or "done")
             self._spent(item, {s: 0 for s in item.pending})
@@ -155,6 +171,7 @@ class BatchReader:
         item.messages = item.turns[0]  # what is counted here and planned by check: the first turn
         found, reason = owed(self.resume, item, k, self.retry)
         shaped(item, self.config)  # the turns as they are sent, to compare with those recorded
+        owed_turns = 0
         for s, t in sorted(found.start.items()):
             restart = found.restart.get(s, 0)
             line = self.history.line(item, s, t - 1, restart) if t > 0 else None
@@ -170,7 +187,9 @@ class BatchReader:
                 item.restart[s] = restart
             if line is not None:
                 item.resume[s] = (t, recorded_history(line))
+            owed_turns += len(item.turns) - (t if line is not None else 0)  # answered again: every turn
         self._spent(item, found.start)
+        self.work.skipped += k * len(item.turns) - owed_turns  # done, ended, or left as they are
         return item if item.pending else skipped(reason)
 
     def _too_long(self, p: Prompt) -> bool:

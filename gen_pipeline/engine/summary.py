@@ -188,14 +188,18 @@ STATUS_RULES: dict[str, Any] = {
     "last_settled": Rule(largest, live=True, optional=True),
     "state": Rule(_state, live=True),
     "counts": {
+        "unit": Rule(lambda v: v[0], optional=True),  # every part counts in the run's unit
+        "total": Rule(lambda v: None if None in v else max(v), optional=True),  # claimers count none
         "done": SUM,
         "skipped": SUM,
+        "not_sent": Rule(total, optional=True),
         "failed": TALLY,
         "in_flight": Rule(total, live=True),
         "queued": Rule(total, live=True, optional=True),
     },
     "rates": {"req_per_s": Rule(_rounded(2), live=True), "out_tok_per_s": Rule(_rounded(1), live=True)},
     "eta_s": Rule(_eta, live=True),
+    "outage_s": Rule(largest, live=True, optional=True),
     "alerts": Rule(lambda v: sorted({a for alerts in v for a in alerts or []}), live=True, optional=True),
     "servers": PerKey(
         {

@@ -20,6 +20,7 @@ from .cost import cost_lines
 from .display import Progress
 from .identical import SameSamples
 from .scatter import Scatter
+from .work import Work
 
 log = logging.getLogger("gen_pipeline")
 
@@ -99,6 +100,8 @@ class RunStats:
     # turns dropped, the old answer kept as `reference`) and "user_turns_merged"
     reshaped: Counter[str] = field(default_factory=Counter)
     ended_at_turn: Counter[int] = field(default_factory=Counter)  # --turns all: the turn each ended one ended at
+    work: Work = field(default_factory=Work)  # the progress unit's total, skipped and dropped units (work.py)
+    outage_s: float = 0.0  # seconds with no usable server, as the monitor last saw it (0: servers are usable)
     rate_points: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (clock, worked()) for the rate
     progressed: tuple[float, int] = (-1.0, 0)  # (clock, worked()) when rate() last saw worked() grow
 
@@ -141,16 +144,22 @@ class RunStats:
             self.reshaped["answered_from_last_user_turn"] += 1
 
     def worked(self) -> int:
-        """Rows settled by this run (completed or ledgered), as opposed to skipped as settled before."""
-        return self.completed + sum(self.failed.values())
+        """Units settled by this run (completed, ledgered, or not sent as their conversation ended), as
+        opposed to skipped as settled before (work.py: rows, samples or turns)."""
+        return self.completed + sum(self.failed.values()) + self.work.dropped
+
+    def settled(self) -> int:
+        """Units settled, by this run or before it: the progress bar's count."""
+        return self.worked() + self.work.skipped_units()
 
     def unsettled(self) -> float | None:
-        """Rows not settled yet: in flight, queued, read ahead, and the unread rest of the input (estimated
-        from the share read so far); None before the reader has reported."""
-        if self.input_fraction <= 0:
+        """Units not settled yet: in flight, queued, read ahead, and the unread rest of the input (the input's
+        count, else estimated from the share read so far, where a row's units are known); None while unknown."""
+        if self.work.total is not None:
+            return max(self.work.total - self.settled(), 0)
+        if self.input_fraction <= 0 or self.work.unit == "turn":  # a row's turns are not known unread
             return None
-        settled = self.worked() + sum(self.skipped.values())
-        return max(self.handed_over / self.input_fraction - settled, 0.0)
+        return max(self.handed_over * self.work.per_row / self.input_fraction - self.settled(), 0.0)
 
     def queued(self) -> int:
         """Rows read but not sent yet (the queue and the batch the reader has ready)."""
@@ -158,13 +167,19 @@ class RunStats:
         return max(self.handed_over - settled - self.in_flight, 0)
 
     def eta(self) -> float | None:
-        """Seconds left: the unsettled rows at the rate this run settles rows (over the last ETA_WINDOW s).
+        """Seconds left: the unsettled units at the rate this run settles them (over the last ETA_WINDOW s);
+        None while unknown, and while no server is usable (the rate before an outage says nothing of it).
 
         Early on the rate still carries the wait for the first answers, so in a run only a few request
         latencies long the ETA starts high.
         """
-        rate, left = self.rate(), self.unsettled()
+        rate, left = self.eta_rate(), self.unsettled()
         return left / rate if rate and left is not None else None
+
+    def eta_rate(self) -> float | None:
+        """The rate the ETA uses: rate(), or None during an outage."""
+        rate = self.rate()
+        return None if self.outage_s > 0 else rate
 
     def rate(self) -> float:
         """Rows settled per second over the last ETA_WINDOW seconds (since the start, early on)."""
@@ -224,12 +239,15 @@ class RunStats:
 
 
 def progress_line(stats: RunStats, extra: str = "") -> str:
-    """The one line the progress bar or log shows: counts and rates, then `extra` (servers, alerts)."""
+    """The one line the progress bar or log shows: counts (each in the progress unit: rows, samples or
+    turns) and rates, then `extra` (servers, alerts)."""
     t = stats.elapsed()
+    dropped = [f"not sent {stats.work.dropped} (their conversation ended)"] if stats.work.dropped else []
     parts = [
         f"done {stats.completed}",
-        f"skipped {sum(stats.skipped.values())}",
+        f"skipped {stats.work.skipped_units()}",
         f"failed {sum(stats.failed.values())}",
+        *dropped,
         f"in flight {stats.in_flight}",
         f"{stats.completed / t:.1f} req/s",
         f"{stats.output_tokens / t:.0f} out tok/s",
@@ -239,7 +257,7 @@ def progress_line(stats: RunStats, extra: str = "") -> str:
 
 def show(progress: Progress, stats: RunStats, extra: str = "") -> None:
     """Refresh the progress display from the run's counters."""
-    progress.update(stats.worked() + sum(stats.skipped.values()), progress_line(stats, extra))
+    progress.update(stats.settled(), progress_line(stats, extra), stats.work.total, stats.eta_rate())
 
 
 def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts: Iterable[str] = ()) -> dict[str, Any]:
@@ -253,14 +271,18 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts
         "pid": os.getpid(),
         "state": state,
         "counts": {
+            "unit": stats.work.unit,
+            "total": stats.work.total,
             "done": stats.completed,
-            "skipped": sum(stats.skipped.values()),
+            "skipped": stats.work.skipped_units(),
+            **({"not_sent": stats.work.dropped} if stats.work.dropped else {}),
             "failed": dict(stats.failed),
             "in_flight": stats.in_flight,
             "queued": stats.queued(),
         },
         "rates": {"req_per_s": round(stats.completed / t, 2), "out_tok_per_s": round(stats.output_tokens / t, 1)},
         "eta_s": round(eta, 1) if eta is not None else None,
+        **({"outage_s": round(stats.outage_s, 1)} if stats.outage_s else {}),
         "servers": {
             s.url: {
                 "in_flight": s.in_flight,
@@ -320,6 +342,20 @@ def answers_lines(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _conversation_lines(summary: dict[str, Any]) -> list[str]:
+    """--turns all: this run's conversations by how they ended (summary.json's "conversations"); the counts
+    above are turns."""
+    seen = summary.get("conversations")
+    if not seen:
+        return []
+    at = ", ".join(f"turn {t}: {n}" for t, n in (seen.get("ended_at_turn") or {}).items())
+    return [
+        f"conversations {seen.get('complete', 0)} complete, {seen.get('ended_early', 0)} ended early"
+        + (f" (at {at})" if at else "")
+        + " | the counts above are turns"
+    ]
+
+
 def _cache_note(view: dict[str, Any]) -> str:
     """A server's prefix-cache hits, where it reports them (SGLang --enable-cache-report)."""
     cached, prompt = view.get("cached_tokens"), view.get("prompt_tokens")
@@ -342,6 +378,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"finish_reason {summary['finish_reasons']}",
     ]
     lines += _samples_lines(summary) + reshaped_lines(summary.get("reshaped") or {})
+    lines += _conversation_lines(summary)
     lines += answers_lines(summary)
     lines += cost_lines(summary)
     if cursor := summary.get("input_cursor"):
@@ -369,7 +406,9 @@ def _seconds(value: float | None) -> str:
 async def watch_run(runner: Any) -> None:
     """While a Runner runs: the progress display, status.json every STATUS_INTERVAL, the input cursor when
     due, and the stop after --outage-timeout with no usable server, or at once with every server retired."""
-    progress = Progress(runner.config.progress)
+    config, work = runner.config, runner.stats.work
+    work.counts_for(config.turns, config.samples)
+    progress = Progress(config.progress, work.unit)
     last_status = 0.0
     try:
         while True:
@@ -378,7 +417,7 @@ async def watch_run(runner: Any) -> None:
                 runner.write_status("stopping" if runner.stopping.is_set() else "running")
             if runner.cursor is not None and runner.cursor.due():
                 runner.save_cursor()
-            outage = runner.pool.outage_seconds()
+            outage = runner.stats.outage_s = runner.pool.outage_seconds()
             up = f"servers up {len(runner.pool.healthy())}/{len(runner.pool.servers)}"
             extra = f"ALL SERVERS DOWN for {outage:.0f} s, waiting" if outage else up
             tail = runner.pool.in_tail  # the input is read: slow servers are left idle on purpose
@@ -392,5 +431,8 @@ async def watch_run(runner: Any) -> None:
                 runner.request_stop(f"no server usable for {outage:.0f} s (--outage-timeout)", EXIT_OUTAGE)
             await asyncio.sleep(0.5)
     finally:
+        work.stop.set()  # the input's count, if still going, is no longer wanted
+        if work.read_all and not runner.stopping.is_set():
+            work.total = runner.stats.settled()  # the count was close; now the run has read every row
         show(progress, runner.stats)
         progress.close()

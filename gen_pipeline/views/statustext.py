@@ -59,11 +59,13 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     eta = status.get("eta_s")
     servers = status.get("servers") or {}
     healthy = sum(bool(s.get("healthy", True)) for s in servers.values())
+    not_sent = f" | not sent {counts['not_sent']} (their conversation ended)" if counts.get("not_sent") else ""
     lines = [
-        f"done {counts.get('done', 0)} | skipped {counts.get('skipped', 0)} | "
-        f"failed {f'{sum(failed.values())} {failed}' if failed else 0} | "
+        how_far(counts) + f"done {counts.get('done', 0)} | skipped {counts.get('skipped', 0)} | "
+        f"failed {f'{sum(failed.values())} {failed}' if failed else 0}{not_sent} | "
         f"in flight {counts.get('in_flight', 0)}" + (f" | queued {counts['queued']}" if "queued" in counts else ""),
-        stalled(status)
+        waiting(status)
+        or stalled(status)
         or f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
         f"ETA {duration(eta) if eta is not None else 'unknown'}",
         f"servers: {healthy} of {len(servers)} healthy",
@@ -72,6 +74,25 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     lines += [f"last {reason}: {text}" for reason, text in (status.get("last_error") or {}).items()]
     lines += [f"ALERT: {alert}" for alert in status.get("alerts") or []]
     return lines
+
+
+def how_far(counts: dict[str, Any]) -> str:
+    """ "1,200 of 5,000 turns settled (24%) | " when the run knows its total (else "")."""
+    total = counts.get("total")
+    if not total:
+        return ""
+    failed = sum((counts.get("failed") or {}).values())
+    settled = counts.get("done", 0) + counts.get("skipped", 0) + failed + counts.get("not_sent", 0)
+    unit = counts.get("unit", "row")
+    return f"{settled:,} of {total:,} {unit}s settled ({100 * settled / total:.0f}%) | "
+
+
+def waiting(status: dict[str, Any]) -> str | None:
+    """The rates line during an outage: no server usable, so the last rate and an ETA would say nothing."""
+    outage = status.get("outage_s")
+    if not outage or status.get("state", "running") != "running":
+        return None
+    return f"waiting for servers: none usable for {duration(float(outage))} | rate and ETA unknown until one answers"
 
 
 def stalled(status: dict[str, Any]) -> str | None:
