@@ -15,7 +15,7 @@ from .config import RunConfig
 from .engine.single import run_single
 from .engine.summary import Outcome
 from .inputs.kinds import check_input
-from .rundir.layout import make_dir
+from .rundir.layout import made_for_run
 from .shards.run import claimed, run_claimer
 from .shards.workers import follow_parent, run_workers
 from .tokens import TokenCounter
@@ -28,10 +28,10 @@ async def run_async(config: RunConfig, counter: TokenCounter | None = None, *, h
     on the second); the Python API leaves them out, so a cancelled or interrupted call just stops.
     """
     check_input(config.input)
-    make_dir(config.out)
-    if claimed(config):  # claimed shards: many processes share the directory (shards/claims.py)
-        return await run_claimer(config, counter, handle_signals)
-    return await run_single(config, counter, handle_signals)
+    with made_for_run(config.out):
+        if claimed(config):  # claimed shards: many processes share the directory (shards/claims.py)
+            return await run_claimer(config, counter, handle_signals)
+        return await run_single(config, counter, handle_signals)
 
 
 def run(config: RunConfig, counter: TokenCounter | None = None) -> Outcome:

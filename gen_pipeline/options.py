@@ -15,7 +15,17 @@ from typing import Any
 import orjson
 
 from .answers.validate import Validator
-from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_SERVERS, RetryPolicy, RunConfig, fits, parse_reasons, parse_servers
+from .config import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_MIN_TOKENS,
+    DEFAULT_SERVERS,
+    RetryPolicy,
+    RunConfig,
+    fits,
+    parse_reasons,
+    parse_servers,
+)
 from .errors import ConfigError
 from .inputs.rows import as_written
 from .inputs.template import PromptTemplate
@@ -81,6 +91,9 @@ def build_config(
     for name, path in (("input", input), ("out", out)):
         if not isinstance(path, str | Path):
             raise ConfigError(f"{name} must be a path (str or Path), not {path!r}")
+    if options.get("min_tokens") is None:  # not given: never above the --max-tokens the user chose
+        max_tokens = options.get("max_tokens", DEFAULT_MAX_TOKENS)
+        options["min_tokens"] = min(DEFAULT_MIN_TOKENS, max_tokens) if fits(max_tokens, int) else DEFAULT_MIN_TOKENS
     extra = {"temperature": temperature, "top_p": top_p, "seed": seed}
     fields = {**parse_sampling(sampling), **{k: v for k, v in extra.items() if v is not None}}
     try:

@@ -172,8 +172,8 @@ def _add_budget_flags(g: Any) -> None:
     g.add_argument(
         "--min-tokens",
         type=int,
-        default=DEFAULT_MIN_TOKENS,
-        help=f"skip a prompt as over_length when less room is left (default {DEFAULT_MIN_TOKENS})",
+        help=f"skip a prompt as over_length when less room is left (default {DEFAULT_MIN_TOKENS}, or --max-tokens "
+        "when that is smaller)",
     )
     g.add_argument(
         "--safety-margin",

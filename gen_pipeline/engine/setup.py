@@ -124,6 +124,11 @@ def resolve(config: RunConfig, fleet: FleetInfo) -> tuple[str, int, str]:
             f"--context-length {config.context_length} exceeds the smallest server context "
             f"{min(contexts)}; expect context 400s"
         )
+    if config.model and (served := fleet.models()) and config.model not in served:  # SGLang answers any name
+        fleet.warnings.append(
+            f"--model {config.model!r} is served by no server (their /v1/models: {', '.join(sorted(served))}); "
+            "the servers answer anyway and every line records that name: check its spelling, or leave --model out"
+        )
     tokenizer = config.tokenizer or next((s.tokenizer_path for s in fleet.servers if s.tokenizer_path), None)
     if not tokenizer:
         raise ConfigError("the servers report no tokenizer_path; pass --tokenizer")

@@ -20,7 +20,7 @@ from ..rundir.locks import DirLock, refuse_shard_writers
 from ..rundir.store import RunWriter, repair_all
 from ..runtime import install_run_handlers
 from ..tokens import TokenCounter
-from ..tokens.findings import drift_warning, over_length_advice, server_cut_warning
+from ..tokens.findings import drift_warning, length_hint, over_length_advice, server_cut_warning
 from .assembly import Assembly
 from .reader import BatchReader
 from .runner import Runner, final_exit_code, no_handlers, run_error, runner_summary
@@ -83,9 +83,9 @@ async def _run_loop(runner: Runner, fleet: FleetInfo) -> Outcome:
     finally:
         writer.close()
         runner.save_cursor()
-    view = stats.drift_view()
-    warnings = drift_warning(view, stats.drift_shapes), over_length_advice(stats.failed, view)
-    for warning in (*warnings, server_cut_warning(stats.server_cut)):
+    view, cut = stats.drift_view(), stats.server_cut
+    warnings = drift_warning(view, stats.drift_shapes), over_length_advice(stats.failed, view), server_cut_warning(cut)
+    for warning in (*warnings, length_hint(stats.finish_reasons, cut, config.max_tokens)):
         if warning is not None:
             runner.warnings.append(warning)
     exit_code = final_exit_code(runner)

@@ -24,9 +24,10 @@ The locks themselves (flock, who holds them) are locks.py's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,35 @@ def make_dir(path: Path) -> Path:
     except OSError as exc:
         raise OutputError(f"cannot create {path}: {exc.strerror or exc}") from exc
     return path
+
+
+# What a start-up writes before any row: a start-up that fails leaves only these in a directory it made.
+STARTUP_FILES = (LOCK, MANIFEST)
+
+
+@contextlib.contextmanager
+def made_for_run(out: Path) -> Iterator[Path]:
+    """The run directory `out`, made (parents included) for the block; when the block fails before the run
+    wrote a row there, what it made is taken away again (a start-up failure, such as no server answering,
+    leaves no empty run directory behind). A directory that existed before is never touched."""
+    made = [p for p in (out, *out.parents) if not p.exists()]  # the deepest first
+    make_dir(out)
+    try:
+        yield out
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _unmake(made)
+        raise
+
+
+def _unmake(made: list[Path]) -> None:
+    """Remove the directories in `made` (deepest first) while they hold nothing but a start-up's files."""
+    for path in made:
+        if any(p.name not in STARTUP_FILES for p in path.iterdir()):
+            return
+        for name in STARTUP_FILES:
+            (path / name).unlink(missing_ok=True)
+        path.rmdir()
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

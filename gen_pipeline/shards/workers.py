@@ -36,7 +36,7 @@ from ..engine.summary import Outcome, merge_summaries
 from ..errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTAGE, EXIT_OUTPUT, OutputError
 from ..http import Client, open_transport
 from ..inputs.kinds import check_input
-from ..rundir.layout import RunDir, make_dir, write_json_atomic
+from ..rundir.layout import RunDir, made_for_run, write_json_atomic
 from ..rundir.locks import refuse_shard_writers
 from ..rundir.store import repair_all
 from ..runtime import STOP_SIGNALS, say
@@ -126,17 +126,17 @@ async def _settle(config: RunConfig) -> None:
 def run_workers(config: RunConfig, argv: list[str]) -> Outcome:
     """Run `config.workers` worker processes over the input and merge what they report."""
     check_input(config.input)
-    make_dir(config.out)
-    config = with_shards(config)  # the workers are claimers of the run's shards (claims.py)
-    lock = SharedRunLock(config.out, config.join)
-    lock.acquire()
-    try:
-        refuse_shard_writers(config.out)  # a static worker of an earlier version still writing here
-        asyncio.run(_settle(config))  # refuse a changed manifest before any worker starts; record V
-        repair_all(config.out)
-        return _supervise(config, argv)
-    finally:
-        lock.release()
+    with made_for_run(config.out):
+        config = with_shards(config)  # the workers are claimers of the run's shards (claims.py)
+        lock = SharedRunLock(config.out, config.join)
+        lock.acquire()
+        try:
+            refuse_shard_writers(config.out)  # a static worker of an earlier version still writing here
+            asyncio.run(_settle(config))  # refuse a changed manifest before any worker starts; record V
+            repair_all(config.out)
+            return _supervise(config, argv)
+        finally:
+            lock.release()
 
 
 def _supervise(config: RunConfig, argv: list[str]) -> Outcome:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -309,6 +310,7 @@ def template_identity(name_or_path: str, loader: str = "auto") -> TemplateIdenti
 
 def load_tokenizer(name_or_path: str, server: str = "sglang") -> HFTokenCounter:
     """Load a tokenizer from a local folder or a hub name (the hub is tried only for non-paths)."""
+    check_tokenizer_source(name_or_path)
     quiet_transformers()
     from transformers import AutoTokenizer
 
@@ -317,3 +319,29 @@ def load_tokenizer(name_or_path: str, server: str = "sglang") -> HFTokenCounter:
     except Exception as exc:
         raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
     return HFTokenCounter(tok, name_or_path, server)
+
+
+# A folder holding one of these can hold a tokenizer; transformers' error for one holding none asks for
+# sentencepiece ("Couldn't instantiate the backend tokenizer ...").
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+# What the hub takes as a model name: "name" or "namespace/name" (huggingface_hub's validate_repo_id)
+HUB_NAME = re.compile(r"^(?!.*(--|\.\.))[\w][\w.-]{0,95}(/[\w][\w.-]{0,95})?$")
+
+
+def check_tokenizer_source(name_or_path: str) -> None:
+    """A tokenizer that is no folder here and cannot be a hub name (a mistyped path), or a folder with no
+    tokenizer in it, is refused in one line saying what to give instead of the hub's or transformers' error."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ConfigError(
+                f"tokenizer folder {name_or_path!r} holds no tokenizer (no tokenizer.json or tokenizer_config.json): "
+                "copy the model's tokenizer files into it, or give --tokenizer the model's folder"
+            )
+    elif path.exists():
+        raise ConfigError(f"tokenizer {name_or_path!r} is a file: give --tokenizer the folder that holds it")
+    elif not HUB_NAME.match(name_or_path):
+        raise ConfigError(
+            f"tokenizer {name_or_path!r} is no folder here (nor a hub name): give --tokenizer a folder holding "
+            "the model's tokenizer.json, or its hub name such as Qwen/Qwen3-8B"
+        )

@@ -105,6 +105,19 @@ def server_cut_warning(cut: int) -> str | None:
     )
 
 
+def length_hint(finish_reasons: Mapping[str, int], server_cut: int, max_tokens: int) -> str | None:
+    """The end-of-run hint when most answers stopped at their max_tokens (finish_reason length, not cut by a
+    server's context): they are cut short, and a larger --max-tokens lets them finish (None: most did)."""
+    answers = sum(finish_reasons.values())
+    cut = finish_reasons.get("length", 0) - server_cut
+    if not answers or 2 * cut <= answers:
+        return None
+    return (
+        f"{cut} of {answers} answers ({100 * cut // answers}%) stopped at their max_tokens (finish_reason "
+        f"length), cut short: raise --max-tokens (now {max_tokens}) to let them finish"
+    )
+
+
 def over_length_advice(failed: Mapping[str, int], view: Mapping[str, Any]) -> str | None:
     """Rows skipped as over_length on a count the servers contradict must not stay skipped unnoticed."""
     skipped = failed.get("over_length", 0)
