@@ -334,11 +334,7 @@ class RunConfig:
             (self.system_prompt is None or bool(self.system_prompt.strip()), "--system-prompt is empty"),
             (self.max_tokens >= 1, "--max-tokens must be at least 1"),
             (self.min_tokens >= 1, "--min-tokens must be at least 1"),
-            (
-                self.min_tokens <= self.max_tokens,
-                f"--min-tokens {self.min_tokens} exceeds --max-tokens {self.max_tokens}: lower --min-tokens "
-                "(or leave it out)",
-            ),
+            (self.min_tokens <= self.max_tokens, f"--min-tokens exceeds --max-tokens {self.max_tokens}: lower it"),
             (self.safety_margin >= 0, "--safety-margin must not be negative"),
             (self.concurrency is None or self.concurrency >= 1, "--concurrency must be at least 1"),
             (self.queue_margin is None or self.queue_margin >= 0, "--queue-margin must be at least 0"),

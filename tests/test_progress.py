@@ -20,7 +20,8 @@ from gen_pipeline.engine.reader import BatchReader
 from gen_pipeline.engine.workload import Tally, start_count
 from gen_pipeline.progress import display
 from gen_pipeline.progress.display import Progress, how_far
-from gen_pipeline.progress.stats import RunStats, format_summary, progress_line, snapshot
+from gen_pipeline.progress.live import progress_line
+from gen_pipeline.progress.stats import RunStats, format_summary, snapshot
 from gen_pipeline.progress.work import Work
 from gen_pipeline.rundir.store import ResumeState
 from gen_pipeline.views.statustext import status_lines
@@ -63,13 +64,28 @@ def test_the_count_under_turns_all_is_turns_and_a_bad_row_is_one(tmp_path):
     assert count(tmp_path, data, turns="all", samples=2) == (0, 2 * turns + 1)
 
 
-def test_a_compressed_input_is_counted_and_another_format_is_not(tmp_path):
-    """gzip is read as the run reads it; a Parquet file (or any input not JSONL) gets no total."""
+def test_a_compressed_input_is_counted_and_a_parquet_file_by_its_metadata(tmp_path):
+    """gzip is read as the run reads it; Parquet's row count comes from its metadata (--limit and --samples
+    applied), not under --turns all; a CSV file (which takes reading) gets no total, and the bar goes on
+    without one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     assert count(tmp_path, gzip.compress(lines_of(prompts(7)))) == (0, 7)
-    path = tmp_path / "in.jsonl"
-    path.write_bytes(b"PAR1" + bytes(100))
+    table = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"prompt": [f"q{i}" for i in range(9)]}), table)
+    for config, expected in (
+        (RunConfig(input=table, out=tmp_path, samples=2), 18),
+        (RunConfig(input=table, out=tmp_path, limit=4), 4),
+        (RunConfig(input=table, out=tmp_path, turns="all"), None),
+    ):
+        work = Work()
+        start_count(config, 0, work, lambda: True).join(30)
+        assert work.total == expected
+    csv = tmp_path / "in.csv"
+    csv.write_text("prompt\nq1\nq2\n")
     work = Work()
-    start_count(RunConfig(input=path, out=tmp_path), 0, work, lambda: True).join(10)
+    start_count(RunConfig(input=csv, out=tmp_path), 0, work, lambda: True).join(30)
     assert work.total is None and work.carried is None
 
 

@@ -157,11 +157,13 @@ def test_progress_bar_shows_the_counts_and_log_mode_needs_no_tqdm(capsys):
     import sys
 
     from gen_pipeline.progress.display import Progress
-    from gen_pipeline.progress.stats import RunStats, show
+    from gen_pipeline.progress.live import show
+    from gen_pipeline.progress.stats import RunStats
 
     stats = RunStats(completed=3)
     stats.failed["bad_input"] = 1
-    bar = Progress("bar", total=10)
+    stats.work.total = 10  # the input's count (engine/workload.py)
+    bar = Progress("bar")
     show(bar, stats)
     bar.close()
     err = capsys.readouterr().err

@@ -28,7 +28,8 @@ from ..inputs.rows import BadRow
 from ..inputs.source import Skipped
 from ..progress import cost
 from ..progress.alerts import Watch
-from ..progress.stats import RunStats, snapshot, watch_run
+from ..progress.live import watch_run
+from ..progress.stats import RunStats, snapshot
 from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt, Rejected
 from ..resume.cursor import InputCursor, Mark, MarkTracker
 from ..rundir.layout import RunDir

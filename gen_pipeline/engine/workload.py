@@ -7,8 +7,9 @@ settled its first row (or after START_WAIT seconds), so it never competes with t
 --turns last it counts line ends a block at a time and parses only the rare rows that set their own
 samples; under --turns all it parses each row as the reader does (split_turns). Within --limit it counts
 the first N lines. Rows before an input cursor are counted apart: they are the ones a resume hands over as
-tallies. A compressed input is decompressed again; an input that is not JSONL text, or cannot be read to
-its end, gets no total (the bar then shows a count alone, as before).
+tallies. A compressed input is decompressed again. Of the other inputs (inputs/kinds.py), Parquet and Arrow
+give their row count from their metadata (under --turns last); CSV, a JSON array, a dataset, or an input
+that cannot be read to its end get no total (the bar then shows a count alone, as before).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from ..config import RunConfig
 from ..errors import InputError
 from ..inputs.file import STREAM_ERRORS, compression, open_stream
+from ..inputs.kinds import open_reader
+from ..inputs.readers import RowReader
 from ..inputs.rows import RowError, own_samples, parse_row
 from ..progress.work import Work
 from ..send.turns import split_turns
@@ -49,7 +52,8 @@ def _count_into(config: RunConfig, cursor: int, work: Work, started: Callable[[]
             return
     tally = Tally(config.turns == "all", config.samples, config.limit, cursor)
     try:
-        found = tally.count(config, work.stop)
+        reader = open_reader(config.input)
+        found = tally.count(config, work.stop) if reader is None else tally.rows_of(reader)
     except (InputError, *STREAM_ERRORS) as exc:  # the reader says why, where it matters
         log.debug("no total for the progress bar: %s", exc)
         return
@@ -84,6 +88,20 @@ class Tally:
                 pos += len(whole)
         self.add(rest, pos)  # a last line without a line end
         return self.before, self.units
+
+    def rows_of(self, reader: RowReader) -> tuple[int, int] | None:
+        """(units before the cursor, units in all) of an input another reader reads (Parquet, Arrow: the
+        row count its metadata has), or None when that takes reading it (CSV, a JSON array, a dataset) or
+        under --turns all (a row's turns are known only from the row)."""
+        try:
+            rows = None if self.turns_all else reader.rows()
+        finally:
+            reader.close()
+        if rows is None:
+            return None
+        rows = rows if self.limit is None else min(rows, self.limit)
+        before = min(self.cursor, rows) if reader.by_rows else 0  # a row reader's cursor is a row number
+        return before * self.samples, rows * self.samples
 
     def add(self, chunk: bytes, pos: int) -> bool:
         """Count the whole lines of `chunk`, which starts at byte `pos`; False once --limit is reached."""

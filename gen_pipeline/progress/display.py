@@ -43,7 +43,7 @@ class Progress:
     def update(self, settled: int, line: str, total: int | None = None, rate: float | None = None) -> None:
         """Refresh the display: units settled so far (done, skipped as settled before, or ledgered) of
         `total`, the rate the ETA uses (units a second; None: unknown, as during an outage), and the
-        progress line (stats.progress_line)."""
+        progress line (live.progress_line)."""
         if self.bar is not None:
             if total != self.bar.total:
                 self._set_total(total)
