@@ -144,6 +144,8 @@ DERIVED = frozenset(
 COUNTS: tuple[str, ...] = ("read", "completed", "requests", "repeats_dropped", "input_tokens", "output_tokens")
 COUNTS += ("truncated_in_reasoning", "cut_by_server")
 
+ANSWERS_RULES: dict[str, Any] = {"attempts": SUM, "rejected": TALLY, "rejected_by_check": TALLY, "rejected_tokens": SUM}
+
 SUMMARY_RULES: dict[str, Any] = {
     **dict.fromkeys(COUNTS, SUM),
     **dict.fromkeys(("skipped", "failed", "finish_reasons"), TALLY),
@@ -180,7 +182,7 @@ SUMMARY_RULES: dict[str, Any] = {
     "conversations": Rule(lambda v: conversations_merged(v), optional=True),  # --turns all
     "reshaped": Rule(tally, optional=True),  # rows sent otherwise than written (inputs/shape.py)
     # the answer checks (send/resample.py): answers judged, rejected by reason and check, their decode tokens
-    "answers": {"attempts": SUM, "rejected": TALLY, "rejected_by_check": TALLY, "rejected_tokens": SUM},
+    "answers": ANSWERS_RULES,
 }
 
 STATUS_RULES: dict[str, Any] = {
@@ -213,8 +215,11 @@ STATUS_RULES: dict[str, Any] = {
             "prompt_tokens": Rule(total, optional=True),
             "cached_tokens": Rule(total_if_any, optional=True),
             "retired": Rule(lambda v: any(bool(x) for x in v), live=True, optional=True),
+            "rejected": Rule(tally, optional=True),
         }
     ),
+    # the answers judged and rejected so far (a part of an older version has none)
+    "answers": Rule(lambda v: merge(v, v, ANSWERS_RULES), optional=True),
 }
 
 

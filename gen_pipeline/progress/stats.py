@@ -268,10 +268,12 @@ def snapshot(stats: RunStats, servers: list[Any], state: str, now: float, alerts
                 "queued": max(0, s.in_flight - s.capacity),
                 "prompt_tokens": s.prompt_tokens,
                 "cached_tokens": s.cached_tokens,
+                **({"rejected": dict(s.rejects)} if s.rejects else {}),  # its answers the checks refused
                 **({"retired": True} if s.retired else {}),  # its checkpoint changed: out for good
             }
             for s in servers
         },
+        "answers": stats.answers_view(),
         "last_error": dict(stats.last_error),
         "alerts": list(alerts),
     }

@@ -20,8 +20,13 @@ While it runs, the pipeline replaces DIR/status.json every few seconds (atomical
       "servers": {
         "http://10.0.0.1:30000": {
           "in_flight": 8, "capacity": 64, "healthy": true, "requests": 150,
-          "failures": {"timeout": 1}  # by ledger reason
+          "failures": {"timeout": 1}, # by ledger reason
+          "rejected": {"invalid": 3}  # its answers the checks refused (resampled), by reason; absent: none
         }
+      },
+      "answers": {                    # the answers judged (send/resample.py) and those rejected so far
+        "attempts": 1250, "rejected": {"invalid": 40, "degenerate": 10},
+        "rejected_by_check": {"json": 38, "empty": 2, "loop": 10}, "rejected_tokens": 91000
       },
       "last_error": {"timeout": "http://10.0.0.1:30003: request timed out"},  # newest text per reason
       "alerts": ["stalled: no completion for 12m 00s"]   # what progress/alerts.py flags now (none: [])
@@ -32,10 +37,10 @@ whose writer no longer holds DIR/.lock (a worker: .lock-KKKKK), with no summary.
 means the process is gone (crashed, killed, machine rebooted): "not running (last update N s ago)", at
 once. Where there is no lock file to ask (a directory written by an older version), a status.json older
 than STALE_AFTER seconds means the same. Then, and when there is no status.json, the counts also come
-from the files themselves (lines of completions*.jsonl, ledger reasons). A finished run shows its
-summary.json. `status` exits 0 while the run is running and once it has finished with exit code 0,
-and 3 (as an init script's `status` does for a program not running) when it is not running: crashed,
-killed, stopped, or finished with another exit code; run the same command again to resume.
+from the files themselves (lines of completions*.jsonl, ledger reasons, rejected.jsonl by reason). A
+finished run shows its summary.json. `status` exits 0 while the run is running and once it has finished
+with exit code 0, and 3 (as an init script's `status` does for a program not running) when it is not
+running: crashed, killed, stopped, or finished with another exit code; run the same command again to resume.
 
 A claimed-shard run (`--shards`, `--join`, `--workers K`) is shown by claimstatus.py: one line per claimer.
 A run directory of an older version whose static `--workers K` wrote status-KKKKK.json (worker i in 5
@@ -64,6 +69,7 @@ from ..inputs.kinds import input_rows
 from ..progress.display import duration
 from ..progress.stats import format_summary
 from ..resume.ledger import ledger_reasons
+from ..resume.rejects import reject_counts
 from ..resume.restarts import generations, standing_lines
 from ..rundir.layout import LOCK, MANIFEST, STATUS, SUMMARY, RunDir
 from ..rundir.locks import holder, is_held
@@ -80,6 +86,8 @@ def file_counts(run: Path, manifest: dict[str, Any] | None) -> str:
     files, gens = completion_files(run), generations(run)
     done = standing_lines(files, gens) if gens.newest else sum(count_lines(p) for p in files)  # restarts.py
     text = f"files: {done} completions, ledger {dict(ledger_reasons([run]))} (newest entry per id)"
+    if (rejects := reject_counts([run])).answers:
+        text += f", rejected.jsonl {rejects.answers} {dict(rejects.by_reason)}"
     source = Path(str((manifest or {}).get("input", "")))
     if source.is_file() and (rows := input_rows(source)) is not None:
         text += f"; the input has {rows[0]} {rows[1]}"

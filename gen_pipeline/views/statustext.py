@@ -25,7 +25,26 @@ def _server_line(url: str, s: dict[str, Any]) -> str:
     return (
         f"  {url}  in flight {s.get('in_flight', 0)}/{s.get('capacity', '?')}{_queued(s)}  {health}  "
         f"requests {s.get('requests', 0)}{cache_text(s)}  failures {s.get('failures') or {}}"
+        + (f"  rejected {s['rejected']}" if s.get("rejected") else "")
     )
+
+
+def _by_count(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def answers_line(answers: dict[str, Any] | None) -> list[str]:
+    """The answers the checks rejected so far: how many of those judged, by reason and by check (none: no line)."""
+    rejected = (answers or {}).get("rejected") or {}
+    if not rejected or answers is None:
+        return []
+    judged, n = answers.get("attempts") or 0, sum(rejected.values())
+    rate = f" ({100 * n / judged:.1f}%)" if judged else ""
+    by_check = answers.get("rejected_by_check") or {}
+    return [
+        f"answers: {judged} judged, {n} rejected{rate}: {_by_count(rejected)}"
+        + (f" (by check: {_by_count(by_check)})" if by_check else "")
+    ]
 
 
 def _queued(s: dict[str, Any]) -> str:
@@ -68,8 +87,9 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         or stalled(status)
         or f"{rates.get('req_per_s', 0)} req/s | {rates.get('out_tok_per_s', 0)} out tok/s | "
         f"ETA {duration(eta) if eta is not None else 'unknown'}",
-        f"servers: {healthy} of {len(servers)} healthy",
     ]
+    lines += answers_line(status.get("answers"))
+    lines.append(f"servers: {healthy} of {len(servers)} healthy")
     lines += [_server_line(url, s) for url, s in servers.items()]
     lines += [f"last {reason}: {text}" for reason, text in (status.get("last_error") or {}).items()]
     lines += [f"ALERT: {alert}" for alert in status.get("alerts") or []]
