@@ -16,7 +16,8 @@ input cap (`max_req_input_len`) are kept too: capacity.py decides from them. lla
 read is kept as `ServerInfo.loads` (a loads.LoadSource): SGLang's `/v1/loads` when its first rank has them,
 vLLM's `/metrics` when its Prometheus text has `vllm:num_requests_running` and `vllm:num_requests_waiting`;
 None for llama.cpp and any other. Only the servers with one are polled for their load during the run
-(fleet/loads.py), and their capacity follows it.
+(fleet/loads.py), and their capacity follows it. SGLang's grammar backend and its whitespace settings are
+kept too (`ServerInfo.grammar`): structured.py judges from them what it does with a response_format.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..tokens.conversation import SERVER_KINDS
 from .loads import fetch_load
 from .provenance import ServerIdentity, fleet_warnings, identity_from
 from .state import LOAD_SOURCES, LoadSource
+from .structured import Grammar
 
 log = logging.getLogger("gen_pipeline")
 
@@ -58,6 +60,7 @@ class ServerInfo:
     max_req_input_len: int | None = None  # SGLang refuses a prompt of this many tokens or more
     version: str | None = None
     loads: LoadSource | None = None  # where its running and waiting requests are read (None: nowhere, not watched)
+    grammar: Grammar | None = None  # SGLang's constrained-decoding settings (structured.py), where it reports them
 
 
 @dataclass
@@ -155,6 +158,7 @@ async def probe(client: Client, url: str) -> ServerInfo:
         version=_text(server.get("version")),
         identity=identity_from(kind, card, info, server, extra),
         loads=await _load_source(client, url, kind, load),
+        grammar=Grammar.from_server_info(server) if kind == "sglang" else None,
     )
 
 

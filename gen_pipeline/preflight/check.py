@@ -6,7 +6,10 @@ fleet      every server answers its model card and /health; one model and one ma
            each server's limits (SGLang: max_req_input_len, its KV pool), version, and the capacity
            generate uses unless --concurrency, with where it came from (fleet/capacity.py);
            what checkpoint each serves (kind and version, model_path, weight_version, the settings that
-           change outputs, deterministic inference), with a warning when the servers disagree.
+           change outputs, deterministic inference), with a warning when the servers disagree; when the run
+           asks for JSON (--json-schema, a response_format in --sampling), how each server enforces it
+           (fleet/structured.py): a problem when it refuses it, a warning when its whitespace is unbounded
+           or it is not known to enforce it.
 tokenizer  a few chat requests with max_tokens 1, built from the first rows of the input, to every server
            that is up: the server's usage.prompt_tokens must equal our count, or every budget is off.
 plan       every row read, validated and counted exactly as generate does, nothing sent: the input-length

@@ -1,5 +1,6 @@
 """`check`'s fleet part: each server up and healthy, its limits and the capacity `generate` will give it (with
-where it came from, fleet/capacity.py), and the fleet's disagreements."""
+where it came from, fleet/capacity.py), what it does with the run's response_format (fleet/structured.py), and
+the fleet's disagreements."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from ..errors import RequestError
 from ..fleet.capacity import guess_warning, server_capacity
 from ..fleet.discovery import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
 from ..fleet.provenance import fleet_warnings, seed_warning
+from ..fleet.structured import asks_for_json, enforcement
+from ..fleet.structured import findings as structured_findings
 from ..http import Client
 from ..runtime import open_file_limit
 
@@ -42,7 +45,14 @@ class ServerCheck:
             "capacity_source": capacity.source if i else None,
             "checkpoint": i.identity.fingerprint if i and i.identity else None,
             "error": self.error,
+            **({"response_format": self.response_format()} if i and asks_for_json(config.sampling) else {}),
         }
+
+    def response_format(self) -> dict[str, Any]:
+        """What this server does with the run's response_format (fleet/structured.py)."""
+        assert self.info is not None
+        found = enforcement(self.info.kind, self.info.grammar)
+        return {"enforced": found.enforced, "whitespace": found.whitespace, "how": found.how}
 
 
 @dataclass
@@ -89,6 +99,12 @@ def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings
         found.warnings.append(guess)
     if (warning := fit_open_files(wanted, open_file_limit())[1]) is not None:
         found.warnings.append(warning)
+    if asks_for_json(config.sampling):
+        for c in checks:
+            if c.info is not None:
+                problem, warning = structured_findings(c.url, c.info.kind, c.info.grammar)
+                found.problems.extend([problem] if problem else [])
+                found.warnings.extend([warning] if warning else [])
     if config.concurrency and running and config.concurrency < min(map(int, running)):
         found.warnings.append(
             f"--concurrency {config.concurrency} is below the servers' max_running_requests "
@@ -113,7 +129,10 @@ def server_line(s: dict[str, Any]) -> str:
     if s.get("max_total_num_tokens") is not None:
         limits += f"  KV pool {s['max_total_num_tokens']} tokens"
     version = f" {s['version']}" if s.get("version") else ""
-    return (
+    line = (
         f"  {s['url']}  {health}  model {s['model']}{version}  {limits}  max_running {s['max_running_requests']}  "
         f"capacity {s['capacity']} ({s.get('capacity_source')})"
     )
+    if s.get("response_format"):
+        line += f"\n    response_format: {s['response_format']['how']}"
+    return line

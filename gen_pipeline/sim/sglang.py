@@ -332,6 +332,12 @@ def server_info(cfg: SimConfig, port: int, started: float, weight_version: str |
         "quantization": None,
         "kv_cache_dtype": "auto",
         "enable_deterministic_inference": cfg.deterministic,
+        # constrained decoding: the simulator's JSON answers are compact, as a --constrained-json-disable-any-whitespace
+        # server's are (fleet/structured.py reads these)
+        "grammar_backend": "xgrammar",
+        "constrained_json_disable_any_whitespace": True,
+        "constrained_json_max_whitespace_cnt": None,
+        "reasoning_parser": "qwen3" if cfg.reasoning_words else None,
         "weight_version": weight_version or cfg.weight_version,
         "max_total_num_tokens": cfg.max_total_num_tokens,
         "max_req_input_len": cfg.max_req_input_len,
