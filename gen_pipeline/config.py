@@ -246,6 +246,7 @@ class RunConfig:
         validate / json_schema: the answer checks run after the hygiene ones (answers/validate.py); the
             schema is also sent as `response_format` (in `sampling`). max_resamples: a rejected answer is sent
             again at most this often, then its (id, sample, turn) is ledgered `invalid` or `degenerate`.
+        loop_guard: "on" streams answers past the loop guard (answers/loops.py), "off" reads them whole.
     """
 
     # input and output
@@ -279,6 +280,7 @@ class RunConfig:
     validate: tuple[str, ...] = ()
     json_schema: dict[str, Any] | None = None
     max_resamples: int = DEFAULT_MAX_RESAMPLES
+    loop_guard: str = "on"
     # parallelism and retries
     concurrency: int | None = None
     queue_margin: int | None = None
@@ -353,6 +355,7 @@ class RunConfig:
             (self.samples_via in SAMPLES_VIA, f"--samples-via: {' or '.join(SAMPLES_VIA)}"),
             (self.thinking_budget is None or self.thinking_budget >= 0, "--thinking-budget must not be negative"),
             (self.turns in TURNS, f"--turns: {' or '.join(TURNS)}"),
+            (self.loop_guard in ("on", "off"), "--loop-guard: on or off"),
             ("n" not in self.sampling, '"n" in --sampling: use --samples (the run keeps every sample)'),
             (self.max_resamples >= 0, "--max-resamples must not be negative"),
             *((validate_spec_error(str(v)) is None, validate_spec_error(str(v)) or "") for v in self.validate),

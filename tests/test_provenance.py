@@ -137,14 +137,19 @@ def test_accepting_the_new_checkpoint_keeps_both_and_each_line_its_own(write_jso
     assert outcome.exit_code == 0 and outcome.summary["completed"] == 5
 
 
-def test_a_server_redeployed_mid_run_is_taken_out_and_its_rows_go_elsewhere(write_jsonl, tmp_path):
+GUARD = pytest.mark.parametrize("guard", ["on", "off"], ids=["streamed", "whole"])
+
+
+@GUARD
+def test_a_server_redeployed_mid_run_is_taken_out_and_its_rows_go_elsewhere(write_jsonl, tmp_path, guard):
     """One of two servers switches to v2 after 6 requests: it is out for the rest of the run, every row is
-    written once, and no line carries v2 or claims the old checkpoint for a v2 answer."""
+    written once, and no line carries v2 or claims the old checkpoint for a v2 answer. Streamed answers name no
+    weights (SGLang's chunks carry none): the server's own report after each answer stands for them."""
     sim = _sim(**NIGHT1)
     sim = SimConfig(**{**sim.__dict__, "redeploy": {sim.ports[0]: (6, "v2")}, "max_running": 2})
     out = tmp_path / "run"
     rows = prompts(60)
-    outcome, requests = night(sim, write_jsonl(rows), out, concurrency=2)
+    outcome, requests = night(sim, write_jsonl(rows), out, concurrency=2, loop_guard=guard)
     assert outcome.exit_code == 0, outcome.summary
     assert check_invariant([r["id"] for r in rows], out) == {"done": 60, "ledger": 0}
     lines = read_jsonl(out / "completions.jsonl")
@@ -156,7 +161,8 @@ def test_a_server_redeployed_mid_run_is_taken_out_and_its_rows_go_elsewhere(writ
     assert requests[sim.ports[1]] >= 60 - 6
 
 
-def test_a_whole_fleet_redeployed_mid_run_stops_the_run(write_jsonl, tmp_path):
+@GUARD
+def test_a_whole_fleet_redeployed_mid_run_stops_the_run(write_jsonl, tmp_path, guard):
     """Every server switched: the run stops with one message (no outage wait), nothing of v2 is written, and
     the rerun is refused until --accept-checkpoint."""
     sim = _sim(n=1, **NIGHT1)
@@ -164,7 +170,7 @@ def test_a_whole_fleet_redeployed_mid_run_stops_the_run(write_jsonl, tmp_path):
     out = tmp_path / "run"
     inp = write_jsonl(prompts(40))
     with pytest.raises(FleetError, match=r"redeployed mid-run.*'v2'.*--accept-checkpoint"):
-        night(sim, inp, out, concurrency=1)
+        night(sim, inp, out, concurrency=1, loop_guard=guard)
     lines = read_jsonl(out / "completions.jsonl")
     assert 1 <= len(lines) <= 4 and {r["weight_version"] for r in lines} == {"v1"}
 

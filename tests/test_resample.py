@@ -195,13 +195,13 @@ def test_a_loop_stopped_on_the_way_is_kept_short_and_resampled(write_jsonl, tmp_
     always = {"on": False}
     real = Client.chat
 
-    async def chat(self: Client, server: str, payload: dict[str, Any], timeout: float) -> Any:
+    async def chat(self: Client, server: str, payload: dict[str, Any], timeout: float, watch: Any = None) -> Any:
         if payload.get("seed") in first or (always["on"] and payload.get("max_tokens", 0) > 1):
             raise DegenerateAnswerError(
                 "a repetition loop in the content", check="loop", content="Start. " + "and again, " * 500,
                 completion_tokens=700, finish_reason="abort",
             )  # fmt: skip
-        return await real(self, server, payload, timeout)
+        return await real(self, server, payload, timeout, watch)
 
     monkeypatch.setattr(Client, "chat", chat)
     out = tmp_path / "out"

@@ -108,7 +108,7 @@ def add_run_flags(p: argparse.ArgumentParser, run_only: Any = None) -> None:
     _add_input_flags(groups["input and output"])
     _add_budget_flags(groups["model and budget"])
     _add_sampling_flags(groups["sampling"])
-    _add_answer_flags(groups["answers"])
+    _add_answer_flags(groups["answers"], run_only)
     _add_fleet_flags(groups["fleet"], run_only)
     _add_safety_flags(groups["resume and safety"], run_only)
     groups["observability"].add_argument(
@@ -207,8 +207,8 @@ def _add_sampling_flags(g: Any) -> None:
     g.add_argument("--sampling", help="JSON object of other request fields, e.g. '{\"top_k\": 20}'")
 
 
-def _add_answer_flags(g: Any) -> None:
-    """The answer checks and resampling (docs/how-to/answers.md)."""
+def _add_answer_flags(g: Any, run_only: Any) -> None:
+    """The answer checks and resampling (docs/how-to/answers.md), and the loop guard (docs/how-to/loop-guard.md)."""
     g.add_argument(
         "--validate",
         action="append",
@@ -231,6 +231,14 @@ def _add_answer_flags(g: Any) -> None:
         help=f"send a rejected answer again, with a new seed, at most N times, then ledger it invalid or "
         f"degenerate (default {DEFAULT_MAX_RESAMPLES}: at a 10%% reject rate 1 row in 1000 is ledgered, and a "
         "prompt no new draw fixes costs at most 3 answers)",
+    )
+    g.add_argument(
+        "--loop-guard",
+        choices=["on", "off"],
+        default="on",
+        help=run_only
+        or "on (default): stream each answer and stop one that falls into a repetition loop while it decodes, "
+        "on the server too; off: read answers whole",
     )
 
 

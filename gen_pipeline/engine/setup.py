@@ -78,6 +78,7 @@ def manifest_for(
         # the answer checks (the schema is in `sampling`, as response_format) and the resamples they allow
         **({"validate": list(config.validate)} if config.validate else {}),
         "max_resamples": config.max_resamples,
+        "loop_guard": config.loop_guard,
         "system_prompt": config.system_prompt,
         **({"template_sha256": template_hash(config.template)} if config.template is not None else {}),
         "servers": list(config.servers),

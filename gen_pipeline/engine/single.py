@@ -35,7 +35,8 @@ async def run_single(config: RunConfig, counter: TokenCounter | None, handle_sig
     try:
         await asyncio.to_thread(refuse_shard_writers, config.out)  # an older version's worker still writing
         async with open_transport(config.api_key, auth=config.server_auth) as transport:
-            return await _run_locked(config, Client(transport), counter, handle_signals)
+            client = Client(transport, stream=config.loop_guard == "on")  # the loop guard reads answers streamed
+            return await _run_locked(config, client, counter, handle_signals)
     finally:
         lock.release()
 

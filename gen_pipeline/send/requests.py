@@ -5,7 +5,8 @@ _with_retries  -> transport retries (tenacity): back off, move to another server
 _on_server     -> lease a server slot, send once, record the outcome on the server
 client.chat    -> HTTP; then `check_answer`: a 200 that is empty or names another model is not a completion
 
-An SGLang server gets a `rid` with each attempt, so the client can stop an attempt it gives up on; a streamed
+With --loop-guard on, answers stream past the loop guard (answers/loops.py), which stops one that loops. An
+SGLang server gets a `rid` with each attempt, so the client can stop an attempt it gives up on; a streamed
 answer whose stream names no weights gets them from its server before its checkpoint is judged (attempts.py).
 
 A RejectedAnswerError (the loop guard stopped the answer while it decoded) is the model's answer, not the
@@ -22,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..answers.loops import LoopGuard
 from ..config import RunConfig
 from ..errors import (
     AuthError,
@@ -258,7 +260,9 @@ class RequestPath:
             self.stats.in_flight += 1
             started = time.monotonic()
             try:
-                result = await self.client.chat(server.url, self.rids.wire(payload, track.rid_base, server), timeout)
+                wire = self.rids.wire(payload, track.rid_base, server)
+                guard = LoopGuard(server.url) if self.config.loop_guard == "on" else None
+                result = await self.client.chat(server.url, wire, timeout, guard)
                 result = self._checked(await self._versioned(result, server), payload, track, server)
                 result = self._judged(result, payload, track, server)
             except RejectedAnswerError as exc:  # the server answered (the model's answer was refused)

@@ -63,7 +63,8 @@ async def run_claimer(config: RunConfig, counter: TokenCounter | None, handle_si
         if not config.join:
             repair_all(config.out)  # the top-level files of an earlier layout: we are the only one here
         async with open_transport(config.api_key, auth=config.server_auth) as transport:
-            return await _claim_loop(config, Client(transport), counter, handle_signals)
+            client = Client(transport, stream=config.loop_guard == "on")  # the loop guard reads answers streamed
+            return await _claim_loop(config, client, counter, handle_signals)
     finally:
         lock.release()
 

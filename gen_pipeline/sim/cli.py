@@ -229,6 +229,9 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
         "request's seed when it has one)",
     )
     add("--json-answers", action="store_true", help="answer every chat request with JSON (else only response_format)")
+    add("--p-loop", type=float, default=0.0, help="fraction of chat answers that loop to max_tokens (seeded)")
+    add("--loop-period", type=int, default=48, help="a loop repeats a unit of 1 to N words (default 48)")
+    add("--stream-interval", type=int, default=1, help="tokens per streamed chunk (default 1, as SGLang's)")
 
 
 def _invalid(text: str) -> tuple[str, float]:
@@ -297,6 +300,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         poison_status=args.poison_status,
         json_answers=args.json_answers,
         invalid=dict(args.invalid),
+        p_loop=args.p_loop,
+        loop_period=args.loop_period,
+        stream_interval=args.stream_interval,
     )
 
 
@@ -333,6 +339,10 @@ def _summary(fleet: SimFleet) -> list[str]:
         "cached_tokens",
         "prefill_tokens",
         "output_tokens",
+        "decoded_tokens",
+        "loop_tokens",
+        "stopped",
+        "aborts",
         "busy_s",
         "model_s",
         "first_request_at",

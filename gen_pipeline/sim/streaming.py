@@ -29,7 +29,7 @@ from .choices import Choice
 from .httpd import SERVER_HEADER, Request
 from .scheduler import Scheduler
 
-MIN_TICK = 0.002  # tokens decoded within this many seconds go out in one write
+MIN_TICK = 0.01  # tokens decoded within this many seconds go out in one write
 DONE = b"data: [DONE]\n\n"
 NO_REASONING = b'"reasoning_content":null'
 
