@@ -249,3 +249,25 @@ def test_different_prompts_under_one_id_are_not_duplicates(write_jsonl, tmp_path
     assert len(both) == 2 * n and len(asked) == n  # every prompt of both runs, each with its 2 samples
     assert run_export(a, a, "--out", tmp_path / "same") == 0
     assert len(read_parquet(tmp_path / "same", tmp_path)) == n
+
+
+def test_a_killed_export_leaves_nothing_the_next_one_keeps(run_dir, tmp_path):
+    """An export killed (-9) mid-way left its .export-* folder beside --out; the next export removes it, and
+    leaves one an export still running holds."""
+    import subprocess
+    import sys
+
+    from gen_pipeline.export.export import staging
+
+    code = "import sys, time; from pathlib import Path; from gen_pipeline.export.export import staging\n"
+    code += "held = staging(Path(sys.argv[1])); held.__enter__(); print('ready', flush=True); time.sleep(60)"
+    killed = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "ds")], stdout=subprocess.PIPE, text=True)
+    assert killed.stdout is not None and killed.stdout.readline() == "ready\n"
+    killed.kill()
+    killed.wait(10)
+    killed.stdout.close()
+    [left] = tmp_path.glob(".export-*")
+    with staging(tmp_path / "other") as running:
+        assert run_export(run_dir, "--out", tmp_path / "ds") == 0
+        assert running.exists() and not left.exists()
+    assert list(tmp_path.glob(".export-*")) == []

@@ -46,6 +46,8 @@ def test_a_batch_line_is_the_row_it_asks_for() -> None:
         (batch_line("a", "x", max_tokens=5, max_completion_tokens=6), "differ"),
         ({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": []}, "body must be an object"),
         ({**batch_line("a", "x"), "messages": []}, "custom_id, method, url and body only"),
+        ({k: v for k, v in batch_line("a", "x").items() if k != "method"}, r"needs custom_id, method, url and body"),
+        ({k: v for k, v in batch_line("a", "x").items() if k != "url"}, r"needs custom_id, method, url and body"),
     ],
 )
 def test_a_batch_line_that_is_not_a_chat_request_is_bad_input(line: dict[str, Any], error: str) -> None:

@@ -15,7 +15,7 @@ from ..http import Client, open_transport
 from ..progress.stats import RunStats
 from ..resume import cursor
 from ..resume.cursor import InputCursor, MarkTracker
-from ..rundir.layout import RunDir, write_json_atomic
+from ..rundir.layout import RunDir, sweep_temporary_files, write_json_atomic
 from ..rundir.locks import DirLock, refuse_shard_writers
 from ..rundir.store import RunWriter, repair_all
 from ..runtime import install_run_handlers
@@ -34,6 +34,7 @@ async def run_single(config: RunConfig, counter: TokenCounter | None, handle_sig
     lock.acquire()
     try:
         await asyncio.to_thread(refuse_shard_writers, config.out)  # an older version's worker still writing
+        sweep_temporary_files(config.out)  # a kill's, the directory being ours alone now
         async with open_transport(config.api_key, auth=config.server_auth) as transport:
             client = Client(transport, stream=config.loop_guard == "on")  # the loop guard reads answers streamed
             return await _run_locked(config, client, counter, handle_signals)

@@ -19,6 +19,7 @@ that names the keys (the claim protocol writes each key once; two copies mean th
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from typing import Any
 
 from ..errors import ExportCheckError
 from ..fleet.provenance import unnamed_checkpoints
+from ..rundir.locks import FileLock, is_held
 from ..views.rundata import read_manifest
 from .card import dataset_card
 from .exportconfig import COLUMN_TYPES, REQUEST_COLUMNS, TRAINER_FORMATS, ExportConfig, ExportStats
@@ -124,7 +126,7 @@ def export(config: ExportConfig) -> ExportStats:
     checked(config)
     config.out.parent.mkdir(parents=True, exist_ok=True)
     stats = ExportStats()
-    with tempfile.TemporaryDirectory(dir=config.out.parent, prefix=".export-") as tmp:
+    with staging(config.out) as tmp:
         if config.format == "openai-batch":
             _stage_batch(config, stats, Path(tmp) / "out")
             return stats
@@ -148,6 +150,23 @@ def export(config: ExportConfig) -> ExportStats:
         del ds
         _move(staged, config.out)
     return stats
+
+
+@contextlib.contextmanager
+def staging(out: Path) -> Iterator[Path]:
+    """A temporary folder beside `out`, locked while this export runs (.export-*/.lock); the folders killed
+    exports left there (their lock held by nobody) are removed first. A folder without a lock is left as it is
+    (an older version's, maybe at work)."""
+    for left in out.parent.glob(".export-*"):
+        if is_held(left / ".lock") is False:
+            shutil.rmtree(left, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".export-") as tmp:
+        lock = FileLock(Path(tmp) / ".lock", " (export)")
+        lock.acquire()
+        try:
+            yield Path(tmp)
+        finally:
+            lock.release()
 
 
 def _move(staged: Path, out: Path) -> None:

@@ -6,6 +6,7 @@ tokens.conversation's to judge, so that the count and the request agree.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,10 +171,28 @@ def parse_row(raw: bytes, line: int, shape: RowShape | None = None) -> Prompt:
         raise RowError(f"invalid JSON: {exc}", "not_json") from exc
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object", "not_json_object")
+    if (twice := repeated_key(raw, row)) is not None:  # JSON keeps the last: which one was meant is unknown
+        raise RowError(f"row has the key {twice!r} more than once".replace("'", '"'), "repeated_key")
     try:
         return _prompt(raw, from_batch(row) if is_batch_line(row) else row, line, shape)
     except RowError as exc:
         raise RowError(as_written(str(exc), raw), exc.tag) from None
+
+
+def repeated_key(raw: bytes, row: dict[str, Any]) -> str | None:
+    """A key the row's object holds more than once (the first), if any. Parsed again, slowly, only when one
+    of its keys is written more than once anywhere in the line."""
+    if all(raw.count(orjson.dumps(key)) < 2 for key in row):
+        return None
+    objects: list[list[str]] = []  # each object's keys, innermost first: the row's own come last
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        objects.append([k for k, _ in items])
+        return dict(items)
+
+    json.loads(raw, object_pairs_hook=pairs)
+    keys = objects[-1]
+    return next((k for i, k in enumerate(keys) if k in keys[:i]), None)
 
 
 BATCH_KEYS = frozenset({"custom_id", "method", "url", "body"})
@@ -191,10 +210,12 @@ def from_batch(line: dict[str, Any]) -> dict[str, Any]:
     as the row's sampling. The body's model and stream are the run's to set."""
     if extra := sorted(line.keys() - BATCH_KEYS):
         raise RowError(f"an OpenAI Batch line holds custom_id, method, url and body only, not {extra}")
+    if missing := sorted(BATCH_KEYS - line.keys()):  # the Batch API's input format requires all four
+        raise RowError(f"an OpenAI Batch line needs custom_id, method, url and body; it has no {missing}")
     custom_id, body = line["custom_id"], line.get("body")
     if not isinstance(custom_id, str) or not custom_id:
         raise RowError(f"custom_id must be a non-empty string, not {custom_id!r}")
-    if line.get("method", "POST") != "POST" or line.get("url", "/v1/chat/completions") not in BATCH_URLS:
+    if line["method"] != "POST" or line["url"] not in BATCH_URLS:
         raise RowError(
             f"an OpenAI Batch line must be POST /v1/chat/completions, not {line.get('method')} {line.get('url')}"
         )

@@ -277,12 +277,9 @@ class PromptSource:
                 return skipped(reason)  # settled by an earlier run: not even parsed when the id leads
         if prompt is None and error is None:
             try:
-                prompt = parse_row(raw, line, self.shape)
+                prompt = parse_row(raw, line, self.shape)  # refuses a row with two "id" keys (the peek read the first)
             except RowError as exc:
                 error = str(exc)
-            else:  # JSON keeps the last of two "id" keys; the peek read the first, which decided above
-                if prompt.id != rid:
-                    prompt, error = None, 'row has the key "id" more than once'
         if error is None:
             return prompt
         self.note_bad(line, key or 0)

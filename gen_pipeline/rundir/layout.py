@@ -25,6 +25,7 @@ The locks themselves (flock, who holds them) are locks.py's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -180,6 +181,9 @@ class RunDir:
         return found
 
 
+_TMP = re.compile(r"[\w.-]+\.json\.\d+\.tmp")  # write_json_atomic's temporary files
+
+
 def read_manifest(run: Path) -> dict[str, Any]:
     """A run directory's manifest.json ({} when it has none)."""
     path = RunDir(run).manifest
@@ -192,7 +196,7 @@ def make_dir(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"cannot create {path}: {exc.strerror or exc}") from exc
+        raise OutputError(f"cannot create {path}: {_not_a_directory(path) or exc.strerror or exc}") from exc
     return path
 
 
@@ -225,6 +229,30 @@ def _unmake(made: list[Path]) -> None:
         path.rmdir()
 
 
+def _not_a_directory(path: Path) -> str | None:
+    """Why `path` or a folder above it cannot be a directory (mkdir says only "File exists"), if one cannot."""
+    for p in (*reversed(path.parents), path):
+        if p.is_symlink():
+            try:
+                os.stat(p)
+            except FileNotFoundError:
+                return f"{p} is a symbolic link to {os.readlink(p)}, which does not exist"
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    return f"{p} is a symbolic link that loops ({os.readlink(p)})"
+        if p.exists() and not p.is_dir():
+            return f"{p} is a file, not a directory"
+    return None
+
+
+def sweep_temporary_files(run: Path) -> None:
+    """Remove the temporary files write_json_atomic leaves when it is killed mid-write; only for a process
+    that holds the run directory alone (another writer's may be in use)."""
+    for path in run.glob("*.json.*.tmp"):
+        if _TMP.fullmatch(path.name):
+            path.unlink(missing_ok=True)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Replace a JSON file in one step, so a crash leaves the old or the new one whole."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # claimers on many hosts may replace one file
@@ -232,4 +260,6 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
         os.replace(tmp, path)
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)  # a full disk: the part written is nobody's
         raise OutputError(f"cannot write {path}: {exc}") from exc

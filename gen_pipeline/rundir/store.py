@@ -245,13 +245,20 @@ def spent(
     return found
 
 
+def _setting(key: str, manifest: dict[str, Any]) -> Any:
+    """A manifest's setting as the user gave it (a manifest leaves --turns last out: runs from before it)."""
+    value = manifest.get(key)
+    return "last" if key == "turns" and value is None else value
+
+
 def check_manifest(out: Path, manifest: dict[str, Any], force: bool, write: bool = True) -> list[str]:
     """Refuse to resume a run made with other settings (unless forced); then record ours (if `write`).
     Returns a warning for each budget setting that changed (allowed: each line records its own max_tokens)."""
     path = RunDir(out).manifest
     old = orjson.loads(path.read_bytes()) if path.exists() else {}
     if old and not force:
-        diffs = [f"{k}: {old.get(k)!r} -> {manifest.get(k)!r}" for k in MANIFEST_KEYS if old.get(k) != manifest.get(k)]
+        changed = [k for k in MANIFEST_KEYS if old.get(k) != manifest.get(k)]
+        diffs = [f"{k}: {_setting(k, old)!r} -> {_setting(k, manifest)!r}" for k in changed]
         if diffs:
             raise ManifestMismatchError(
                 f"{out} holds a run with other settings ({'; '.join(diffs)}); use another --out, or --force to mix them"
