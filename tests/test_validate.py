@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import orjson
@@ -100,6 +101,25 @@ def test_python_validator_gets_the_answer_and_returns_a_reason(tmp_path):
     assert validator.verdict(Answer("tiny", id="a")) is None
     verdict = validator.verdict(Answer("far too long", id="a", sample=2))
     assert verdict == ("python", "too long for id a sample 2: 12")
+
+
+def test_a_module_in_the_working_directory_or_beside_the_file_imports(tmp_path, monkeypatch):
+    """python:MODULE:F finds MODULE in the working directory as `python -m` does, and python:FILE.py:F the
+    modules beside FILE as `python FILE` does, though the `gen-pipeline` console script has neither on its
+    path ("No module named 'mychecks'" before)."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(Path.cwd()))])
+    here, beside = tmp_path / "here", tmp_path / "checks"
+    here.mkdir(), beside.mkdir()
+    (here / "qa_cwd_checks.py").write_text("def f(answer):\n    return None if answer.text else 'empty'\n")
+    (beside / "qa_beside_words.py").write_text("BANNED = 'forbidden'\n")
+    (beside / "qa_beside_checks.py").write_text(
+        "import qa_beside_words\n\n"
+        "def f(answer):\n    return 'banned' if qa_beside_words.BANNED in answer.text else None\n"
+    )
+    monkeypatch.chdir(here)
+    assert Validator.build(["python:qa_cwd_checks:f"]).verdict(Answer("fine")) is None
+    validator = Validator.build([f"python:{beside / 'qa_beside_checks.py'}:f"])
+    assert validator.verdict(Answer("a forbidden word")) == ("python", "banned")
 
 
 @pytest.mark.parametrize(

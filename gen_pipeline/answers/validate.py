@@ -54,8 +54,10 @@ def load_function(spec: str) -> Callable[[Answer], Any]:
     module_name, _, name = spec.removeprefix("python:").rpartition(":")
     try:
         if module_name.endswith(".py"):
+            _on_path(Path(module_name).resolve().parent)  # its sibling modules, as `python FILE` has them
             module = _module_from_file(Path(module_name))
         else:
+            _on_path(Path.cwd())  # the working directory, as `python -m` has it (a console script has not)
             module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module failed to import: say so before anything is sent
         raise ConfigError(f"--validate {spec}: cannot import {module_name}: {type(exc).__name__}: {exc}") from exc
@@ -63,6 +65,13 @@ def load_function(spec: str) -> Callable[[Answer], Any]:
     if not callable(function):
         raise ConfigError(f"--validate {spec}: {module_name} has no function {name}")
     return function  # type: ignore[no-any-return]
+
+
+def _on_path(folder: Path) -> None:
+    """Put `folder` on the import path, after every other entry (it shadows nothing), for the user's module and
+    the modules it imports, now or when its function runs."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
 
 
 def _module_from_file(path: Path) -> Any:
