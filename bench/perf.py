@@ -12,8 +12,10 @@ client being measured. Printed, one table:
   - peak RSS (MB) of the client process;
   - sim CPU ms/req: the simulator's user+sys CPU meanwhile (Linux /proc), divided by the same rows;
   - for gen-pipeline only: exact Qwen3 chat-template counting, output and ledger on, as in production.
-`--workers 2` is measured too (CPU and RSS include both workers and the parent), and one run with
-`--fsync-interval 3600` (no fsync during the run) shows what the default fsync every second costs. Both
+`--workers 2` is measured too (CPU and RSS include both workers and the parent), one run with
+`--fsync-interval 3600` (no fsync during the run) shows what the default fsync every second costs, and one
+with `--loop-guard off` (answers read whole) what streaming them costs: the default streams each answer, a
+chunk per token, through the loop guard. Both
 clients send with aiohttp, so the CPU ratio of gen-pipeline to the bare script is what the rest costs.
 Each client also runs over 20 rows: that run's CPU and wall are its start-up cost (imports, tokenizer, fleet
 discovery; for `-w 2` a parent and two workers), printed with the CPU per request and the req/s after it.
@@ -277,6 +279,11 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         bare = [sys.executable, str(tmp / "bare.py"), str(short), str(tmp / "bare.out"), urls]
         r["bare"] = timed_against(sim.pid, bare)
         r["ours"] = timed_against(sim.pid, generate_cmd(short, tmp / "ours", servers))
+        # the loop guard off: answers read whole, not streamed (a chunk a token, parsed and watched)
+        r["whole"] = timed_against(sim.pid, generate_cmd(short, tmp / "whole", servers, "--loop-guard", "off"))
+        r["streamed_tokens"] = sum(
+            orjson.loads(line)["completion_tokens"] or 0 for line in (tmp / "ours/completions.jsonl").open("rb")
+        )
         # right after the default run, so that both see the same machine
         nofsync = generate_cmd(short, tmp / "nofsync", servers, "--fsync-interval", "3600")
         r["nofsync"] = timed_against(sim.pid, nofsync)
@@ -334,6 +341,7 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
     )
     table = [("bare script", bare, n), ("gen-pipeline", ours, n), ("gen-pipeline -w 2", ours2, n)]
     table.append(("gen-pipeline, fsync never", nofsync, n))
+    table.append(("gen-pipeline, --loop-guard off", r["whole"], n))
     if "full" in r:
         table.append((f"gen-pipeline, big {r['full_rows']:,} rows", r["full"], r["full_rows"]))
     print_table(table, "sim CPU ms/req")
@@ -365,6 +373,13 @@ def report(args: argparse.Namespace, r: dict[str, Any], rate: float, gap: dict[s
     print(
         f"fsync every 1 s vs never: CPU ms/req {ours['cpu'] / n * 1e3:.3f} vs {nofsync['cpu'] / n * 1e3:.3f}, "
         f"req/s {n / ours['wall']:.0f} vs {n / nofsync['wall']:.0f}"
+    )
+    whole = r["whole"]
+    print(
+        f"streamed (--loop-guard on, the default) vs whole answers (off): CPU ms/req {ours['cpu'] / n * 1e3:.3f} vs "
+        f"{whole['cpu'] / n * 1e3:.3f} ({ours['cpu'] / whole['cpu']:.2f}x), req/s {n / ours['wall']:.0f} vs "
+        f"{n / whole['wall']:.0f}; {(ours['cpu'] - whole['cpu']) / r['streamed_tokens'] * 1e6:.1f} us of CPU a "
+        f"streamed token ({r['streamed_tokens'] / n:.0f} tokens an answer)"
     )
     print(f"tokenize + budget: {rate:,.0f} prompts/s (batches of 256, one thread)")
     (bmax, bp99), (imax, ip99) = gap["busy"], gap["idle"]

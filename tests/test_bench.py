@@ -144,3 +144,17 @@ def test_turns_bench_runs_end_to_end_and_checks_every_turn(tmp_path):
         numbers = [x for x in row if x.replace(",", "").replace(".", "").replace("%", "").isdigit()]
         assert int(numbers[0]) == turns and numbers[1] == "0", row  # every turn answered, none twice
     assert any(line.startswith("goal: prefill <= 1.1x best") for line in lines)
+
+
+@pytest.mark.slow
+def test_loops_bench_runs_end_to_end_and_judges_issue_54s_targets(tmp_path):
+    """bench/loops.py on a small night: both runs are printed, and each of issue 54's four targets is judged."""
+    argv = [sys.executable, str(BENCH / "loops.py"), "--rows", "60", "--ports", "2", "--max-running", "8",
+            "--token-latency", "0.001", "--max-tokens", "1024", "--p-loop", "0.2", "--legit-seeds", "1"]  # fmt: skip
+    done = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines if line.startswith(("on ", "off "))] == ["on", "off"]
+    table = lines[lines.index("issue 54's targets:") + 1 :]
+    assert len(table) == 4 and all(line.rstrip().endswith(("met", "NOT met")) for line in table), table
+    assert "0 of 400 legitimately repetitive answers" in done.stdout
