@@ -51,6 +51,8 @@ def read_settings(path: str | Path) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
+        if name not in FILE_OPTIONS and isinstance(value, Mapping):
+            raise ConfigError(f"--config {path}: unknown table [{key}]: the flags are keys at the top of the file")
         if name not in FILE_OPTIONS:
             raise ConfigError(f"--config {path}: unknown key {key!r}{_close_to(name)}")
         if name in settings:
@@ -70,11 +72,17 @@ def _checked(path: Path, key: str, value: Any) -> Any:
     hint = option_types()[key.replace("-", "_")]
     parts = value if isinstance(value, list) else []
     if not fits(value, hint) or not all(isinstance(p, str | dict) for p in parts):
-        wanted = type_name(hint).replace("Mapping", "table").replace("dict", "table").replace("Path", "path")
-        raise ConfigError(f"--config {path}: {key} must be {wanted}, not {value!r}")
+        raise ConfigError(f"--config {path}: {key} must be {_wanted(hint)}, not {value!r}")
     if isinstance(value, Mapping):
         return dict(value)
     return value
+
+
+def _wanted(hint: Any) -> str:
+    """The TOML kinds of value an option takes, as a user reads them: "str or list" (TOML has no None)."""
+    kinds = {"Mapping": "table", "dict": "table", "Path": "path", "Sequence": "list", "tuple": "list"}
+    names = [kinds.get(n, n) for n in type_name(hint).split(" or ") if n != "None"]
+    return " or ".join(dict.fromkeys(names))
 
 
 def merged_settings(config_file: str | Path | None, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -57,9 +57,12 @@ def test_every_visible_generate_flag_is_a_key():
         ('max-tokens = "64"', "max-tokens must be int, not '64'"),
         ("temperature = true", "temperature must be float, not True"),
         ("force = 1", "force must be bool, not 1"),
-        ("limit = 2.5", "limit must be int or None, not 2.5"),
+        ("limit = 2.5", "limit must be int, not 2.5"),  # TOML has no None ("int or None" before)
         ("sampling = 3", "sampling must be str or table, not 3"),
-        ("servers = [1, 2]", "servers must be"),
+        ("servers = [1, 2]", "servers must be str or list, not [1, 2]"),  # "str or tuple or list" before
+        ("validate = 5", "validate must be str or list, not 5"),  # "str or Sequence" before
+        ("out = 5", "out must be str or path, not 5"),
+        ("[generate]\nsamples = 2", r"unknown table [generate]: the flags are keys at the top of the file"),
         ("max-tokens = ", "not valid TOML"),
     ],
 )
