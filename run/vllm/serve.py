@@ -2,6 +2,7 @@
 """Start and stop one real vLLM OpenAI server on CPU on 127.0.0.1 (for the realserver tests).
 
     serve.py start --python VENV_PYTHON --model DIR --port P --dir RUN_DIR [--max-model-len 2048] [--timeout 600]
+                   [-- EXTRA VLLM FLAGS]
     serve.py stop --dir RUN_DIR
 
 `start` launches `python -m vllm.entrypoints.openai.api_server` in its own session (output to
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,11 +27,19 @@ MODEL_NAME = "tiny-qwen3"
 TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 
 
-def start(python: str, model: Path, port: int, run_dir: Path, max_model_len: int = 2048, timeout: float = 600) -> str:
+def start(
+    python: str,
+    model: Path,
+    port: int,
+    run_dir: Path,
+    max_model_len: int = 2048,
+    timeout: float = 600,
+    extra: Sequence[str] = (),
+) -> str:
     """Start the server; return its base URL once it answers, or raise RuntimeError with its log's tail."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", HOST,
             "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", "bfloat16",
-            "--served-model-name", MODEL_NAME, "--no-enable-log-requests", *TOOL_ARGS]  # fmt: skip
+            "--served-model-name", MODEL_NAME, "--no-enable-log-requests", *TOOL_ARGS, *extra]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return server_process.start("vllm", argv, env, port, run_dir, timeout)
 
@@ -39,7 +49,8 @@ def stop(run_dir: Path, timeout: float = 20) -> None:
     server_process.stop("vllm", run_dir, timeout)
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("start")
@@ -51,13 +62,13 @@ def main() -> int:
     s.add_argument("--timeout", type=float, default=600)
     t = sub.add_parser("stop")
     t.add_argument("--dir", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(ours)
     if args.cmd == "stop":
         stop(args.dir)
         return 0
-    print(start(args.python, args.model, args.port, args.dir, args.max_model_len, args.timeout))
+    print(start(args.python, args.model, args.port, args.dir, args.max_model_len, args.timeout, extra))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
