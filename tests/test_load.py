@@ -50,10 +50,26 @@ def test_load_takes_exports_choices(write_jsonl, tmp_path):
     assert len(ds) == sum(x["finish_reason"] != "length" for x in lines) > 0
     assert ds.column_names[-2:] == ["checkpoint", "meta.src"] and "id" in ds.column_names
     assert all(r["meta.src"] == f"s{r['id']}" for r in ds)
+    as_flag = gen_pipeline.load(tmp_path / "run", columns="meta.src", drop_truncated=True)  # the flag's text
+    assert as_flag.to_list() == ds.to_list()  # "unknown --columns ['m', 'e', 't', 'a', ...]" before
     conv = gen_pipeline.load(tmp_path / "run", format="conversations")
     assert conv.column_names == ["id", "conversations", "tools"] and len(conv) == 6
     with pytest.raises(ConfigError, match="format"):
         gen_pipeline.load(tmp_path / "run", format="openai-batch")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"rejected": True}, "export --rejected"),  # silently gave the accepted rows before
+        ({"save_to_disk": True}, "save_to_disk= is export's"),
+        ({"drop_truncatd": True}, "unknown option drop_truncatd=; did you mean drop_truncated="),  # a TypeError
+    ],
+)
+def test_load_refuses_what_it_cannot_do(tmp_path, options, message):
+    """A keyword load cannot honour is a ConfigError naming it, never ignored nor a TypeError about ExportConfig."""
+    with pytest.raises(ConfigError, match=message):
+        gen_pipeline.load(tmp_path / "run", **options)
 
 
 def test_load_of_a_turns_all_run_gives_its_conversations(write_jsonl, tmp_path):

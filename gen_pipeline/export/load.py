@@ -14,6 +14,8 @@ there (for a run bigger than memory). Refusals are export's (ConfigError, Export
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -35,6 +37,9 @@ def load(
     """The rows `export RUNS...` would write with these options, as a `datasets.Dataset`."""
     if not runs:
         raise ConfigError("load: name at least one run directory")
+    _refuse_unknown(options)
+    if isinstance(columns, str):  # "meta.src,reasoning_content", as the flag takes them
+        columns = [c.strip() for c in columns.split(",") if c.strip()]
     if format not in ("dataset", *TRAINER_FORMATS):
         raise ConfigError(f"load: format is dataset, {' or '.join(TRAINER_FORMATS)} (openai-batch is files)")
     folder = Path(cache_dir) if cache_dir is not None else Path(tempfile.mkdtemp(prefix="gen-pipeline-load-"))
@@ -54,3 +59,23 @@ def load(
     finally:
         if cache_dir is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+# export's options for the files it writes: load writes none, so it refuses them rather than return other rows
+WRITING = {"out", "overwrite", "save_to_disk", "shard_rows", "push_to_hub", "private", "rejected"}
+
+
+def _refuse_unknown(options: dict[str, Any]) -> None:
+    """A keyword that is none of export's row options is a ConfigError naming it (and the one it is close to)."""
+    known = {f.name for f in dataclasses.fields(ExportConfig)} - WRITING - {"runs", "columns", "format"}
+    for name in options:
+        if name == "rejected":
+            raise ConfigError(
+                "load: rejected= is not load's: it returns the accepted rows; `export --rejected` writes "
+                "the rejected answers (OUT/rejected/)"
+            )
+        if name in WRITING:
+            raise ConfigError(f"load: {name}= is export's, for the files it writes; load writes none")
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise ConfigError(f"load: unknown option {name}=" + (f"; did you mean {close[0]}=?" if close else ""))
