@@ -91,3 +91,34 @@ def test_check_says_how_each_server_enforces_the_schema(write_jsonl, tmp_path):
     assert not [w for w in report["warnings"] if "response_format" in w or "whitespace" in w]
     plain = check([sim(1)], path, tmp_path)
     assert "response_format" not in plain["fleet"][0]
+
+
+def test_generate_refuses_a_server_that_refuses_the_schema_and_warns_of_loose_whitespace(tmp_path):
+    """generate at start: an SGLang on --grammar-backend none is refused (a PROBLEM, --force starts anyway), one
+    with unbounded whitespace warned of; a run that asks for no JSON hears of neither."""
+    import dataclasses
+
+    from gen_pipeline.engine.setup import start_findings
+    from gen_pipeline.errors import PreflightError
+    from gen_pipeline.fleet.discovery import FleetInfo, ServerInfo
+    from gen_pipeline.options import build_config
+
+    def fleet() -> FleetInfo:
+        return FleetInfo(
+            servers=[
+                ServerInfo("http://a:1", "m", 2048, kind="sglang", grammar=grammar(grammar_backend="none")),
+                ServerInfo("http://b:2", "m", 2048, kind="sglang", grammar=grammar()),
+            ],
+            down=[],
+        )
+
+    config = build_config(tmp_path / "in.jsonl", tmp_path / "out", sampling={"response_format": SCHEMA_FORMAT})
+    with pytest.raises(PreflightError, match="http://a:1 runs SGLang with --grammar-backend none"):
+        start_findings(config, fleet())
+    forced = fleet()
+    start_findings(dataclasses.replace(config, force=True), forced)
+    assert any(w.startswith("PROBLEM ignored (--force): http://a:1") for w in forced.warnings), forced.warnings
+    assert any(w.startswith("http://b:2 (SGLang, xgrammar) lets any run of whitespace") for w in forced.warnings)
+    plain = fleet()
+    start_findings(build_config(tmp_path / "in.jsonl", tmp_path / "out"), plain)
+    assert plain.warnings == []

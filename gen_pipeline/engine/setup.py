@@ -224,7 +224,9 @@ def fit_open_files(capacities: dict[str, int], limit: int) -> tuple[dict[str, in
 
 def start_findings(config: RunConfig, fleet: FleetInfo) -> None:
     """Refuse, unless --force, a fleet `check` calls a PROBLEM; print the warnings now, not only at the end."""
-    problems = fleet.problems()
+    formats, warnings = fleet.response_format_findings(config.sampling)  # a server that refuses --json-schema
+    problems = fleet.problems() + formats
+    fleet.warnings.extend(warnings)
     if problems and not config.force:
         raise PreflightError(problems)
     fleet.warnings.extend(f"PROBLEM ignored (--force): {p}" for p in problems)

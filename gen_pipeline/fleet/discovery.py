@@ -35,7 +35,7 @@ from ..tokens.conversation import SERVER_KINDS
 from .loads import fetch_load
 from .provenance import ServerIdentity, fleet_warnings, identity_from
 from .state import LOAD_SOURCES, LoadSource
-from .structured import Grammar
+from .structured import Grammar, asks_for_json, findings
 
 log = logging.getLogger("gen_pipeline")
 
@@ -99,6 +99,18 @@ class FleetInfo:
             if getattr(s, attr) is not None:
                 groups.setdefault(str(getattr(s, attr)), []).append(s.url)
         return groups
+
+    def response_format_findings(self, sampling: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """Problems and warnings about what the servers do with the run's response_format, when it asks for
+        JSON (structured.py): `check` reports them, `generate` refuses the problems unless --force."""
+        problems: list[str] = []
+        warnings: list[str] = []
+        if asks_for_json(sampling):
+            for s in self.servers:
+                problem, warning = findings(s.url, s.kind, s.grammar)
+                problems += [problem] if problem else []
+                warnings += [warning] if warning else []
+        return problems, warnings
 
     def problems(self) -> list[str]:
         """Disagreements no run survives intact, one line each (`check` and `generate` both refuse them):

@@ -14,7 +14,6 @@ from ..fleet.capacity import guess_warning, server_capacity
 from ..fleet.discovery import DISCOVERY_TIMEOUT, FleetInfo, ServerInfo, probe
 from ..fleet.provenance import fleet_warnings, seed_warning
 from ..fleet.structured import asks_for_json, enforcement
-from ..fleet.structured import findings as structured_findings
 from ..http import Client
 from ..runtime import open_file_limit
 
@@ -99,12 +98,9 @@ def fleet_findings(checks: list[ServerCheck], config: RunConfig, found: Findings
         found.warnings.append(guess)
     if (warning := fit_open_files(wanted, open_file_limit())[1]) is not None:
         found.warnings.append(warning)
-    if asks_for_json(config.sampling):
-        for c in checks:
-            if c.info is not None:
-                problem, warning = structured_findings(c.url, c.info.kind, c.info.grammar)
-                found.problems.extend([problem] if problem else [])
-                found.warnings.extend([warning] if warning else [])
+    problems, warnings = fleet_info(checks).response_format_findings(config.sampling)
+    found.problems.extend(problems)
+    found.warnings.extend(warnings)
     if config.concurrency and running and config.concurrency < min(map(int, running)):
         found.warnings.append(
             f"--concurrency {config.concurrency} is below the servers' max_running_requests "
