@@ -75,6 +75,8 @@ def test_the_bound_then_the_ledger_and_a_rerun_pays_nothing(write_jsonl, tmp_pat
     assert {r["check"] for r in rejects(out)} == {"think_marker"}
     assert outcome.summary["failed"] == {"invalid": 6} and outcome.exit_code == 0  # permanent: the run is done
     assert all("2 answers rejected in a row (--max-resamples 1)" in f["detail"] for f in ledger(out))
+    last = {r["id"]: r["server"] for r in rejects(out) if r["attempt"] == 1}
+    assert {f["id"]: f["server"] for f in ledger(out)} == last  # who gave the last reject (null before)
     again, fleet = run_sim(path, out, sim=sim, max_resamples=1, sampling={"seed": SEED})
     assert requests(fleet) == 0 and again.summary["skipped"] == {"invalid": 6}
     retry = frozenset({"invalid"})

@@ -31,11 +31,12 @@ Fields = Callable[[Prompt, int, int, int], dict[str, Any]]  # (prompt, sample, t
 class Attempts:
     """Where one answer's attempts stand: `total` rejected so far, across runs (the next attempt's number),
     `round` of them since the bound last started (a --retry-failed round starts again), and the last reject's
-    reason, check and detail."""
+    reason, check and detail, and its server."""
 
     total: int = 0
     round: int = 0
     last: tuple[str, str, str] | None = None
+    server: str | None = None  # who gave the last rejected answer (None: an earlier run's)
 
     @classmethod
     def of(cls, prompt: Prompt, sample: int, turn: int) -> Attempts:
@@ -47,6 +48,7 @@ class Attempts:
         self.total += 1
         self.round += 1
         self.last = (error.reason, error.check, str(error))
+        self.server = error.server or None
 
 
 class Answered(NamedTuple):
@@ -173,6 +175,6 @@ class Resampler:
             status=200,
             attempts=tries.round,
             input_tokens=prompt.input_tokens,
-            server=track.server or None,
+            server=tries.server or track.server or None,
             max_tokens=max_tokens,
         )
