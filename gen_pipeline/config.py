@@ -239,6 +239,8 @@ class RunConfig:
             user turn answered by the target with its own earlier answers as history; send/turns.py).
         limit: read only the first `limit` lines of the input (None: all of it).
         system_prompt: a system turn put first in every row that has none (counted and sent like the rest).
+        redo_changed: answer again the answered rows whose prompt in the input changed since (resume/changes.py);
+            without it they are counted and named, their old answers kept.
         template: the text of a Jinja2 template over a row's columns that renders its user message
             (--template FILE; inputs/template.py); None: each row's own messages.
         tools / chat_template_kwargs: the OpenAI tools list and template switches of every row that has
@@ -274,6 +276,7 @@ class RunConfig:
     limit: int | None = None
     system_prompt: str | None = None
     template: str | None = None
+    redo_changed: bool = False
     tools: list[Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # answers (answers/, send/resample.py)

@@ -143,6 +143,12 @@ def _add_input_flags(g: Any) -> None:
         "(sandboxed; a column the row lacks makes the row bad_input); counted, sent and recorded",
     )
     g.add_argument(
+        "--redo-changed",
+        action="store_true",
+        help="answer again the answered rows whose prompt in the input changed since (without it they are counted "
+        "and named); the output stays append-only, export keeps the newer answer",
+    )
+    g.add_argument(
         "--turns",
         choices=["last", "all"],
         default="last",

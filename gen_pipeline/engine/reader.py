@@ -13,10 +13,11 @@ from ..inputs.shape import RowShape
 from ..inputs.source import PromptSource, Skipped, skipped
 from ..progress.stats import RunStats
 from ..records import Prompt
+from ..resume.changes import RecordedPrompts, changed_samples, next_generations
 from ..resume.cursor import Mark, Resumed, mark_of
 from ..rundir.store import ResumeState
 from ..samples import pending, place_key, row_reason
-from ..send.turns import TurnHistory, owed, recorded_history, split_turns, stale
+from ..send.turns import Conversations, TurnHistory, owed, recorded_history, split_turns, stale
 from ..tokens import TokenCounter
 from ..tokens.conversation import ChatInput, Conversation
 from ..tokens.oversize import SizeFloor
@@ -49,6 +50,7 @@ class BatchReader:
         start = resumed.start if resumed else None
         shape = RowShape.of(config.template, config.turns)
         self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start, shape)
+        self.source.parse_done = True  # an answered row is read, to tell whether its prompt changed since
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
         self.limit, self.config = config.limit, config
@@ -70,6 +72,7 @@ class BatchReader:
         self.work.carried_rows = sum(self.carried.values())
         self.cursor_at = start.offset if start else 0
         self.counting: threading.Thread | None = None  # the bar's total, counted beside the run (workload.py)
+        self.recorded = RecordedPrompts(config.out / name for name in resume.files)
 
     def hold_cursor(self) -> None:
         """A row failed for a transient reason: the input cursor stops short of it."""
@@ -146,11 +149,36 @@ class BatchReader:
             if self.config.turns == "all":
                 return self._settle_turns(item, k)
             item.pending = pending(self.resume, item.key, k, self.retry)
+            if len(item.pending) < k:  # answered before: with this prompt?
+                shaped(item, self.config)
+                self._changed(item, changed_samples(item, k, self.resume, self.recorded, self.retry))
             self.work.skipped += k - len(item.pending)
             if not item.pending:
                 return skipped(row_reason(self.resume, item.key, k, self.retry) or "done")
             self._spent(item, {s: 0 for s in item.pending})
         return item
+
+    def _changed(self, item: Prompt, samples: tuple[int, ...]) -> None:
+        """Answered samples whose prompt changed since (resume/changes.py): counted and named; with
+        --redo-changed, owed again as their next restart generation, from the first turn."""
+        if not samples:
+            return
+        self.stats.changed.note(item.id, self.config.redo_changed)
+        if self.config.redo_changed:
+            item.restart.update(next_generations(item, samples, self.resume))
+            item.pending = tuple(sorted({*item.pending, *samples}))
+
+    def _complete_changed(self, item: Prompt, k: int, found: Conversations) -> tuple[int, ...]:
+        """--turns all: the complete conversations whose user (and system) turns are not the row's now."""
+        last = len(item.turns or ()) - 1
+        changed = []
+        for s in range(k):
+            if s in found.start or s in found.ended:
+                continue
+            line = self.history.line(item, s, last, found.restart.get(s, 0))
+            if line is not None and stale(line, item.turns or [], frozenset()) == "edited":
+                changed.append(s)
+        return tuple(changed)
 
     def _spent(self, item: Prompt, starts: dict[int, int]) -> None:
         """What earlier runs spent on the answers the prompt still owes (sample -> the turn it goes on at)."""
@@ -188,6 +216,9 @@ class BatchReader:
             if line is not None:
                 item.resume[s] = (t, recorded_history(line))
             owed_turns += len(item.turns) - (t if line is not None else 0)  # answered again: every turn
+        edited = self._complete_changed(item, k, found)
+        self._changed(item, edited)
+        owed_turns += len(item.turns) * len(edited) if self.config.redo_changed else 0
         self._spent(item, found.start)
         self.work.skipped += k * len(item.turns) - owed_turns  # done, ended, or left as they are
         return item if item.pending else skipped(reason)

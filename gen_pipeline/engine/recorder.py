@@ -84,6 +84,8 @@ class Recorder:
         for outcome in sent.outcomes:
             if prompt.dropped and isinstance(outcome, Completion):  # the row's own old answer (inputs/shape.py)
                 outcome.extra["reference"] = prompt.reference
+            if isinstance(outcome, Failure) and outcome.turn is None:  # a row answered again (--redo-changed)
+                outcome.restart = prompt.restart.get(outcome.sample, outcome.restart)
             if isinstance(outcome, Failure):
                 self.failure(outcome)
                 transient = transient or outcome.reason in TRANSIENT_REASONS

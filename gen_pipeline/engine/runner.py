@@ -226,6 +226,7 @@ class Runner:
         if isinstance(budget, str):
             for s in p.pending or (0,):
                 failure = Failure(p.id, p.line, "over_length", budget, input_tokens=p.input_tokens, sample=s)
+                failure.restart = p.restart.get(s, 0)  # a row answered again (--redo-changed): its generation's
                 self.recorder.failure(failure)
             return None
         return budget
@@ -306,7 +307,7 @@ def runner_summary(runner: Runner, fleet: FleetInfo, exit_code: int) -> dict[str
     served = [s for s in runner.pool.servers if s.requests] or runner.pool.servers
     caches = fleet_cache_tokens(s.prefixes.pool_tokens for s in served)
     late = [runner.stats.same_samples.warning(), runner.stats.scatter.warning(caches), thinking_warning(runner)]
-    late.append(runner.stats.restart_warning())
+    late += [runner.stats.restart_warning(), runner.stats.changed.warning()]
     warnings += [w for w in late if w is not None] + runner.watch.cpu_warnings(runner.stats.elapsed())
     summary = run_summary(runner.stats, runner.pool, exit_code, warnings)
     summary.update(

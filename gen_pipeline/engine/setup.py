@@ -25,6 +25,7 @@ from ..fleet.provenance import provenance_section, retired, seed_warning
 from ..fleet.state import ServerState
 from ..http import Client
 from ..resume import cursor
+from ..resume.changes import another_input
 from ..resume.cursor import Resumed
 from ..rundir.layout import read_manifest
 from ..rundir.store import ResumeState, check_manifest, scan
@@ -255,7 +256,7 @@ async def settle_manifest(
         if counter is None:
             counter = await asyncio.to_thread(load_counter, tokenizer, config.tokenizer_loader, kind)
         manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, counter, fleet.kind()))
-        for moved in check_manifest(config.out, manifest, config.force, write=True):
+        for moved in [*input_warnings(config, manifest), *check_manifest(config.out, manifest, config.force)]:
             log.warning("warning: %s", moved)
             fleet.warnings.append(moved)
         extra = await background if background is not None else None
@@ -273,7 +274,7 @@ async def settle_settings(config: RunConfig, client: Client) -> None:
     start_findings(config, fleet)
     identity = await asyncio.to_thread(template_identity, tokenizer, config.tokenizer_loader)
     manifest = with_provenance(config, fleet, manifest_for(config, model, ctx, identity, fleet.kind()))
-    for moved in check_manifest(config.out, manifest, config.force, write=True):
+    for moved in [*input_warnings(config, manifest), *check_manifest(config.out, manifest, config.force)]:
         log.warning("warning: %s", moved)  # the workers find the manifest already written: said here
 
 
@@ -290,6 +291,14 @@ def retired_checkpoints(config: RunConfig, fleet: FleetInfo) -> frozenset[str]:
     return retired(read_manifest(config.out), fleet.identities())
 
 
+def input_warnings(config: RunConfig, manifest: dict[str, Any]) -> list[str]:
+    """The warning for a run directory resumed with another --input than its last run's (read before the
+    manifest is written anew)."""
+    before = read_manifest(config.out).get("input")
+    warning = another_input(config.out, before, manifest.get("input"))
+    return [warning] if warning is not None else []
+
+
 def resume_state(config: RunConfig) -> ResumeState:
     """What earlier runs settled (read only: the run repairs torn tails itself, once it holds the directory)."""
     state = scan(config.out, repair=False)
@@ -301,9 +310,10 @@ def resume_state(config: RunConfig) -> ResumeState:
 def resume_point(config: RunConfig) -> tuple[ResumeState, Resumed | None]:
     """What earlier runs settled, and the input cursor when it still holds (where reading starts).
 
-    A --limit run reads from the top and keeps no cursor: its N lines are counted from the first.
+    A --limit run reads from the top and keeps no cursor: its N lines are counted from the first. So does
+    --redo-changed: a changed row may lie before the mark (an earlier run said so and went on).
     """
     state = resume_state(config)
-    if config.limit is not None:
+    if config.limit is not None or config.redo_changed:
         return state, None
     return state, cursor.load(config.out, config.input, config.retry_failed, state)

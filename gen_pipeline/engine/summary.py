@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OUTAGE, EXIT_OUTPUT
-from ..progress import cost
+from ..progress import changes, cost
 from ..progress.stats import format_summary
 from ..rundir.layout import write_json_atomic
 
@@ -181,6 +181,7 @@ SUMMARY_RULES: dict[str, Any] = {
     "untruncated_output_tokens": Rule(total, optional=True),
     "conversations": Rule(lambda v: conversations_merged(v), optional=True),  # --turns all
     "reshaped": Rule(tally, optional=True),  # rows sent otherwise than written (inputs/shape.py)
+    "changed_inputs": Rule(changes.merged, optional=True),  # answered rows whose prompt changed (resume/changes.py)
     # the answer checks (send/resample.py): answers judged, rejected by reason and check, their decode tokens
     "answers": ANSWERS_RULES,
 }
@@ -283,6 +284,7 @@ def run_summary(stats: Any, pool: Any, exit_code: int, warnings: list[str]) -> D
         "warnings": warnings,
         "answers": stats.answers_view(),
         **({"reshaped": dict(stats.reshaped)} if stats.reshaped else {}),
+        **({"changed_inputs": stats.changed.view()} if stats.changed.rows else {}),
         **conversations_view(stats),
     }
 

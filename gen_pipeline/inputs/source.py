@@ -131,6 +131,7 @@ class PromptSource:
         self.bad_log = array("Q")  # (line, key when the row owns its id else 0) of each bad row
         self.owned = self.bad_count = 0  # pairs logged by this pass
         self.logging = True  # off once the cursor cannot move further in this run
+        self.parse_done = False  # a row whose id is done is parsed and handed on (its prompt is compared)
         self.unfinished: int | None = None  # the last line, held back: no newline yet and not whole JSON
         self.read_error: str | None = None  # why reading stopped before the end (a truncated compressed stream)
         self._stream: BinaryIO | None = None
@@ -269,11 +270,13 @@ class PromptSource:
             rid, key = peeked
         if self.mine is not None and not self.mine(line if key is None else key):
             return None  # another worker's row
+        answered = False  # an answered row read to compare its prompt (parse_done)
         if key is not None:
             owner, reason = self._owner(key, offset)
             if owner is not None:
                 return self._again(raw, owner, rid, line)
-            if reason is not None and not own_samples(raw):
+            answered = self.parse_done and reason == "done"
+            if reason is not None and not own_samples(raw) and not answered:
                 return skipped(reason)  # settled by an earlier run: not even parsed when the id leads
         if prompt is None and error is None:
             try:
@@ -282,6 +285,8 @@ class PromptSource:
                 error = str(exc)
         if error is None:
             return prompt
+        if answered:
+            return skipped("done")  # answered, and no longer a valid row: left as it is, as it always was
         self.note_bad(line, key or 0)
         return BadRow(line, error, rid)
 

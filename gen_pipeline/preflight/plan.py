@@ -14,6 +14,7 @@ from ..config import RunConfig
 from ..engine.reader import BatchReader, unfinished_warning
 from ..inputs.rows import BadRow
 from ..inputs.source import Skipped
+from ..progress.changes import changed_warning
 from ..progress.scatter import Scatter
 from ..progress.stats import RunStats, reshaped_lines
 from ..records import Prompt
@@ -60,6 +61,7 @@ class Plan:
     unfinished: str | None = None  # a last line left unread (no newline, not whole JSON yet): what generate says
     read_error: str | None = None  # why the input cannot be read to its end (a cut gzip or zstd stream)
     reshaped: dict[str, int] = field(default_factory=dict)  # rows sent otherwise than written (inputs/shape.py)
+    changed: dict[str, Any] = field(default_factory=dict)  # answered rows whose prompt changed (resume/changes.py)
 
     @property
     def prompts(self) -> int:
@@ -108,6 +110,7 @@ class Plan:
             "expected_total_tokens": self.input_tokens + self.output_budget,
             **({"later_turns": self.later_turns} if self.later_turns is not None else {}),
             **({"reshaped": self.reshaped} if self.reshaped else {}),
+            **({"changed_inputs": self.changed} if self.changed else {}),
         }
 
 
@@ -127,7 +130,7 @@ def budget_plan(
             last_log = time.monotonic()
             log.info("check: counted %d rows", plan.rows)
     plan.repeats, plan.scatter = stats.repeats, stats.scatter
-    plan.read_error, plan.reshaped = stats.input_error, dict(stats.reshaped)
+    plan.read_error, plan.reshaped, plan.changed = stats.input_error, dict(stats.reshaped), stats.changed.view()
     if stats.unfinished_line is not None:
         plan.unfinished = unfinished_warning(config, stats.unfinished_line)
     return plan
@@ -170,6 +173,8 @@ def plan_findings(plan: Plan, found: Any, cache_tokens: int) -> None:
         found.warnings.append(f"{plan.over_length} prompt(s) go to the ledger as over_length (not sent)")
     if (scattered := plan.scatter.warning(cache_tokens)) is not None:
         found.warnings.append(scattered)
+    if (changed := changed_warning(plan.changed)) is not None:
+        found.warnings.append(changed)
     if plan.unfinished is not None:  # generate says the same, and exits 3 (incomplete)
         found.warnings.append(f"{plan.unfinished}: generate exits 3 (incomplete) until it does")
     if plan.read_error is not None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .changes import ChangedInputs
 from .cost import cost_lines
 from .identical import SameSamples
 from .scatter import Scatter
@@ -88,6 +89,7 @@ class RunStats:
     most_thinking: int = 0
     same_samples: SameSamples = field(default_factory=SameSamples)  # prompts whose samples all came back the same
     scatter: Scatter = field(default_factory=Scatter)  # how far apart the input has rows that begin alike
+    changed: ChangedInputs = field(default_factory=ChangedInputs)  # answered rows whose prompt changed since
     # --turns all: "complete", "ended_early", and "restarted_edited" / "restarted_checkpoint" for those answered
     # again from turn 0 (their input's earlier turns changed, or another checkpoint began them: engine.reader)
     conversations: Counter[str] = field(default_factory=Counter)

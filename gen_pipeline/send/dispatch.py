@@ -26,7 +26,7 @@ from ..errors import ConfigError, RejectedAnswerError
 from ..fleet.discovery import FleetInfo
 from ..http import ChatResult
 from ..records import Completion, Failure, Prompt
-from ..samples import answer_seed, sample_key, truncated_in
+from ..samples import answer_seed, place_key, truncated_in
 from .requests import RequestPath, Track
 from .resample import Attempts, Resampler, refusal
 from .usage import server_usage
@@ -173,7 +173,9 @@ class SampleDispatch:
         """One sample's output line from one choice of `answer`. A choice of an answer with several has
         no usage of its own: its completion_tokens is left null (the summary counts the answer's)."""
         done = self.path.completion(prompt, choice, budget, track)
-        done.sample, done.key = sample, sample_key(prompt.key, sample)
+        # a row answered again (--redo-changed) writes its sample's next restart generation (samples.py)
+        done.sample, done.restart = sample, prompt.restart.get(sample, 0)
+        done.key = place_key(prompt.key, sample, 0, done.restart)
         done.prompt_tokens = answer.prompt_tokens
         single = not answer.choices
         if not single:
