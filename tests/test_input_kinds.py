@@ -237,3 +237,21 @@ def test_claimed_shards_read_a_parquet_input(tmp_path):
     assert outcome.exit_code == 0
     assert check_invariant(list(range(120)), out) == {"done": 120, "ledger": 0}
     assert all(RunDir(out).shard(s).settled.exists() for s in range(8))
+
+
+def test_generate_help_says_what_input_takes(capsys):
+    """`generate --help` names the kinds --input reads (it said "prompts JSONL")."""
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for kind in (
+        "JSONL",
+        "JSON array",
+        "ShareGPT",
+        "Alpaca",
+        "CSV",
+        "Parquet",
+        "save_to_disk",
+        "name[:config][:split]",
+    ):
+        assert kind in text, kind
