@@ -18,6 +18,7 @@ from e2e import conversation_rows, prompts, read_jsonl, run_sim
 from gen_pipeline.config import RunConfig
 from gen_pipeline.engine.reader import BatchReader
 from gen_pipeline.engine.workload import Tally, start_count
+from gen_pipeline.inputs.shape import RowShape
 from gen_pipeline.progress import display
 from gen_pipeline.progress.display import Progress, how_far
 from gen_pipeline.progress.live import progress_line
@@ -36,7 +37,8 @@ def count(tmp_path: Path, data: bytes, turns: str = "last", samples: int = 1, **
     path = tmp_path / "in.jsonl"
     path.write_bytes(data)
     config = RunConfig(input=path, out=tmp_path, turns=turns, samples=samples, limit=kw.pop("limit", None))
-    return Tally(turns == "all", samples, config.limit, kw.pop("cursor", 0)).count(config, threading.Event())
+    shape = RowShape.of(None, turns)
+    return Tally(turns == "all", samples, config.limit, kw.pop("cursor", 0), shape).count(config, threading.Event())
 
 
 def test_the_count_is_rows_times_samples_without_blank_lines(tmp_path):
@@ -62,6 +64,18 @@ def test_the_count_under_turns_all_is_turns_and_a_bad_row_is_one(tmp_path):
     data = lines_of([*rows, b"{not json"])
     assert count(tmp_path, data, turns="all") == (0, turns + 1)
     assert count(tmp_path, data, turns="all", samples=2) == (0, 2 * turns + 1)
+
+
+def test_the_count_under_turns_all_merges_consecutive_user_turns_as_they_are_sent(tmp_path):
+    """Two user turns in a row are one turn (generate merges them): the bar's total is the turns the run
+    settles (it said 800 for a run that settled 600, until the end)."""
+    row = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}
+    row["messages"] += [{"role": "assistant", "content": "old"}, {"role": "user", "content": "c"}]
+    config = RunConfig(input=tmp_path / "in.jsonl", out=tmp_path, turns="all", samples=2)
+    (tmp_path / "in.jsonl").write_bytes(lines_of([row, row]))
+    work = Work()
+    start_count(config, 0, work, lambda: True).join(30)
+    assert work.total == 2 * 2 * 2  # rows x samples x turns (3 user turns, 2 once merged)
 
 
 def test_a_compressed_input_is_counted_and_a_parquet_file_by_its_metadata(tmp_path):

@@ -5,7 +5,8 @@ The units are progress/work.py's: a row per line (times its samples) under --tur
 count reads the input once more, from the top, in a thread of its own that begins once the run has
 settled its first row (or after START_WAIT seconds), so it never competes with the run's start. Under
 --turns last it counts line ends a block at a time and parses only the rare rows that set their own
-samples; under --turns all it parses each row as the reader does (split_turns). Within --limit it counts
+samples; under --turns all it parses and shapes each row as the reader does (consecutive user turns merged,
+then split_turns). Within --limit it counts
 the first N lines. Rows before an input cursor are counted apart: they are the ones a resume hands over as
 tallies. A compressed input is decompressed again. Of the other inputs (inputs/kinds.py), Parquet and Arrow
 give their row count from their metadata (under --turns last); CSV, a JSON array, a dataset, or an input
@@ -26,6 +27,7 @@ from ..inputs.file import STREAM_ERRORS, compression, open_stream
 from ..inputs.kinds import open_reader
 from ..inputs.readers import RowReader
 from ..inputs.rows import RowError, own_samples, parse_row
+from ..inputs.shape import RowShape
 from ..progress.work import Work
 from ..send.turns import split_turns
 
@@ -50,7 +52,9 @@ def _count_into(config: RunConfig, cursor: int, work: Work, started: Callable[[]
     while not started() and time.monotonic() < deadline:
         if work.stop.wait(START_POLL):
             return
-    tally = Tally(config.turns == "all", config.samples, config.limit, cursor)
+    tally = Tally(
+        config.turns == "all", config.samples, config.limit, cursor, RowShape.of(config.template, config.turns)
+    )
     try:
         reader = open_reader(config.input)
         found = tally.count(config, work.stop) if reader is None else tally.rows_of(reader)
@@ -69,6 +73,7 @@ class Tally:
     samples: int
     limit: int | None
     cursor: int
+    shape: RowShape | None = None  # the run's --template and --turns, as the reader shapes each row
     units: int = 0
     lines: int = 0
     before: int = 0
@@ -138,7 +143,7 @@ class Tally:
     def row_units(self, line: bytes) -> int:
         """One row's units, as the reader will settle them; a bad row's one ledger entry."""
         try:
-            prompt = parse_row(line, 0)
+            prompt = parse_row(line, 0, self.shape)  # consecutive user turns merged, as they are sent
             k = prompt.samples or self.samples
             return k * len(split_turns(prompt.messages)) if self.turns_all else k
         except RowError:
