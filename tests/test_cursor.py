@@ -16,7 +16,7 @@ from gen_pipeline.inputs.rows import BadRow
 from gen_pipeline.inputs.source import PromptSource, Skipped
 from gen_pipeline.progress.stats import format_summary
 from gen_pipeline.resume import cursor
-from gen_pipeline.resume.cursor import CursorKeeper, MarkTracker, mark_of
+from gen_pipeline.resume.cursor import CursorKeeper, CursorLog, MarkTracker, mark_of
 from gen_pipeline.rundir.donekeys import KeySet
 from gen_pipeline.rundir.store import ResumeState
 
@@ -84,7 +84,7 @@ def read_pass(source: PromptSource) -> tuple[list[Any], list[Any]]:
     items, marks = [], []
     for item in source:
         items.append(item)
-        marks.append(mark_of(source))
+        marks.append(mark_of(source, source.log))
     return items, marks
 
 
@@ -119,13 +119,13 @@ def test_a_pass_from_the_cursor_equals_a_pass_from_the_top(tmp_path, seed):
     out.mkdir()
     write_rows(path, random_rows(rng, rng.randint(1, 120), ids))
     state, done = ResumeState(), set()
-    source = PromptSource(path, state.rows(frozenset()))
+    source = PromptSource(path, state.rows(frozenset()), log=CursorLog())
     items, marks = read_pass(source)
     settled_prefix = settled_items(settle(items, rng, state, done))
     if settled_prefix == 0:
         pytest.skip("nothing settled before the first row")
     mark = marks[rng.randint(0, settled_prefix - 1)]
-    CursorKeeper(out, path, None).save(mark, source)
+    CursorKeeper(out, path, None).save(mark, source.log)
     write_rows(path, random_rows(rng, rng.randint(0, 40), [*ids, "new1", "new2"]), "ab")
 
     for retry in (frozenset(), frozenset({"over_length"})):
@@ -137,7 +137,7 @@ def test_a_pass_from_the_cursor_equals_a_pass_from_the_top(tmp_path, seed):
         assert (resumed is None) == reopened  # only a --retry-failed that reopens a row refuses it
         if resumed is None:
             continue
-        cur = PromptSource(path, state.rows(retry), start=resumed.start)
+        cur = PromptSource(path, state.rows(retry, resumed.prior), start=resumed.start)
         got_tally, got_work = view(list(cur), state, retry)
         got_tally.update(resumed.tallies)
         assert got_work == want_work
@@ -153,11 +153,11 @@ def saved(tmp_path):
     rows = [*prompts(48), b"{broken", {"id": "bad", "messages": []}]
     write_rows(path, rows)
     state = ResumeState()
-    source = PromptSource(path, state.rows(frozenset()))
+    source = PromptSource(path, state.rows(frozenset()), log=CursorLog())
     items = list(source)
     state.done = KeySet(i.key for i in items if not isinstance(i, BadRow))
     state.bad_lines = {(NAME, i.line) for i in items if isinstance(i, BadRow)}
-    CursorKeeper(out, path, None).save(mark_of(source), source)
+    CursorKeeper(out, path, None).save(mark_of(source, source.log), source.log)
     return path, out, state
 
 
@@ -298,19 +298,20 @@ def test_cursors_chained_over_runs_and_saves(tmp_path, seed):
     state, done = ResumeState(), set()
     for _run in range(3):
         resumed = cursor.load(out, path, frozenset(), state)
-        source = PromptSource(path, state.rows(frozenset()), start=resumed.start if resumed else None)
+        prior, start = (resumed.prior, resumed.start) if resumed else (None, None)
+        source = PromptSource(path, state.rows(frozenset(), prior), start=start, log=CursorLog())
         keeper = CursorKeeper(out, path, resumed)
         items, marks = read_pass(source)
         settled_prefix = settled_items(settle(items, rng, state, done))
         for i in sorted(rng.sample(range(settled_prefix), min(2, settled_prefix))):
-            keeper.save(marks[i], source)
+            keeper.save(marks[i], source.log)
         write_rows(path, random_rows(rng, rng.randint(0, 30), [*ids, f"n{_run}"]), "ab")
     want_tally, want_work = view(list(PromptSource(path, state.rows(frozenset()))), state)
     resumed = cursor.load(out, path, frozenset(), state)
     if resumed is None:
         assert not cursor.cursor_path(out, path).exists()  # no run ever settled its first row
         return
-    cur = PromptSource(path, state.rows(frozenset()), start=resumed.start)
+    cur = PromptSource(path, state.rows(frozenset(), resumed.prior), start=resumed.start)
     got_tally, got_work = view(list(cur), state)
     got_tally.update(resumed.tallies)
     assert (got_work, +got_tally) == (want_work, +want_tally)

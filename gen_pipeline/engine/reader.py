@@ -14,7 +14,7 @@ from ..inputs.source import PromptSource, Skipped, skipped
 from ..progress.stats import RunStats
 from ..records import Prompt
 from ..resume.changes import RecordedPrompts, changed_samples, next_generations
-from ..resume.cursor import Mark, Resumed, mark_of
+from ..resume.cursor import CursorLog, Mark, Resumed, mark_of
 from ..rundir.store import ResumeState
 from ..samples import pending, place_key, row_reason
 from ..send.turns import Conversations, TurnHistory, owed, recorded_history, split_turns, stale
@@ -49,7 +49,9 @@ class BatchReader:
     ) -> None:
         start = resumed.start if resumed else None
         shape = RowShape.of(config.template, config.turns)
-        self.source = PromptSource(config.input, resume.rows(config.retry_failed), mine, start, shape)
+        owners = resume.rows(config.retry_failed, resumed.prior if resumed else None)
+        self.log = CursorLog()  # what the pass met, for the input cursor (single.py's InputCursor)
+        self.source = PromptSource(config.input, owners, mine, start, shape, self.log)
         self.source.parse_done = True  # an answered row is read, to tell whether its prompt changed since
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
@@ -76,7 +78,7 @@ class BatchReader:
 
     def hold_cursor(self) -> None:
         """A row failed for a transient reason: the input cursor stops short of it."""
-        self.source.logging = False
+        self.log.stop()
 
     def next_batch(self) -> tuple[list[Prompt | BadRow | Skipped], Mark]:
         """Up to `batch` rows that need a count, plus what was bad on the way and one Skipped per reason
@@ -115,7 +117,7 @@ class BatchReader:
         for x in out:
             if id(x) in failed:
                 assert isinstance(x, Prompt)
-                self.source.note_bad(x.line, x.key)
+                self.log.bad(x.line, x.key)
                 bad = self._settle(BadRow(x.line, failed[id(x)], x.id))
                 if isinstance(bad, Skipped):  # ledgered by an earlier run: not written twice
                     tally[bad.reason] = tally.get(bad.reason, 0) + 1
@@ -125,7 +127,7 @@ class BatchReader:
         self._note_progress(sum(tally.values()) + len(counted))
         if self.counting is None:
             self.counting = start_count(self.config, self.cursor_at, self.work, lambda: self.stats.settled() > 0)
-        return [*(Skipped(reason, n) for reason, n in tally.items()), *counted], mark_of(self.source)
+        return [*(Skipped(reason, n) for reason, n in tally.items()), *counted], mark_of(self.source, self.log)
 
     def _note_progress(self, rows: int) -> None:
         """Tell the stats how many rows were handed over and how much of the input that was (for the ETA)."""
@@ -194,7 +196,7 @@ class BatchReader:
         try:
             item.turns = split_turns(item.messages)
         except RowError as exc:
-            self.source.note_bad(item.line, item.key)
+            self.log.bad(item.line, item.key)
             return self._settle(BadRow(item.line, str(exc), item.id))
         item.messages = item.turns[0]  # what is counted here and planned by check: the first turn
         found, reason = owed(self.resume, item, k, self.retry)

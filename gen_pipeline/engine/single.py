@@ -59,7 +59,7 @@ async def _run_locked(
     keeper = (
         None if config.limit is not None else cursor.CursorKeeper(config.out, config.input, resumed, config.samples)
     )
-    marks = None if keeper is None else InputCursor(keeper, tracker, reader.source)
+    marks = None if keeper is None else InputCursor(keeper, tracker, reader.log)
     runner = parts.runner(writer, reader, tracker, marks)
     if resume.corrupt_lines:
         runner.warnings.append(f"ignored {len(resume.corrupt_lines)} corrupt line(s): {resume.corrupt_lines[:5]}")

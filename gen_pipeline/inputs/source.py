@@ -1,14 +1,16 @@
 """Streaming the prompts JSONL: each row validated (rows.py), exact repeats dropped, settled rows skipped.
 
-Every line yields a `Prompt` or a `BadRow` (or a Skipped tally on resume); nothing is silently lost. Memory
-holds the byte offset of the first row of each distinct id (for repeat and conflict detection), never the
-rows themselves.
+Every line yields a `Prompt` or a `BadRow` (or a Skipped tally on resume); nothing is silently lost. Why a
+row is skipped is decided here, by asking one collaborator (`Owners`) about its id: a later row of an id is a
+repeat (dropped) or a conflict (a BadRow), and a first row whose id an earlier run settled is Skipped with
+that reason. A claimer's `mine` filter leaves other claimers' rows out. The rest of "is this row settled?"
+(its samples, a bad row already ledgered) is engine/reader.py's. Memory holds the byte offset of the first
+row of each distinct id (for repeat and conflict detection), never the rows themselves.
 """
 
 from __future__ import annotations
 
 import hashlib
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,87 +52,105 @@ def skipped(reason: str) -> Skipped:
     return item
 
 
-class Settled(Protocol):
-    """What the resume state says about ids during one pass (rundir.store.SettledRows, or DictSettled)."""
+class Owners(Protocol):
+    """Who owns each id a pass meets, and whether it is settled: rundir.store.SettledRows (the rows an input
+    cursor's prefix holds, what earlier runs settled, then this pass), FirstSeen (this pass alone), DictSettled."""
 
-    def visit(self, key: int, offset: int) -> tuple[str | None, int | None]: ...
+    def owner(self, key: int, offset: int) -> tuple[int | None, str | None]:
+        """(offset of the row that owns this id, or None when the row at `offset` is its first), and why that
+        first row needs no request ("done", a permanent ledger reason) or None. A first row becomes the owner."""
 
 
-class DictSettled:
-    """`Settled` from a plain function of the key, remembering offsets in a dict (tests, small inputs)."""
+class FirstSeen:
+    """`Owners` of a pass with nothing settled before it: the first row of an id owns it."""
+
+    def __init__(self) -> None:
+        self.seen = KeyMap()  # id key -> offset of the row that owns it, ~20 bytes a row
+
+    def owner(self, key: int, offset: int) -> tuple[int | None, str | None]:
+        return self.seen.first(key, offset), None
+
+
+class DictSettled(FirstSeen):
+    """`Owners` from a plain function of the key saying why it is settled (tests, small inputs)."""
 
     def __init__(self, settled: Callable[[int], str | None]) -> None:
+        super().__init__()
         self.settled = settled
-        self.offsets: dict[int, int] = {}
+        self.offsets: dict[int, int] = {}  # settled id -> offset of the row that owns it
 
-    def visit(self, key: int, offset: int) -> tuple[str | None, int | None]:
+    def owner(self, key: int, offset: int) -> tuple[int | None, str | None]:
         before = self.offsets.get(key)
         if before is not None:
-            return "settled", before
+            return before, None
         reason = self.settled(key)
-        if reason is not None:
-            self.offsets[key] = offset
-        return reason, None
+        if reason is None:
+            return super().owner(key, offset)
+        self.offsets[key] = offset
+        return None, reason
 
 
-class Prior(Protocol):
-    """The ids an input cursor's prefix holds: key -> offset of the row that owns it."""
+class PassLog(Protocol):
+    """Hears, in file order, the rows that own their id and the bad rows a pass meets: resume.cursor.CursorLog
+    keeps them for the input cursor."""
 
-    def get(self, key: int) -> int | None: ...
+    def owner(self, key: int, offset: int) -> None:
+        """The row at `offset` is the first with id key `key`."""
+
+    def bad(self, line: int, key: int = 0) -> None:
+        """The row at `line` is bad (`key`: its id key when it owns that id, else 0)."""
+
+    def stop(self) -> None:
+        """Nothing heard from now on could be recorded (the input's last line was read before its newline)."""
 
 
 @dataclass
 class Start:
-    """Where a pass begins: the top of the file, or an input cursor's mark (see `cursor`)."""
+    """Where a pass begins: the top of the file, or an input cursor's mark (resume/cursor.py)."""
 
     offset: int = 0
     line: int = 0
     repeats: int = 0
     hasher: Any = None  # hashlib.sha256 of the bytes before `offset`
-    prior: Prior | None = None
 
 
 class PromptSource:
     """Iterates a prompts file as Prompt, BadRow and Skipped items; repeats of an id are handled here.
 
     The first row with an id owns it (valid or not); a later row with that id is a repeat (dropped) when
-    `same_content`, else a conflict (a BadRow). Each owner is remembered by its byte offset, in
-    `settled` (the resume state: rows earlier runs settled, skipped without being parsed when their id
-    leads the line) or in `seen`, so the answer never depends on what earlier runs did.
+    `same_content`, else a conflict (a BadRow). Who owns an id, and whether earlier runs settled it, the source
+    asks `owners` (rows whose settled id leads the line are skipped without being parsed), so the answer never
+    depends on what earlier runs did.
 
-    For the input cursor, a pass keeps a SHA-256 of the bytes read and a log of the owners it met,
-    (key, offset) pairs in file order; it can `start` after a cursor's prefix, whose owners are `prior`.
+    For the input cursor, a pass keeps a SHA-256 of the bytes read and tells `log` (a PassLog) the owners and
+    bad rows it meets; it can `start` at a cursor's mark.
     """
 
     def __init__(
         self,
         path: Path,
-        settled: Settled | Callable[[int], str | None] | None = None,
+        owners: Owners | Callable[[int], str | None] | None = None,
         mine: Callable[[int], bool] | None = None,
         start: Start | None = None,
         shape: RowShape | None = None,
+        log: PassLog | None = None,
     ) -> None:
         self.path = path
         self.shape = shape  # the run's --template and --turns (None: rows as written)
-        self.settled: Settled | None = DictSettled(settled) if callable(settled) else settled
+        self.owners: Owners = DictSettled(owners) if callable(owners) else owners or FirstSeen()
         self.mine = mine  # a worker's filter: called with the id key, or the line number of a row without id
+        self.log = log
         start = start or Start()
         self.start = start.offset
-        self.prior = start.prior
         self.reader = open_reader(path)  # None: JSONL, read line by line here
         self.input = InputFile(path) if self.reader is None else None
         self.hasher = start.hasher
         if self.hasher is None:  # a table's hash vouches for the file, not for bytes read: the same at every row
             by_rows = self.reader is not None and self.reader.by_rows
             self.hasher = self.reader.prefix_hash(0) if by_rows and self.reader else hashlib.sha256()
-        self.seen = KeyMap()  # id key -> offset of the row that owns it, ~20 bytes a row
         self.repeats = start.repeats
         self.bytes_read = start.offset
         self.lines = start.line
-        self.log = array("Q")  # (key, offset) of each owner met, in file order; the cursor drains it
-        self.bad_log = array("Q")  # (line, key when the row owns its id else 0) of each bad row
-        self.owned = self.bad_count = 0  # pairs logged by this pass
-        self.logging = True  # off once the cursor cannot move further in this run
         self.parse_done = False  # a row whose id is done is parsed and handed on (its prompt is compared)
         self.unfinished: int | None = None  # the last line, held back: no newline yet and not whole JSON
         self.read_error: str | None = None  # why reading stopped before the end (a truncated compressed stream)
@@ -213,7 +233,8 @@ class PromptSource:
         except orjson.JSONDecodeError:
             self.unfinished = line
             return None
-        self.logging = False  # nothing the cursor could record lies beyond it
+        if self.log is not None:
+            self.log.stop()  # nothing the cursor could record lies beyond it
         item = self._item(text, line, offset)
         if item is not None:
             self._watch(item)
@@ -237,7 +258,7 @@ class PromptSource:
 
     def _too_long(self, line: int, size: int) -> BadRow:
         """A line over MAX_LINE_BYTES: a bad row."""
-        self.note_bad(line)
+        self._bad(line)
         self._watch(None)
         return BadRow(line, f"line is {size} bytes, over the {MAX_LINE_BYTES >> 20} MiB line limit")
 
@@ -287,33 +308,20 @@ class PromptSource:
             return prompt
         if answered:
             return skipped("done")  # answered, and no longer a valid row: left as it is, as it always was
-        self.note_bad(line, key or 0)
+        self._bad(line, key or 0)
         return BadRow(line, error, rid)
 
-    def note_bad(self, line: int, key: int = 0) -> None:
-        """Log a bad row for the cursor: its line, and its id key when it owns that id."""
-        if self.logging:
-            self.bad_log.append(line)
-            self.bad_log.append(key)
-            self.bad_count += 1
+    def _bad(self, line: int, key: int = 0) -> None:
+        if self.log is not None:
+            self.log.bad(line, key)
 
     def _owner(self, key: int, offset: int) -> tuple[int | None, str | None]:
         """(offset of the row that owns this id, or None when this row is its first), and why that first
-        row is settled. A first row is remembered as the owner."""
-        if self.prior is not None and (owner := self.prior.get(key)) is not None:
-            return owner, None
-        reason = None
-        if self.settled is not None:
-            reason, owner = self.settled.visit(key, offset)
-            if owner is not None:
-                return owner, None
-        if reason is None and (owner := self.seen.first(key, offset)) is not None:
-            return owner, None
-        if self.logging:
-            self.log.append(key)
-            self.log.append(offset)
-            self.owned += 1
-        return None, reason
+        row is settled; a first row is told to the log."""
+        owner, reason = self.owners.owner(key, offset)
+        if owner is None and self.log is not None:
+            self.log.owner(key, offset)
+        return owner, reason
 
     def _line_at(self, offset: int) -> bytes:
         """The row at `offset` again (only for the rare row whose id came before)."""
@@ -327,7 +335,7 @@ class PromptSource:
         if same_content(raw, self._line_at(owner)):
             self.repeats += 1
             return None
-        self.note_bad(line)
+        self._bad(line)
         # ledgered without the id: this row is not that id's, so its entry must never stand for the id
         # ("the newest entry per id decides") and make a done or pending row read as failed
         return BadRow(line, conflict_detail(raw, rid), shard_id=rid)

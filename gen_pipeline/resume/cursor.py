@@ -56,9 +56,38 @@ class Mark:
     sha: Any  # hashlib.sha256 of the input's bytes before the mark
 
 
-def mark_of(source: PromptSource) -> Mark:
-    """Where `source` stands now (call it from the thread that iterates it)."""
-    return Mark(source.bytes_read, source.lines, source.repeats, source.owned, source.bad_count, source.hasher.copy())
+class CursorLog:
+    """What a pass met, for the cursor (the source calls it: inputs.source.PassLog): the owners, (key, offset)
+    of the first row of each id, and the bad rows, (line, key when the row owns its id, else 0), in file
+    order, until `stop`: then the cursor cannot move further in this run. The keeper drains what it saves."""
+
+    def __init__(self) -> None:
+        self.owners = array("Q")
+        self.bad_rows = array("Q")
+        self.owned = self.bad_count = 0  # pairs logged by this pass (drained ones too)
+        self.on = True
+
+    def owner(self, key: int, offset: int) -> None:
+        if self.on:
+            self.owners.append(key)
+            self.owners.append(offset)
+            self.owned += 1
+
+    def bad(self, line: int, key: int = 0) -> None:
+        if self.on:
+            self.bad_rows.append(line)
+            self.bad_rows.append(key)
+            self.bad_count += 1
+
+    def stop(self) -> None:
+        """Log nothing more: a row failed for a transient reason (the next run reads it again), or the input's
+        last line was read before its newline."""
+        self.on = False
+
+
+def mark_of(source: PromptSource, log: CursorLog) -> Mark:
+    """Where `source` stands now, with what `log` heard of it (call it from the thread that iterates it)."""
+    return Mark(source.bytes_read, source.lines, source.repeats, log.owned, log.bad_count, source.hasher.copy())
 
 
 @dataclass
@@ -69,6 +98,7 @@ class Resumed:
     tallies: dict[str, int]  # rows before the mark by why they are settled ("done", ledger reasons)
     owners: int  # pairs in the cursor file
     bad: int
+    prior: KeyMap  # the owners before the mark: key -> offset of the row that owns it (ResumeState.rows)
 
 
 def cursor_path(out: Path, input_path: Path) -> Path:
@@ -141,8 +171,8 @@ def load(out: Path, input_path: Path, retry: frozenset[str], state: ResumeState)
     if checked is None:
         return None
     tallies, owners = checked
-    start = Start(int(head["offset"]), int(head["line"]), int(head["repeats"]), hasher, owners)
-    return Resumed(start, tallies, n_owners, n_bad)
+    start = Start(int(head["offset"]), int(head["line"]), int(head["repeats"]), hasher)
+    return Resumed(start, tallies, n_owners, n_bad, owners)
 
 
 def _check(
@@ -237,13 +267,13 @@ class CursorKeeper:
     def due(self) -> bool:
         return time.monotonic() - self.saved_at >= INDEX_EVERY
 
-    def save(self, mark: Mark | None, source: PromptSource) -> None:
-        """Record `mark` (from `source`'s pass), moving the owners and bad rows logged before it to disk."""
+    def save(self, mark: Mark | None, log: CursorLog) -> None:
+        """Record `mark` (of the pass `log` heard), moving the owners and bad rows logged before it to disk."""
         self.saved_at = time.monotonic()
         if mark is None or mark is self.saved:
             return
         n_owners, n_bad = mark.owners - self.drained[0], mark.bad - self.drained[1]
-        new_owners, new_bad = source.log[: 2 * n_owners], source.bad_log[: 2 * n_bad]
+        new_owners, new_bad = log.owners[: 2 * n_owners], log.bad_rows[: 2 * n_bad]
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             dev, inode = input_identity(self.input)
@@ -273,8 +303,8 @@ class CursorKeeper:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             return
-        del source.log[: 2 * n_owners]  # the reader thread only appends: this keeps what came after
-        del source.bad_log[: 2 * n_bad]
+        del log.owners[: 2 * n_owners]  # the reader thread only appends: this keeps what came after
+        del log.bad_rows[: 2 * n_bad]
         self.drained, self.saved = (mark.owners, mark.bad), mark
 
     def _copy_old(self, f: IO[bytes], skip_pairs: int, pairs: int) -> None:
@@ -289,12 +319,12 @@ class CursorKeeper:
 
 @dataclass
 class InputCursor:
-    """A single-process run's input cursor: the keeper that writes it, the mark it writes, and the source
-    whose bytes it vouches for."""
+    """A single-process run's input cursor: the keeper that writes it, the mark it writes, and the log of the
+    pass whose bytes it vouches for."""
 
     keeper: CursorKeeper
     tracker: MarkTracker
-    source: PromptSource
+    log: CursorLog
 
     def due(self) -> bool:
         """Whether the keeper's interval has passed."""
@@ -302,4 +332,4 @@ class InputCursor:
 
     def save(self) -> None:
         """Write the cursor at the tracker's mark."""
-        self.keeper.save(self.tracker.mark, self.source)
+        self.keeper.save(self.tracker.mark, self.log)

@@ -22,7 +22,7 @@ import orjson
 from ..errors import ManifestMismatchError, OutputError
 from ..records import PERMANENT_REASONS, REJECT_REASONS, Completion, Failure, Rejected, Spent, id_key
 from ..samples import note_generation, place_key, record_place, restart_key, row_reason
-from .donekeys import FileKeys, IndexKeeper, KeySet, completion_keys, union
+from .donekeys import FileKeys, IndexKeeper, KeyMap, KeySet, completion_keys, union
 from .layout import COMPLETIONS, FAILURES, REJECTED, RunDir, write_json_atomic
 
 # Budget settings a resume may change (the rows already written keep theirs); said, not refused.
@@ -89,15 +89,30 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
 class SettledRows:
     """One pass over the input against the resume state: is this id settled, and which row owns it?
 
-    `visit` answers both with one lookup and remembers where the first row with a settled id stood, so
-    a later row with that id can be compared with it: 8 bytes per done id, in an array beside the
-    KeySet (a dict of offsets took ~80 bytes a row, 50 MB at 650k rows).
+    `owner` asks, in turn, the owners of an input cursor's prefix (`prior`: the pass starts after it), the
+    resume state, and the rows this pass met. `visit` answers the resume state's part with one lookup and
+    remembers where the first row with a settled id stood, so a later row with that id can be compared with
+    it: 8 bytes per done id, in an array beside the KeySet (a dict of offsets took ~80 bytes a row, 50 MB at
+    650k rows).
     """
 
-    def __init__(self, state: ResumeState, retry: frozenset[str]) -> None:
-        self.state, self.retry = state, retry
+    def __init__(self, state: ResumeState, retry: frozenset[str], prior: KeyMap | None = None) -> None:
+        self.state, self.retry, self.prior = state, retry, prior
         self.offsets = array("Q", bytes(8 * len(state.done)))  # offset + 1; 0 = not met yet
         self.other: dict[int, int] = {}  # ids settled by a permanent ledger reason (few)
+        self.seen = KeyMap()  # the other ids: key -> offset of the row that owns it, ~20 bytes a row
+
+    def owner(self, key: int, offset: int) -> tuple[int | None, str | None]:
+        """(offset of the row that owns this id, or None when the row at `offset` is its first), and why
+        that first row needs no request or None (inputs.source.Owners)."""
+        if self.prior is not None and (owner := self.prior.get(key)) is not None:
+            return owner, None
+        reason, owner = self.visit(key, offset)
+        if owner is not None:
+            return owner, None
+        if reason is None and (owner := self.seen.first(key, offset)) is not None:
+            return owner, None
+        return None, reason
 
     def visit(self, key: int, offset: int) -> tuple[str | None, int | None]:
         """(why the id is settled or None, the offset of the row that owns it or None); the first row
@@ -156,9 +171,10 @@ class ResumeState:
             return self.settled(restart_key(key, self.generation(key)), retry)
         return row_reason(self, key, self.samples, retry)
 
-    def rows(self, retry: frozenset[str]) -> SettledRows:
-        """A pass over the input (`--retry-failed` reasons count as not settled)."""
-        return SettledRows(self, retry)
+    def rows(self, retry: frozenset[str], prior: KeyMap | None = None) -> SettledRows:
+        """A pass over the input (`--retry-failed` reasons count as not settled), after an input cursor's
+        prefix whose owners are `prior`."""
+        return SettledRows(self, retry, prior)
 
 
 def repair_all(out: Path) -> int:

@@ -117,10 +117,10 @@ class ClaimFeed:
     retired: frozenset[str] = frozenset()  # checkpoints no longer serving (engine.setup.retired_checkpoints)
 
     def hold_cursor(self) -> None:
-        """The Runner's Feed interface: a claimer keeps no input cursor (its current read's source stops
-        logging all the same, as a single run's would)."""
+        """The Runner's Feed interface: a claimer keeps no input cursor (its current read's cursor log stops
+        all the same, as a single run's would)."""
         assert self.reader is not None
-        self.reader.source.logging = False
+        self.reader.hold_cursor()
 
     def claim_next(self) -> bool:
         """Claim a batch of open shards and start a read of the input for them; False when none is left."""
