@@ -15,7 +15,7 @@ are restart generation g >= 1 of that (id, sample): each of their lines, output 
 one are superseded: resume (which turn comes next, what is settled), `status`, the ledger's reasons and
 `export` read them as if they were not there, and the output stays append-only. Generation 0 writes no
 field, so every line written before restarts existed keeps its key. The generations found are kept per
-(id, sample) key, sample_key's (rundir.donekeys.FileKeys.restarts, rundir.store.ResumeState.generation);
+(id, sample) key, sample_key's (rundir.donekeys.FileKeys.restarts, resume.settled.ResumeState.generation);
 with one line per (id, sample) the same holds, turn 0's key being the (id, sample, generation) key.
 """
 
@@ -185,7 +185,7 @@ def row_samples(row: dict[str, Any], sampling: dict[str, Any] | None) -> tuple[d
 
 
 class Settles(Protocol):
-    """What the resume state answers about one key (rundir.store.ResumeState)."""
+    """What the resume state answers about one key (resume.settled.ResumeState)."""
 
     def settled(self, key: int, retry: frozenset[str]) -> str | None: ...
 

@@ -17,8 +17,8 @@ from gen_pipeline.inputs.source import PromptSource, Skipped
 from gen_pipeline.progress.stats import format_summary
 from gen_pipeline.resume import cursor
 from gen_pipeline.resume.cursor import CursorKeeper, CursorLog, MarkTracker, mark_of
+from gen_pipeline.resume.settled import ResumeState
 from gen_pipeline.rundir.donekeys import KeySet
-from gen_pipeline.rundir.store import ResumeState
 
 NAME = "prompts.jsonl"
 

@@ -8,9 +8,9 @@ from array import array
 from pathlib import Path
 
 from gen_pipeline.records import Completion, id_key
+from gen_pipeline.resume.settled import scan
 from gen_pipeline.rundir.donekeys import BUCKET_SHIFT, INDEX_DIR, KeySet, completion_keys
 from gen_pipeline.rundir.layout import COMPLETIONS
-from gen_pipeline.rundir.store import scan
 from gen_pipeline.samples import place_key, sample_key
 
 

@@ -19,7 +19,7 @@ from gen_pipeline.config import RunConfig
 from gen_pipeline.engine.reader import BatchReader
 from gen_pipeline.progress.stats import RunStats, snapshot
 from gen_pipeline.records import Prompt
-from gen_pipeline.rundir.store import ResumeState
+from gen_pipeline.resume.settled import ResumeState
 
 MONITOR_TICK = 2.0  # the runner writes status.json (and so asks for the ETA) every STATUS_INTERVAL seconds
 POINTS = (0.25, 0.5, 0.75)

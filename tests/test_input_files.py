@@ -23,8 +23,8 @@ from gen_pipeline.inputs.source import PromptSource
 from gen_pipeline.progress.stats import RunStats
 from gen_pipeline.records import Prompt
 from gen_pipeline.resume import cursor
+from gen_pipeline.resume.settled import ResumeState
 from gen_pipeline.rundir.layout import RunDir
-from gen_pipeline.rundir.store import ResumeState
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
 from gen_pipeline.tokens.budget import prompt_budget
 

@@ -203,7 +203,7 @@ def test_rows_the_chat_template_refuses_become_bad_input(write_jsonl, tmp_path):
     from gen_pipeline.inputs.rows import BadRow
     from gen_pipeline.inputs.source import Skipped
     from gen_pipeline.progress.stats import RunStats
-    from gen_pipeline.rundir.store import ResumeState
+    from gen_pipeline.resume.settled import ResumeState
 
     class Refusing(FakeCounter):
         def count(self, conversations):

@@ -24,7 +24,7 @@ from gen_pipeline.progress.display import Progress, how_far
 from gen_pipeline.progress.live import progress_line
 from gen_pipeline.progress.stats import RunStats, format_summary, snapshot
 from gen_pipeline.progress.work import Work
-from gen_pipeline.rundir.store import ResumeState
+from gen_pipeline.resume.settled import ResumeState
 from gen_pipeline.views.statustext import status_lines
 
 

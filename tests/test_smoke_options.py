@@ -20,7 +20,7 @@ from gen_pipeline.options import read_system_prompt
 from gen_pipeline.preflight.check import run_check
 from gen_pipeline.progress.stats import RunStats
 from gen_pipeline.records import Prompt
-from gen_pipeline.rundir.store import ResumeState
+from gen_pipeline.resume.settled import ResumeState
 from gen_pipeline.sim import SimConfig, free_ports, start_fleet
 from gen_pipeline.tokens import TINY_TOKENIZER, load_counter
 

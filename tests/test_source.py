@@ -214,8 +214,8 @@ def test_repeats_of_rows_skipped_unparsed(write_jsonl):
 def test_repeats_of_settled_rows_with_the_compact_resume_state(write_jsonl, memo):
     """The same rules hold with store.KeySet / SettledRows (8 bytes per done id) as with a dict."""
     from gen_pipeline.records import id_key
+    from gen_pipeline.resume.settled import ResumeState
     from gen_pipeline.rundir.donekeys import KeySet
-    from gen_pipeline.rundir.store import ResumeState
 
     state = ResumeState(done=KeySet(id_key(x) for x in ("a", 5, "z")), last_reason={id_key("f"): "over_length"})
     rows = [

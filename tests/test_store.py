@@ -11,9 +11,10 @@ import pytest
 
 from gen_pipeline.errors import ConfigError, ManifestMismatchError, OutputError
 from gen_pipeline.records import Completion, Failure, id_key
+from gen_pipeline.resume.settled import scan
 from gen_pipeline.rundir.layout import COMPLETIONS, FAILURES
 from gen_pipeline.rundir.locks import DirLock
-from gen_pipeline.rundir.store import RunWriter, check_manifest, repair_tail, scan
+from gen_pipeline.rundir.store import RunWriter, check_manifest, repair_tail
 
 
 def completion(i) -> Completion:

@@ -15,9 +15,9 @@ from ..progress.stats import RunStats
 from ..records import Prompt
 from ..resume.changes import RecordedPrompts, changed_samples, next_generations
 from ..resume.cursor import CursorLog, Mark, Resumed, mark_of
-from ..rundir.store import ResumeState
-from ..samples import pending, place_key, row_reason
-from ..send.turns import Conversations, TurnHistory, owed, recorded_history, split_turns, stale
+from ..resume.settled import Conversations, ResumeState
+from ..samples import place_key
+from ..send.turns import TurnHistory, recorded_history, split_turns, stale
 from ..tokens import TokenCounter
 from ..tokens.conversation import ChatInput, Conversation
 from ..tokens.oversize import SizeFloor
@@ -49,9 +49,9 @@ class BatchReader:
     ) -> None:
         start = resumed.start if resumed else None
         shape = RowShape.of(config.template, config.turns)
-        owners = resume.rows(config.retry_failed, resumed.prior if resumed else None)
+        self.rows = resume.rows(config.retry_failed, resumed.prior if resumed else None)  # is a row settled?
         self.log = CursorLog()  # what the pass met, for the input cursor (single.py's InputCursor)
-        self.source = PromptSource(config.input, owners, mine, start, shape, self.log)
+        self.source = PromptSource(config.input, self.rows, mine, start, shape, self.log)
         self.source.parse_done = True  # an answered row is read, to tell whether its prompt changed since
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
@@ -138,11 +138,10 @@ class BatchReader:
 
     def _settle(self, item: Prompt | BadRow | Skipped) -> Prompt | BadRow | Skipped:
         """A bad row an earlier run already ledgered is skipped (the source skips settled ids itself);
-        a prompt gets the samples it still owes, and is skipped when it owes none. What earlier runs
-        settled counts into the progress's skipped units."""
+        a prompt gets the samples it still owes, and is skipped when it owes none (resume.settled decides). What
+        earlier runs settled counts into the progress's skipped units."""
         if isinstance(item, BadRow):
-            seen = (self.name, item.line) in self.resume.bad_lines
-            item = skipped("bad_input") if seen and "bad_input" not in self.retry else item
+            item = skipped("bad_input") if self.rows.bad_row(self.name, item.line) else item
         if isinstance(item, Skipped):
             self.work.skipped += item.count * (1 if self.config.turns == "all" else self.samples)
             return item
@@ -150,13 +149,13 @@ class BatchReader:
             k = item.samples or self.samples
             if self.config.turns == "all":
                 return self._settle_turns(item, k)
-            item.pending = pending(self.resume, item.key, k, self.retry)
+            item.pending, reason = self.rows.owed(item.key, k)
             if len(item.pending) < k:  # answered before: with this prompt?
                 shaped(item, self.config)
                 self._changed(item, changed_samples(item, k, self.resume, self.recorded, self.retry))
             self.work.skipped += k - len(item.pending)
             if not item.pending:
-                return skipped(row_reason(self.resume, item.key, k, self.retry) or "done")
+                return skipped(reason)
             self._spent(item, {s: 0 for s in item.pending})
         return item
 
@@ -199,7 +198,7 @@ class BatchReader:
             self.log.bad(item.line, item.key)
             return self._settle(BadRow(item.line, str(exc), item.id))
         item.messages = item.turns[0]  # what is counted here and planned by check: the first turn
-        found, reason = owed(self.resume, item, k, self.retry)
+        found, reason = self.rows.conversations(item, k)
         shaped(item, self.config)  # the turns as they are sent, to compare with those recorded
         owed_turns = 0
         for s, t in sorted(found.start.items()):

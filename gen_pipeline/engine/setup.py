@@ -27,8 +27,9 @@ from ..http import Client
 from ..resume import cursor
 from ..resume.changes import another_input
 from ..resume.cursor import Resumed
+from ..resume.settled import ResumeState, scan
 from ..rundir.layout import read_manifest
-from ..rundir.store import ResumeState, check_manifest, scan
+from ..rundir.store import check_manifest
 from ..runtime import open_file_limit
 from ..tokens import TemplateIdentity, TokenCounter, load_counter, template_identity
 from ..tokens.conversation import SERVER_KINDS

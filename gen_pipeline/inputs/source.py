@@ -4,7 +4,7 @@ Every line yields a `Prompt` or a `BadRow` (or a Skipped tally on resume); nothi
 row is skipped is decided here, by asking one collaborator (`Owners`) about its id: a later row of an id is a
 repeat (dropped) or a conflict (a BadRow), and a first row whose id an earlier run settled is Skipped with
 that reason. A claimer's `mine` filter leaves other claimers' rows out. The rest of "is this row settled?"
-(its samples, a bad row already ledgered) is engine/reader.py's. Memory holds the byte offset of the first
+(its samples, a bad row already ledgered) is resume/settled.py's. Memory holds the byte offset of the first
 row of each distinct id (for repeat and conflict detection), never the rows themselves.
 """
 
@@ -53,7 +53,7 @@ def skipped(reason: str) -> Skipped:
 
 
 class Owners(Protocol):
-    """Who owns each id a pass meets, and whether it is settled: rundir.store.SettledRows (the rows an input
+    """Who owns each id a pass meets, and whether it is settled: resume.settled.SettledRows (the rows an input
     cursor's prefix holds, what earlier runs settled, then this pass), FirstSeen (this pass alone), DictSettled."""
 
     def owner(self, key: int, offset: int) -> tuple[int | None, str | None]:
@@ -138,6 +138,7 @@ class PromptSource:
         self.path = path
         self.shape = shape  # the run's --template and --turns (None: rows as written)
         self.owners: Owners = DictSettled(owners) if callable(owners) else owners or FirstSeen()
+        self._ask = self.owners.owner  # asked of each row with an id
         self.mine = mine  # a worker's filter: called with the id key, or the line number of a row without id
         self.log = log
         start = start or Start()
@@ -293,7 +294,9 @@ class PromptSource:
             return None  # another worker's row
         answered = False  # an answered row read to compare its prompt (parse_done)
         if key is not None:
-            owner, reason = self._owner(key, offset)
+            owner, reason = self._ask(key, offset)
+            if owner is None and self.log is not None:
+                self.log.owner(key, offset)  # the first row of its id
             if owner is not None:
                 return self._again(raw, owner, rid, line)
             answered = self.parse_done and reason == "done"
@@ -314,14 +317,6 @@ class PromptSource:
     def _bad(self, line: int, key: int = 0) -> None:
         if self.log is not None:
             self.log.bad(line, key)
-
-    def _owner(self, key: int, offset: int) -> tuple[int | None, str | None]:
-        """(offset of the row that owns this id, or None when this row is its first), and why that first
-        row is settled; a first row is told to the log."""
-        owner, reason = self.owners.owner(key, offset)
-        if owner is None and self.log is not None:
-            self.log.owner(key, offset)
-        return owner, reason
 
     def _line_at(self, offset: int) -> bytes:
         """The row at `offset` again (only for the rare row whose id came before)."""

@@ -52,8 +52,9 @@ from ..inputs.shape import RowShape
 from ..inputs.source import PromptSource
 from ..progress.stats import RunStats
 from ..records import Prompt
+from ..resume.settled import ResumeState, scan
 from ..rundir.layout import MANIFEST
-from ..rundir.store import MANIFEST_KEYS, ResumeState, scan
+from ..rundir.store import MANIFEST_KEYS
 from ..send.requests import request_body
 from ..tokens import TokenCounter, load_counter
 from ..tokens.budget import prompt_budget

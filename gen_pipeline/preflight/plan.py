@@ -18,7 +18,7 @@ from ..progress.changes import changed_warning
 from ..progress.scatter import Scatter
 from ..progress.stats import RunStats, reshaped_lines
 from ..records import Prompt
-from ..rundir.store import ResumeState
+from ..resume.settled import ResumeState
 from ..tokens import TokenCounter
 from ..tokens.budget import prompt_budget
 from ..views.rundata import distribution

@@ -38,7 +38,7 @@ from ..inputs.file import STREAM_ERRORS, hash_prefix
 from ..inputs.kinds import input_identity, open_reader
 from ..inputs.source import PromptSource, Start
 from ..rundir.donekeys import INDEX_DIR, INDEX_EVERY, KeyMap
-from ..rundir.store import ResumeState
+from .settled import ResumeState
 
 CURSOR_VERSION = 1
 CHUNK = 1 << 20

@@ -16,7 +16,6 @@ history cannot be gone on from (the reader then answers it again from turn 0, in
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import orjson
 from ..inputs.rows import RowError
 from ..records import Messages, Prompt, id_key
 from ..rundir.donekeys import line_id
-from ..samples import Settles, line_place, place_key, restart_key, sample_key, turn_key
+from ..samples import line_place, place_key
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
@@ -64,39 +63,6 @@ def answer_turn(content: str, reasoning: str | None) -> dict[str, Any]:
 def turn_request(history: Messages, segment: Messages) -> Messages:
     """Turn k's messages: the conversation so far (with the target's answers) and the next segment."""
     return [*history, *segment]
-
-
-@dataclass
-class Conversations:
-    """What a row's conversations still owe: per sample, the first turn to send and the history before it."""
-
-    start: dict[int, int] = field(default_factory=dict)
-    history: dict[int, Messages] = field(default_factory=dict)
-    ended: dict[int, tuple[int, str]] = field(default_factory=dict)  # sample -> (turn, permanent reason)
-    restart: dict[int, int] = field(default_factory=dict)  # sample -> its newest restart generation, if > 0
-
-
-def owed(state: Settles, prompt: Prompt, samples: int, retry: frozenset[str]) -> tuple[Conversations, str]:
-    """Per sample, the first turn not settled (done, or ended under a permanent ledger reason); and why the
-    row needs nothing when no sample owes a turn ("done", or the first ended conversation's reason)."""
-    turns = len(prompt.turns or ())
-    found, reason = Conversations(), "done"
-    for s in range(samples):
-        plain = sample_key(prompt.key, s)
-        if restart := state.generation(plain):
-            found.restart[s] = restart
-        conversation = restart_key(plain, restart)
-        for t in range(turns):
-            why = state.settled(turn_key(conversation, t), retry)
-            if why == "done":
-                continue
-            if why is None:
-                found.start[s] = t
-            else:
-                found.ended[s] = (t, why)
-                reason = why if reason == "done" else reason
-            break
-    return found, reason
 
 
 def recorded_history(line: dict[str, Any]) -> Messages:

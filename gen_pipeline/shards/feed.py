@@ -24,7 +24,8 @@ from ..inputs.source import Skipped
 from ..progress.stats import RunStats
 from ..records import TRANSIENT_REASONS, Completion, Failure, Prompt, Rejected, RowId
 from ..resume.cursor import Mark
-from ..rundir.store import RunWriter, scan
+from ..resume.settled import scan
+from ..rundir.store import RunWriter
 from ..tokens import TokenCounter
 from .claims import Claim, ShardTable, batch_size, live_claimers, shard_of
 
