@@ -51,8 +51,8 @@ class BatchReader:
         shape = RowShape.of(config.template, config.turns)
         self.rows = resume.rows(config.retry_failed, resumed.prior if resumed else None)  # is a row settled?
         self.log = CursorLog()  # what the pass met, for the input cursor (single.py's InputCursor)
-        self.source = PromptSource(config.input, self.rows, mine, start, shape, self.log)
-        self.source.parse_done = True  # an answered row is read, to tell whether its prompt changed since
+        # an answered row is read too (parse_done), to tell whether its prompt changed since (resume/changes.py)
+        self.source = PromptSource(config.input, self.rows, mine, start, shape, self.log, parse_done=True)
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
         self.limit, self.config = config.limit, config

@@ -134,6 +134,7 @@ class PromptSource:
         start: Start | None = None,
         shape: RowShape | None = None,
         log: PassLog | None = None,
+        parse_done: bool = False,
     ) -> None:
         self.path = path
         self.shape = shape  # the run's --template and --turns (None: rows as written)
@@ -152,7 +153,7 @@ class PromptSource:
         self.repeats = start.repeats
         self.bytes_read = start.offset
         self.lines = start.line
-        self.parse_done = False  # a row whose id is done is parsed and handed on (its prompt is compared)
+        self.parse_done = parse_done  # a row whose id is done is parsed and handed on (its prompt is compared)
         self.unfinished: int | None = None  # the last line, held back: no newline yet and not whole JSON
         self.read_error: str | None = None  # why reading stopped before the end (a truncated compressed stream)
         self._stream: BinaryIO | None = None
