@@ -37,6 +37,13 @@ def content_digest(messages: Messages, extra: dict[str, Any] | None = None) -> b
     return hashlib.blake2b(orjson.dumps(norm, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
 
 
+def prompt_digest(messages: Messages, tools: Any) -> int:
+    """The 8-byte digest of a prompt as sent: its messages and tools (canonical JSON). A row's output line
+    carries it last (`prompt_digest`, 16 hex digits): a resume compares it without parsing the line."""
+    data = orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
 def _turn(m: dict[str, Any]) -> list[Any]:
     """One turn as the digest sees it: role, normalized text, then its other fields when it has any."""
     turn: list[Any] = [m.get("role", ""), normalize_text(str(m.get("content", "")))]
@@ -200,6 +207,9 @@ class Completion:
         thinking = {"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}
         made_by = {k: v for k, v in (("checkpoint", self.checkpoint), ("weight_version", self.weight_version)) if v}
         calls = {"tool_calls": self.tool_calls} if self.tool_calls else {}
+        # a row's line (not a turn's) says with which prompt it was answered (resume/changes.py)
+        digest = {"prompt_digest": f"{prompt_digest(self.messages, self.request.get('tools')):016x}"}
+        digest = digest if self.turn is None else {}
         return (
             orjson.dumps(
                 {
@@ -225,6 +235,7 @@ class Completion:
                     **made_by,
                     "meta": self.meta,
                     **self.extra,
+                    **digest,  # last: resume.changes reads it from the line's end
                 }
             )
             + b"\n"

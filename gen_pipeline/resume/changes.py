@@ -15,24 +15,18 @@ answered last: their lines are near the end); one that reads the input from the 
 
 from __future__ import annotations
 
-import hashlib
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from ..records import Messages, Prompt, id_key
+from ..records import Prompt, id_key, prompt_digest
 from ..rundir.donekeys import KeyMap, line_id
 from ..samples import Settles, current_key, line_place, place_key, sample_key
 
 TAIL_BLOCK = 4 << 20  # bytes of an output file read backwards at a time
-
-
-def prompt_digest(messages: Messages, tools: Any) -> int:
-    """The 8-byte digest of a prompt as sent: its messages and tools (canonical JSON)."""
-    data = orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 class RecordedPrompts:
@@ -79,15 +73,27 @@ class _Tail:
             _note(raw, digests)
 
 
+# The end of a row's line written since the digest was recorded (records.Completion.to_line): its last field,
+# the top level's (a nested object would end in "}}"), read without parsing the line.
+_TRAILING_DIGEST = re.compile(rb',"prompt_digest":"([0-9a-f]{16})"\}\n\Z')
+
+
 def _note(raw: bytes, digests: KeyMap) -> None:
     """Record the prompt digest of one output line (a row's: a --turns all line is a turn of a conversation)."""
     place = line_place(raw) if raw.endswith(b"\n") else None
     rid = line_id(raw) if place is not None else None
-    obj = orjson.loads(raw) if rid is not None else None
-    if place and isinstance(obj, dict) and "turn" not in obj and isinstance(obj.get("messages"), list):
-        key = place_key(id_key(rid), place[0], 0, place[2])  # type: ignore[arg-type]
-        if key not in digests:  # read backwards: the newest line of a key comes first
-            digests[key] = prompt_digest(obj["messages"], obj.get("tools"))
+    if rid is None or place is None:
+        return
+    key = place_key(id_key(rid), place[0], 0, place[2])
+    if key in digests:  # read backwards: the newest line of a key comes first
+        return
+    tail = _TRAILING_DIGEST.search(raw, len(raw) - 37)
+    if tail is not None and place[1] == 0:  # written with its digest, and never with a turn
+        digests[key] = int(tail[1], 16)
+        return
+    obj = orjson.loads(raw)  # a line written before the digest was: its prompt digested here
+    if isinstance(obj, dict) and "turn" not in obj and isinstance(obj.get("messages"), list):
+        digests[key] = prompt_digest(obj["messages"], obj.get("tools"))
 
 
 def changed_samples(
