@@ -241,6 +241,8 @@ class RunConfig:
         system_prompt: a system turn put first in every row that has none (counted and sent like the rest).
         redo_changed: answer again the answered rows whose prompt in the input changed since (resume/changes.py);
             without it they are counted and named, their old answers kept.
+        append_input: this run adds another input's rows to an --out that holds earlier inputs' on purpose (the
+            nightly job): no warning that --out was last run with another --input (engine.setup.input_warnings).
         template: the text of a Jinja2 template over a row's columns that renders its user message
             (--template FILE; inputs/template.py); None: each row's own messages.
         tools / chat_template_kwargs: the OpenAI tools list and template switches of every row that has
@@ -277,6 +279,7 @@ class RunConfig:
     system_prompt: str | None = None
     template: str | None = None
     redo_changed: bool = False
+    append_input: bool = False
     tools: list[Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # answers (answers/, send/resample.py)

@@ -158,7 +158,7 @@ generate_pending() {
         fi
         log "generate $f -> $DATASET_DIR"
         rc=0
-        run_child "${GP[@]}" generate --input "$f" --out "$DATASET_DIR" "${GENERATE_ARGS[@]}" || rc=$?
+        run_child "${GP[@]}" generate --input "$f" --out "$DATASET_DIR" --append-input "${GENERATE_ARGS[@]}" || rc=$?
         case $rc in
             0) cp "$DATASET_DIR/summary.json" "$f.done" ;;
             3) log "$f is incomplete (transient failures); the next run retries it"; RESULT=3 ;;

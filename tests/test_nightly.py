@@ -142,6 +142,28 @@ def test_two_runs_in_a_night_then_a_new_night(tmp_path):
     assert "| rows | 9 |" in (tmp_path / "dataset" / "README.md").read_text()
 
 
+@pytest.mark.slow
+def test_each_night_adds_its_new_input_without_the_another_input_warning(tmp_path):
+    """Each night's prompts file is a new --input into the same dataset by design: the nightly job says so
+    (--append-input), so generate does not warn that the dataset holds rows answered from another input."""
+    reason = missing_commands()
+    if reason:
+        pytest.skip(reason)
+    from procs import sim_fleet
+
+    ds, src = tmp_path / "ds", tmp_path / "source.jsonl"
+    gen_args = ["--", "--max-tokens", "16", "--progress", "off"]
+    with sim_fleet(1) as servers:
+        env = clean_env(NIGHTLY_SOURCE=str(src), NIGHTLY_SERVERS=servers)
+        for date, questions in (("2026-01-01", ["first night"]), ("2026-01-02", ["first night", "second night"])):
+            write_jsonl(src, source_rows(questions))
+            night = nightly("--dataset-dir", ds, "--date", date, *gen_args, env=env)
+            assert night.returncode == 0, night.stdout + night.stderr
+    assert count_lines(ds / "completions.jsonl") == 2
+    logs = night.stdout + night.stderr + (ds / "logs" / "nightly-2026-01-02.log").read_text()
+    assert "generate" in logs and "another input" not in logs
+
+
 def generate_child(pid: int, timeout: float) -> int:
     """The `generate` a nightly run `pid` started, once it holds its run directory (Linux /proc)."""
     from procs import children

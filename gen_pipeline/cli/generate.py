@@ -149,6 +149,12 @@ def _add_input_flags(g: Any) -> None:
         "and named); the output stays append-only, export keeps the newer answer",
     )
     g.add_argument(
+        "--append-input",
+        action="store_true",
+        help="this run adds another input's rows to an --out that holds earlier inputs' on purpose (the nightly "
+        "job does): no warning that --out holds rows answered from another input",
+    )
+    g.add_argument(
         "--turns",
         choices=["last", "all"],
         default="last",

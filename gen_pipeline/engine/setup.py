@@ -294,7 +294,9 @@ def retired_checkpoints(config: RunConfig, fleet: FleetInfo) -> frozenset[str]:
 
 def input_warnings(config: RunConfig, manifest: dict[str, Any]) -> list[str]:
     """The warning for a run directory resumed with another --input than its last run's (read before the
-    manifest is written anew)."""
+    manifest is written anew); none with --append-input, which adds another input's rows on purpose."""
+    if config.append_input:
+        return []
     before = read_manifest(config.out).get("input")
     warning = another_input(config.out, before, manifest.get("input"))
     return [warning] if warning is not None else []
