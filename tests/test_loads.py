@@ -46,11 +46,13 @@ def _burst(kv_admission: bool, n: int = 16, max_tokens: int = 1000) -> tuple[int
     """Send `n` requests at once to one port; its most running at once, a load report mid-burst, the statuses."""
 
     async def scenario() -> tuple[int, dict[str, Any], list[int]]:
-        cfg = SimConfig(ports=tuple(free_ports(1)), token_latency=0.01, kv_admission=kv_admission, **REAL)
+        cfg = SimConfig(ports=tuple(free_ports(1)), token_latency=0.04, kv_admission=kv_admission, **REAL)
         async with await start_fleet(cfg) as fleet, aiohttp.ClientSession() as session:
             url = fleet.urls[0]
             sent = [asyncio.create_task(_chat(session, url, i, max_tokens)) for i in range(n)]
-            for _ in range(2000):  # until every request has arrived (each runs for 0.1-0.5 s)
+            # until every request has arrived; each runs 0.4-2 s, so that none of the first wave has ended by the
+            # load report below, on a busy machine too (at 0.1-0.5 s one had, now and then: (8, 7))
+            for _ in range(2000):
                 if fleet.stats[cfg.ports[0]].in_flight == n:
                     break
                 await asyncio.sleep(0.005)
