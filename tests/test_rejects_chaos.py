@@ -3,8 +3,10 @@ attempts counted across the resumes, never past the bound."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import subprocess
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 from e2e import prompts
-from procs import generate, run_generate, sim_fleet
+from procs import env, generate, generate_argv, run_generate, sim_fleet
 
 from gen_pipeline.rundir.layout import RunDir
 from gen_pipeline.samples import answer_seed
@@ -100,3 +102,31 @@ def test_kill_9_campaign_with_rejected_answers(write_jsonl, tmp_path, workers):
         assert files and all(p.parent.parent.name == "shards" for p in files)
     print(f"\nrejects kill -9 campaign (--workers {workers}): kills={kills} rows=500 written={done} "
           f"ledgered={ledgered} rejects kept={kept} duplicates=0 lost=0")  # fmt: skip
+
+
+def test_a_failing_validator_stops_a_claimer_run_with_exit_1(write_jsonl, tmp_path):
+    """--workers 2 and a --validate python: function that raises on one row: the run stops with exit 1 and says
+    why, as a single process does (the claimer that raised hung for good before: its feed waited for rows to be
+    wanted by workers that were gone, and the Runner's tokenizer pool waited for the feed)."""
+    checks = tmp_path / "checks.py"  # raises on each claimer's 10th answer, while rows of its claim still wait
+    checks.write_text("calls = 0\n\ndef crash(answer):\n    global calls\n    calls += 1\n    if calls >= 10:\n"
+                      "        raise ValueError('boom')\n")  # fmt: skip
+    path, out = write_jsonl(prompts(200)), tmp_path / "out"
+    args = ("--workers", "2", "--concurrency", "4", "--validate", f"python:{checks}:crash", "--grace-period", "1")
+    with sim_fleet(4, "--token-latency", "0.01", "--max-running", "4") as servers:
+        proc = subprocess.Popen(
+            generate_argv(path, out, servers, *args, progress="off"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env(),
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail("generate --workers 2 hung after its --validate function raised")
+    assert proc.returncode == 1, err
+    assert "--validate python:" in err and "raised ValueError: boom" in err

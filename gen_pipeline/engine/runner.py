@@ -166,6 +166,9 @@ class Runner:
             await self._until_done_or_stopped(producer, tasks)
             if not self.stopping.is_set():
                 self.judge.finish()
+        except BaseException:
+            self.stopping.set()  # a task failed: nothing more is read or claimed (a claimer's feed waits on this)
+            raise
         finally:
             for t in [monitor, prober, loads, producer, *tasks]:
                 t.cancel()
