@@ -45,7 +45,7 @@ $(VENV)/.installed: pyproject.toml
 generate: install
 	@test -n "$$CONFIG" -o \( -n "$$INPUT" -a -n "$$OUT" \) || { echo "make generate needs INPUT=FILE and OUT=DIR" \
 		"(or CONFIG=FILE), e.g. make generate INPUT=prompts/my.jsonl OUT=runs/my-run" >&2; exit 2; }
-	set -f; "$(GP)" generate $${CONFIG:+--config "$$CONFIG"} $${INPUT:+--input "$$INPUT"} $${OUT:+--out "$$OUT"} \
+	@set -f -x; "$(GP)" generate $${CONFIG:+--config "$$CONFIG"} $${INPUT:+--input "$$INPUT"} $${OUT:+--out "$$OUT"} \
 		$${SERVERS:+--servers "$$SERVERS"} $${TOKENIZER:+--tokenizer "$$TOKENIZER"} $$ARGS
 
 demo: install

@@ -857,7 +857,9 @@ def test_slurm_submit_warns_when_no_gpu_is_asked_for(tmp_path: Path, sbatch_args
 # --- Makefile ----------------------------------------------------------------------------------
 
 
-def _make_generate(tmp_path: Path, *variables: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def _make_generate(
+    tmp_path: Path, *variables: str, silent: bool = True
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """`make generate VAR=...` with the repository's Makefile in a scratch folder whose venv is a fake
     gen-pipeline that records its argv; the argv it got."""
     tmp_path.mkdir(exist_ok=True)
@@ -870,7 +872,8 @@ def _make_generate(tmp_path: Path, *variables: str) -> tuple[subprocess.Complete
     fake.chmod(0o755)
     os.utime(tmp_path / "pyproject.toml", (1, 1))  # older than .installed: `install` has nothing to do
     (tmp_path / ".venv" / ".installed").touch()
-    proc = subprocess.run(["make", "-s", "generate", *variables], cwd=tmp_path, capture_output=True, text=True,
+    make = ["make", "-s"] if silent else ["make"]
+    proc = subprocess.run([*make, "generate", *variables], cwd=tmp_path, capture_output=True, text=True,
                           timeout=60, env=clean_env(None))  # fmt: skip
     argv_file = tmp_path / "argv.json"
     import json
@@ -907,6 +910,16 @@ def test_make_generate_passes_paths_with_spaces_as_one_argument(tmp_path: Path) 
                     "--max-tokens", "64", "--seed", "1"]  # fmt: skip
     proc, argv = _make_generate(tmp_path / "servers", "INPUT=x", "OUT=y", "SERVERS=gpu 1:30000")
     assert argv == ["generate", "--input", "x", "--out", "y", "--servers", "gpu 1:30000"]
+
+
+def test_make_generate_shows_the_command_it_runs(tmp_path: Path) -> None:
+    """`make generate` shows the gen-pipeline command it runs, with the values it was given, not the recipe's
+    shell text (a new user's tmux pane showed `set -f; ".venv/bin/gen-pipeline" generate ${CONFIG:+--config ...`)."""
+    proc, _ = _make_generate(tmp_path, "INPUT=data/p.parquet", "OUT=runs/r", "ARGS=--max-tokens 64", silent=False)
+    assert proc.returncode == 0, proc.stderr
+    shown = proc.stdout + proc.stderr
+    assert "${" not in shown and "set -f" not in shown, shown
+    assert ".venv/bin/gen-pipeline generate --input data/p.parquet --out runs/r --max-tokens 64" in shown, shown
 
 
 @pytest.mark.parametrize(
