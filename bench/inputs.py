@@ -23,6 +23,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gen_pipeline.config import RunConfig
+from gen_pipeline.digests import row_digest, shaping_key
 from gen_pipeline.records import Completion
 
 # One string reads better than a long list literal.
@@ -161,13 +163,29 @@ def long_prompts(n: int, sentences: tuple[int, int] = (270, 530), seed: int = 1)
     return [[{"role": "user", "content": s.mixed(s.rng.randint(*sentences))}] for _ in range(n)]
 
 
+SHAPING = shaping_key(RunConfig(input=Path("big.jsonl"), out=Path("run"), servers=("http://127.0.0.1:1",)))
+
+
 def done_line(row: dict[str, Any]) -> bytes:
     """The completions.jsonl line gen-pipeline would have written for `row` against the simulator."""
     chars = sum(len(m["content"]) for m in row["messages"])
     tokens = 10 + chars // 3  # only roughly the count: resume reads the id, never this
     server = f"http://127.0.0.1:{31000 + row['id'] % 8}"
     return Completion(
-        row["id"], row["messages"], DONE_COMPLETION, "stop", tokens, tokens, 32, 64, server, 1, 0.05, "sim-model", {}
+        row["id"],
+        row["messages"],
+        DONE_COMPLETION,
+        "stop",
+        tokens,
+        tokens,
+        32,
+        64,
+        server,
+        1,
+        0.05,
+        "sim-model",
+        {},
+        row_digest=row_digest(SHAPING, orjson.dumps(row)),  # as generate run with its defaults records it
     ).to_line()
 
 

@@ -4,8 +4,9 @@ The package follows a row's path: inputs -> tokens -> fleet -> send (answers jud
 (one process) or shards (claimers and `--workers`), chosen by modes. Around a run: prepare makes its input,
 preflight checks it before (`check`), views read what it wrote and export turns that into a dataset; cli is the
 command line.
-Each sub-package's docstring says what it may import (a test holds the code to it). The base modules
-below every sub-package import only each other: errors, _version, records, samples, config, runtime.
+Each sub-package's docstring says what it may import (a test holds the code to it).
+The base modules below every sub-package
+import only each other: errors, _version, records, digests, samples, config, runtime.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from .digests import digest_fields
+
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 Messages = list[dict[str, Any]]
@@ -35,13 +37,6 @@ def content_digest(messages: Messages, extra: dict[str, Any] | None = None) -> b
     if extra:
         norm.append(extra)
     return hashlib.blake2b(orjson.dumps(norm, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
-
-
-def prompt_digest(messages: Messages, tools: Any) -> int:
-    """The 8-byte digest of a prompt as sent: its messages and tools (canonical JSON). A row's output line
-    carries it last (`prompt_digest`, 16 hex digits): a resume compares it without parsing the line."""
-    data = orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def _turn(m: dict[str, Any]) -> list[Any]:
@@ -158,6 +153,7 @@ class Prompt:
     reference: Any = None
     spent: dict[int, Spent] = field(default_factory=dict)  # place key -> its answers rejected by earlier runs
     restart: dict[int, int] = field(default_factory=dict)  # sample -> its restart generation (samples.py), if > 0
+    row_digest: int | None = None  # of its input row's bytes, under the run's shaping (digests.py)
     key: int = field(init=False)  # id_key(id), hashed once, in the reader's thread
 
     def __post_init__(self) -> None:
@@ -190,6 +186,7 @@ class Completion:
     sample: int = 0  # which of the row's samples (its key is samples.sample_key(id_key(id), sample))
     turn: int | None = None  # --turns all: which user turn this answers (its key is samples.place_key)
     restart: int = 0  # its (id, sample)'s restart generation (samples.py: the newest stands); written when > 0
+    row_digest: int | None = None  # its row's (digests.py): written last but one
     extra: dict[str, Any] = field(default_factory=dict)  # optional fields: truncated_in, reasoning_tokens, logprobs
     # what produced it: the fingerprint of the server's identity (the manifest lists it under provenance),
     # and the weight_version the answer reported; each written only when known
@@ -207,9 +204,8 @@ class Completion:
         thinking = {"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}
         made_by = {k: v for k, v in (("checkpoint", self.checkpoint), ("weight_version", self.weight_version)) if v}
         calls = {"tool_calls": self.tool_calls} if self.tool_calls else {}
-        # a row's line (not a turn's) says with which prompt it was answered (resume/changes.py)
-        digest = {"prompt_digest": f"{prompt_digest(self.messages, self.request.get('tools')):016x}"}
-        digest = digest if self.turn is None else {}
+        # a row's line (not a turn's) ends with what it was answered from (digests.py)
+        digest = digest_fields(self.messages, self.request.get("tools"), self.row_digest) if self.turn is None else {}
         return (
             orjson.dumps(
                 {

@@ -1,6 +1,7 @@
-"""A row's output line carries the digest of the prompt it was answered with, last (`prompt_digest`): a resume
-that reads the input from the top compares it without parsing the line; lines written before it was are
-parsed and digested as they always were (resume/changes.py)."""
+"""A row's output line ends with the digest of the input row's bytes it was answered from (`row_digest`) and of
+the prompt it was sent (`prompt_digest`), digests.py: a resume that reads the input from the top compares the
+first without parsing the row or the line, the second without parsing the line when the row's bytes differ;
+lines written before them are parsed and digested as they always were (resume/changes.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import orjson
 from e2e import read_jsonl, run_sim
 
-from gen_pipeline.records import prompt_digest
+from gen_pipeline.digests import prompt_digest
 from gen_pipeline.rundir.layout import RunDir
 
 
@@ -35,7 +36,7 @@ def test_a_rows_line_ends_with_the_digest_of_the_prompt_it_was_sent(write_jsonl,
     run_sim(write_jsonl(rows(3)), out)
     for path in RunDir(out).completion_files():
         for obj in read_jsonl(path):
-            assert list(obj)[-1] == "prompt_digest"
+            assert list(obj)[-2:] == ["row_digest", "prompt_digest"]
             assert obj["prompt_digest"] == f"{prompt_digest(obj['messages'], obj.get('tools')):016x}"
 
 
@@ -45,10 +46,27 @@ def test_a_resume_from_the_top_compares_the_recorded_digest(write_jsonl, tmp_pat
     out = tmp_path / "out"
     path = write_jsonl(rows(4))
     run_sim(path, out)
-    rewrite(out, lambda obj: {**obj, "prompt_digest": "0" * 16} if obj["id"] == "r1" else obj)
+    rewrite(out, lambda obj: {**obj, "row_digest": "0" * 16, "prompt_digest": "0" * 16} if obj["id"] == "r1" else obj)
     again, _ = run_sim(path, out)
     assert again.summary["changed_inputs"] == {"rows": 1, "redone": 0, "first": ["r1"]}
     assert again.summary["requests"] == 0
+
+
+def test_a_row_answered_from_the_same_bytes_is_not_parsed_again(write_jsonl, tmp_path):
+    """The row digest vouches for the prompt: a line whose row digest is its row's is not compared further
+    (its prompt digest, here made wrong, is not read); a row only rewritten (same prompt, other bytes) is
+    compared by its prompt and is not changed."""
+    out = tmp_path / "out"
+    path = write_jsonl(rows(4))
+    run_sim(path, out)
+    rewrite(out, lambda obj: {**obj, "prompt_digest": "0" * 16} if obj["id"] == "r1" else obj)
+    again, _ = run_sim(path, out)
+    assert "changed_inputs" not in again.summary and again.summary["skipped"] == {"done": 4}
+    respaced = tmp_path / "respaced.jsonl"
+    respaced.write_bytes(b"".join(orjson.dumps({"prompt": r["prompt"], "id": r["id"]}) + b"\n" for r in rows(4)))
+    rewrite(out, lambda obj: obj)
+    moved, _ = run_sim(respaced, out)
+    assert moved.summary["changed_inputs"] == {"rows": 1, "redone": 0, "first": ["r1"]}  # its prompt digest, wrong
 
 
 def test_lines_without_the_digest_are_still_compared(write_jsonl, tmp_path):

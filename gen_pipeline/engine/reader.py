@@ -8,12 +8,13 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 
 from ..config import RunConfig
+from ..digests import shaping_key
 from ..inputs.rows import BadRow, RowError
 from ..inputs.shape import RowShape
 from ..inputs.source import PromptSource, Skipped, skipped
 from ..progress.stats import RunStats
 from ..records import Prompt
-from ..resume.changes import RecordedPrompts, changed_samples, next_generations
+from ..resume.changes import RecordedPrompts, changed_samples, next_generations, same_row
 from ..resume.cursor import CursorLog, Mark, Resumed, mark_of
 from ..resume.settled import Conversations, ResumeState
 from ..samples import place_key
@@ -52,7 +53,10 @@ class BatchReader:
         self.rows = resume.rows(config.retry_failed, resumed.prior if resumed else None)  # is a row settled?
         self.log = CursorLog()  # what the pass met, for the input cursor (single.py's InputCursor)
         # an answered row is read too (parse_done), to tell whether its prompt changed since (resume/changes.py)
-        self.source = PromptSource(config.input, self.rows, mine, start, shape, self.log, parse_done=True)
+        # ... parsed unless its line's row digest says it was answered from the same bytes (digests.py)
+        self.source = PromptSource(
+            config.input, self.rows, mine, start, shape, self.log, True, self._same_row, shaping_key(config)
+        )
         self.carried = dict(resumed.tallies) if resumed else {}
         self.started = {"line": start.line, "bytes": start.offset} if start else None  # where reading began
         self.limit, self.config = config.limit, config
@@ -158,6 +162,10 @@ class BatchReader:
                 return skipped(reason)
             self._spent(item, {s: 0 for s in item.pending})
         return item
+
+    def _same_row(self, key: int, digest: int | None) -> bool:
+        """An answered row (the run's samples each) was answered from the very bytes whose digest is `digest`."""
+        return digest is not None and same_row(key, digest, self.samples, self.resume, self.recorded, self.retry)
 
     def _changed(self, item: Prompt, samples: tuple[int, ...]) -> None:
         """Answered samples whose prompt changed since (resume/changes.py): counted and named; with

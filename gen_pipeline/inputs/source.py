@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Protocol
 
 import orjson
 
+from ..digests import row_digest
 from ..errors import InputError
 from ..records import Prompt, RowId, id_key, parsed_id, peek_key
 from ..rundir.donekeys import KeyMap
@@ -135,6 +136,8 @@ class PromptSource:
         shape: RowShape | None = None,
         log: PassLog | None = None,
         parse_done: bool = False,
+        same_row: Callable[[int, int | None], bool] | None = None,
+        row_key: bytes | None = None,
     ) -> None:
         self.path = path
         self.shape = shape  # the run's --template and --turns (None: rows as written)
@@ -154,6 +157,8 @@ class PromptSource:
         self.bytes_read = start.offset
         self.lines = start.line
         self.parse_done = parse_done  # a row whose id is done is parsed and handed on (its prompt is compared)
+        # ... unless same_row(key, its row digest) says it was answered from these very bytes (digests.py)
+        self.same_row, self.row_key = same_row, row_key
         self.unfinished: int | None = None  # the last line, held back: no newline yet and not whole JSON
         self.read_error: str | None = None  # why reading stopped before the end (a truncated compressed stream)
         self._stream: BinaryIO | None = None
@@ -301,6 +306,13 @@ class PromptSource:
             if owner is not None:
                 return self._again(raw, owner, rid, line)
             answered = self.parse_done and reason == "done"
+            if (
+                answered
+                and self.same_row is not None
+                and not own_samples(raw)
+                and self.same_row(key, self._digest(raw))
+            ):
+                return skipped("done")  # answered from these very bytes: its prompt is the one it was sent
             if reason is not None and not own_samples(raw) and not answered:
                 return skipped(reason)  # settled by an earlier run: not even parsed when the id leads
         if prompt is None and error is None:
@@ -309,11 +321,16 @@ class PromptSource:
             except RowError as exc:
                 error = str(exc)
         if error is None:
+            prompt.row_digest = self._digest(raw)  # type: ignore[union-attr]
             return prompt
         if answered:
             return skipped("done")  # answered, and no longer a valid row: left as it is, as it always was
         self._bad(line, key or 0)
         return BadRow(line, error, rid)
+
+    def _digest(self, raw: bytes) -> int | None:
+        """The row's digest under the run's shaping (digests.py; None: the reader gave none)."""
+        return row_digest(self.row_key, raw) if self.row_key is not None else None
 
     def _bad(self, line: int, key: int = 0) -> None:
         if self.log is not None:

@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from ..records import Prompt, id_key, prompt_digest
+from ..digests import prompt_digest
+from ..records import Prompt, id_key
 from ..rundir.donekeys import KeyMap, line_id
 from ..samples import Settles, current_key, line_place, place_key, sample_key
 
@@ -37,15 +38,21 @@ class RecordedPrompts:
     def __init__(self, files: Iterable[Path]) -> None:
         self.tails = [_Tail(p) for p in files if p.exists()]
         self.digests = KeyMap()
+        self.rows = KeyMap()  # the row digest of each key whose line has one (digests.py)
 
     def digest(self, key: int) -> int | None:
         """The recorded prompt's digest of the (id, sample, generation) whose turn-0 key is `key`."""
         found = self.digests.get(key)
         while found is None and (open_ := [t for t in self.tails if not t.done]):
             for tail in open_:
-                tail.read_block(self.digests)
+                tail.read_block(self.digests, self.rows)
             found = self.digests.get(key)
         return found
+
+    def row(self, key: int) -> int | None:
+        """The recorded row digest of the (id, sample, generation) whose turn-0 key is `key` (None: its line has
+        none, or there is no line)."""
+        return self.rows.get(key) if self.digest(key) is not None else None
 
 
 class _Tail:
@@ -57,7 +64,7 @@ class _Tail:
         self.carry = b""  # the start of a line whose beginning lies in the block before
         self.done = self.pos == 0
 
-    def read_block(self, digests: KeyMap) -> None:
+    def read_block(self, digests: KeyMap, rows: KeyMap) -> None:
         start = max(0, self.pos - TAIL_BLOCK)
         with self.path.open("rb") as f:
             f.seek(start)
@@ -70,15 +77,16 @@ class _Tail:
                 return
             self.carry, data = data[:cut], data[cut:]
         for raw in data.splitlines(keepends=True):
-            _note(raw, digests)
+            _note(raw, digests, rows)
 
 
 # The end of a row's line written since the digest was recorded (records.Completion.to_line): its last field,
 # the top level's (a nested object would end in "}}"), read without parsing the line.
-_TRAILING_DIGEST = re.compile(rb',"prompt_digest":"([0-9a-f]{16})"\}\n\Z')
+_TRAILING_DIGEST = re.compile(rb'(?:,"row_digest":"([0-9a-f]{16})")?,"prompt_digest":"([0-9a-f]{16})"\}\n\Z')
+_TAIL_BYTES = 70  # the most those two fields and the line's end take
 
 
-def _note(raw: bytes, digests: KeyMap) -> None:
+def _note(raw: bytes, digests: KeyMap, rows: KeyMap) -> None:
     """Record the prompt digest of one output line (a row's: a --turns all line is a turn of a conversation)."""
     place = line_place(raw) if raw.endswith(b"\n") else None
     rid = line_id(raw) if place is not None else None
@@ -87,9 +95,11 @@ def _note(raw: bytes, digests: KeyMap) -> None:
     key = place_key(id_key(rid), place[0], 0, place[2])
     if key in digests:  # read backwards: the newest line of a key comes first
         return
-    tail = _TRAILING_DIGEST.search(raw, len(raw) - 37)
-    if tail is not None and place[1] == 0:  # written with its digest, and never with a turn
-        digests[key] = int(tail[1], 16)
+    tail = _TRAILING_DIGEST.search(raw, len(raw) - _TAIL_BYTES)
+    if tail is not None and place[1] == 0:  # written with its digests, and never with a turn
+        digests[key] = int(tail[2], 16)
+        if tail[1] is not None:
+            rows[key] = int(tail[1], 16)
         return
     obj = orjson.loads(raw)  # a line written before the digest was: its prompt digested here
     if isinstance(obj, dict) and "turn" not in obj and isinstance(obj.get("messages"), list):
@@ -111,6 +121,18 @@ def changed_samples(
         if then is not None and then != now:
             changed.append(s)
     return tuple(changed)
+
+
+def same_row(
+    key: int, digest: int, samples: int, state: Settles, recorded: RecordedPrompts, retry: frozenset[str]
+) -> bool:
+    """Whether each of the row's `samples` is done, in its newest generation, from the very row bytes (under
+    the same shaping) whose digest is `digest`: its prompt is then the one it was sent, unparsed."""
+    for s in range(samples):
+        current = current_key(state, key, s)
+        if state.settled(current, retry) != "done" or recorded.row(current) != digest:
+            return False
+    return True
 
 
 def next_generations(prompt: Prompt, samples: Iterable[int], state: Settles) -> dict[int, int]:

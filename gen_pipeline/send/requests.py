@@ -354,6 +354,7 @@ class RequestPath:
             weight_version=track.weight_version,
             tool_calls=result.tool_calls,
             request=shaping_fields(track.body),
+            row_digest=prompt.row_digest,
         )
 
     async def _breaks_servers(self, track: Track) -> bool:
