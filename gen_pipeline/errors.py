@@ -215,9 +215,11 @@ class RejectedAnswerError(RequestError):
         reasoning: str | None = None,
         completion_tokens: int | None = None,
         finish_reason: str | None = None,
+        prompt_tokens: int | None = None,
     ) -> None:
         super().__init__(message, server=server, status=status)
         self.check = check
+        self.prompt_tokens = prompt_tokens  # the server's count of the prompt (usage), when it gave one
         self.content = content
         self.reasoning = reasoning
         self.completion_tokens = completion_tokens

@@ -319,31 +319,32 @@ class Rejected:
     messages: Messages = field(default_factory=list)
     time: float = field(default_factory=time.time)
     restart: int = 0  # its (id, sample)'s restart generation (samples.py); written when > 0
+    # our count of its prompt and the server's (usage; None when it gave none): the prefill the reject cost
+    input_tokens: int | None = None
+    prompt_tokens: int | None = None
 
     def to_line(self) -> bytes:
-        return (
-            orjson.dumps(
-                {
-                    "id": self.id,
-                    "sample": self.sample,
-                    **({"turn": self.turn} if self.turn is not None else {}),
-                    **({"restart": self.restart} if self.restart else {}),
-                    "attempt": self.attempt,
-                    "reason": self.reason,
-                    "check": self.check,
-                    "detail": self.detail,
-                    "completion_tokens": self.completion_tokens,
-                    "finish_reason": self.finish_reason,
-                    "server": self.server,
-                    "seed": self.seed,
-                    "messages": self.messages,
-                    "completion": self.content,
-                    **({"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}),
-                    "time": round(self.time, 3),
-                }
-            )
-            + b"\n"
-        )
+        line = {
+            "id": self.id,
+            "sample": self.sample,
+            **({"turn": self.turn} if self.turn is not None else {}),
+            **({"restart": self.restart} if self.restart else {}),
+            "attempt": self.attempt,
+            "reason": self.reason,
+            "check": self.check,
+            "detail": self.detail,
+            "input_tokens": self.input_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            "server": self.server,
+            "seed": self.seed,
+            "messages": self.messages,
+            "completion": self.content,
+            **({"reasoning_content": self.reasoning_content} if self.reasoning_content is not None else {}),
+            "time": round(self.time, 3),
+        }
+        return orjson.dumps(line) + b"\n"
 
 
 # Ledger reasons that resending the same row cannot fix; a rerun skips them unless --retry-failed names them.

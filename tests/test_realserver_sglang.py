@@ -15,16 +15,17 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from e2e import WEATHER_TOOL, assert_regenerated, conversation_rows, prompts, read_jsonl
+from e2e import WEATHER_TOOL, conversation_rows, prompts, read_jsonl
 from provenance_checks import OUTPUT_SETTINGS, assert_manifest_matches_servers
 
-from gen_pipeline.config import RetryPolicy, RunConfig
+from gen_pipeline.config import DEFAULT_MAX_RESAMPLES, RetryPolicy, RunConfig
 from gen_pipeline.modes import run_async
 from gen_pipeline.preflight.check import render_check, run_check
 from gen_pipeline.sim import free_ports
@@ -100,6 +101,37 @@ def _sized(counter, tokens: int) -> list[dict[str, Any]]:
             return messages
         words += tokens - count
     raise AssertionError(f"no chat of exactly {tokens} tokens")
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return read_jsonl(path) if path.exists() else []
+
+
+def _answered_or_rejected(out: Path, servers: tuple[str, ...], summary: dict[str, Any]) -> dict[str, Any]:
+    """Every answer the servers gave counted exactly, kept or rejected; every key answered once or ledgered.
+
+    The tiny random Qwen3 never ends its thinking: under the reasoning parser (the first server) an answer cut
+    at max_tokens while thinking is rejected (check `unfinished_reasoning`) and resampled, and after
+    1 + --max-resamples of them its key is ledgered `invalid`. That is the only reject and the only `invalid`
+    allowed, and each reject's prompt was counted by the server as by us, as each completion's was.
+    The completion lines, the rejects and the `invalid` ledger entries, by name."""
+    done, kept, ledger = (_lines(out / name) for name in ("completions.jsonl", "rejected.jsonl", "failures.jsonl"))
+    for r in [*done, *kept]:
+        assert r["prompt_tokens"] == r["input_tokens"] > 0, r  # zero drift on every answer
+    for r in kept:
+        assert (r["reason"], r["check"], r["server"]) == ("invalid", "unfinished_reasoning", servers[0]), r
+        assert r["finish_reason"] == "length" and r["reasoning_content"], r
+    invalid = [f for f in ledger if f["reason"] == "invalid"]
+    spent = Counter((r["id"], r["sample"], r.get("turn")) for r in kept)
+    bound = 1 + DEFAULT_MAX_RESAMPLES
+    for f in invalid:
+        assert f["server"] == servers[0] and "unfinished_reasoning" in f["detail"] and f["attempts"] == bound, f
+        assert spent[(f["id"], f["sample"], f.get("turn"))] == bound, f
+    places = Counter((r["id"], r["sample"], r.get("turn")) for r in done)
+    assert set(places.values()) <= {1} and not set(places) & {(f["id"], f["sample"], f.get("turn")) for f in invalid}
+    assert summary["completed"] == len(done) and summary["token_drift"]["differed"] == 0, summary
+    assert summary["token_drift"]["compared"] == len(done), summary
+    return {"done": done, "kept": kept, "invalid": invalid}
 
 
 TIME_TOOL = {
@@ -199,14 +231,21 @@ def test_every_request_shape_counts_exactly(servers, write_jsonl, tmp_path):
     out = tmp_path / "out"
     outcome = _run(_config(write_jsonl(rows), out, servers))
     summary = outcome.summary
-    assert outcome.exit_code == 0, summary
-    assert summary["completed"] == len(rows) and summary["failed"] == {}
-    assert summary["token_drift"] == {"compared": len(rows), "differed": 0, "by_offset": {}}
+    seen = _answered_or_rejected(out, servers, summary)
+    invalid = seen["invalid"]
+    assert outcome.exit_code == 0, summary  # invalid is a permanent reason: the run is complete
+    assert {r["id"] for r in seen["done"]} | {f["id"] for f in invalid} == {r["id"] for r in rows}
+    assert summary["completed"] + len(invalid) == len(rows) and summary["failed"] == (
+        {"invalid": len(invalid)} if invalid else {}
+    )
+    assert summary["token_drift"] == {"compared": len(seen["done"]), "differed": 0, "by_offset": {}}
+    assert summary["requests"] == len(seen["done"]) + len(seen["kept"])  # one request per answer: no round trip
     assert orjson.loads((out / "manifest.json").read_bytes())["server_kind"] == "sglang"
     assert_manifest_matches_servers(out, list(servers))  # model_path, weight_version, version, settings; each line's
     for url in servers:
         view = summary["servers"][url]
-        assert view["completions"] > 0 and view["capacity_source"] == "token pool"  # 8192 // 8 = 1024 < 2048
+        answers = view["completions"] + sum((view.get("rejected") or {}).values())
+        assert answers > 0 and view["capacity_source"] == "token pool"  # 8192 // 8 = 1024 < 2048
         assert view["capacity"] == 1024 and view["cached_tokens"] is not None
     assert sum(v["cached_tokens"] for v in summary["servers"].values()) > 0  # the rows share their template
 
@@ -216,10 +255,13 @@ def test_samples_go_through_n(servers, write_jsonl, tmp_path):
     rows = [*shape_rows()[:4], *prompts(2)]
     out = tmp_path / "out"
     outcome = _run(_config(write_jsonl(rows), out, servers, samples=3))
-    assert outcome.summary["completed"] == 3 * len(rows) and outcome.summary["failed"] == {}
-    assert outcome.summary["requests"] == len(rows)
-    assert outcome.summary["token_drift"]["differed"] == 0
-    done = read_jsonl(out / "completions.jsonl")
+    seen = _answered_or_rejected(out, servers, outcome.summary)
+    done, invalid = seen["done"], seen["invalid"]
+    keys = {(r["id"], r["sample"]) for r in done} | {(f["id"], f["sample"]) for f in invalid}
+    assert keys == {(r["id"], s) for r in rows for s in range(3)}
+    assert outcome.summary["failed"] == ({"invalid": len(invalid)} if invalid else {})
+    # one request with n=3 per row; each reject but a key's last is resampled alone
+    assert outcome.summary["requests"] == len(rows) + len(seen["kept"]) - len(invalid)
     assert sorted({r["sample"] for r in done}) == [0, 1, 2]
 
 
@@ -229,11 +271,34 @@ def test_whole_conversations_are_regenerated_turn_by_turn(servers, write_jsonl, 
     rows = conversation_rows(6)
     out = tmp_path / "out"
     outcome = _run(_config(write_jsonl(rows), out, servers, turns="all", samples=2))
-    assert outcome.exit_code == 0 and outcome.summary["failed"] == {}, outcome.summary
-    lines = assert_regenerated(rows, out, samples=2)
-    assert outcome.summary["token_drift"]["differed"] == 0
+    seen = _answered_or_rejected(out, servers, outcome.summary)
+    invalid = seen["invalid"]
+    assert outcome.exit_code == 0 and outcome.summary["failed"] == ({"invalid": len(invalid)} if invalid else {})
+    lines = _regenerated_until_rejected(rows, seen, samples=2)
     later = [r for (_, _, t), r in lines.items() if t]
     assert sum(v["cached_tokens"] for v in outcome.summary["servers"].values()) > 0 and later
+
+
+def _regenerated_until_rejected(rows: list[dict[str, Any]], seen: dict[str, Any], samples: int) -> dict[Any, Any]:
+    """e2e.assert_regenerated, but a conversation may stop at a turn ledgered `invalid` (_answered_or_rejected):
+    every (id, sample) has each of its turns once until then, and each turn, its rejects too, was asked with the
+    answers recorded for the turns before it. The completion lines by key."""
+    from gen_pipeline.send.turns import answer_turn, split_turns
+
+    lines = {(r["id"], r["sample"], r["turn"]): r for r in seen["done"]}
+    stops = {(f["id"], f["sample"]): f["turn"] for f in seen["invalid"]}
+    assert len(lines) == len(seen["done"]) and len(stops) == len(seen["invalid"])
+    for row in rows:
+        for s in range(samples):
+            stop = stops.get((row["id"], s), len(split_turns(row["messages"])))
+            assert {t for (rid, k, t) in lines if (rid, k) == (row["id"], s)} == set(range(stop)), (row["id"], s)
+    for r in [*seen["done"], *seen["kept"]]:
+        rid, s, t = r["id"], r["sample"], r["turn"]
+        if t:
+            before = lines[(rid, s, t - 1)]
+            history = [*before["messages"], answer_turn(before["completion"], before.get("reasoning_content"))]
+            assert r["messages"][: len(history)] == history, (rid, s, t)
+    return lines
 
 
 def test_check_reports_the_real_limits(servers, write_jsonl):
@@ -273,15 +338,21 @@ def test_a_context_told_too_large_is_budgeted_under_the_input_cap_and_prompts_ov
     ]
     out = tmp_path / "out"
     outcome = _run(_config(write_jsonl(rows), out, servers, context_length=100_000, safety_margin=0))
-    assert outcome.summary["failed"] == {"over_length": 2}, outcome.summary
-    ledger = _ledger(out)
+    seen = _answered_or_rejected(out, servers, outcome.summary)
+    invalid = {f["id"]: f for f in seen["invalid"]}
+    assert outcome.summary["failed"] == {"over_length": 2, **({"invalid": len(invalid)} if invalid else {})}
+    ledger = {rid: f for rid, f in _ledger(out).items() if f["reason"] == "over_length"}
     assert set(ledger) == {"input-over-context", "input-at-max-input"}
     assert all(f"the servers refuse inputs of {MAX_INPUT} tokens or more" in r["detail"] for r in ledger.values())
-    done = {r["id"]: r for r in read_jsonl(out / "completions.jsonl")}
-    for rid in ("total-over-context", "max-tokens-over-context"):
-        assert done[rid]["prompt_tokens"] == 2000 and done[rid]["attempts"] == 1
-        assert done[rid]["max_tokens"] == MAX_INPUT + 4 - 2000  # all the scheduler makes: max_req_len - 1 - input
-        assert done[rid]["completion_tokens"] <= done[rid]["max_tokens"]
+    done = {r["id"]: r for r in seen["done"]}
+    budget = MAX_INPUT + 4 - 2000  # all the scheduler makes: max_req_len - 1 - input
+    assert set(done) | set(invalid) == {"total-over-context", "max-tokens-over-context"}
+    for r in done.values():
+        assert r["prompt_tokens"] == 2000 and r["attempts"] == 1
+        assert r["max_tokens"] == budget and r["completion_tokens"] <= r["max_tokens"]
+    for r in seen["kept"]:  # sent with the same budget (the ledger entry says which)
+        assert r["prompt_tokens"] == 2000 and r["completion_tokens"] <= budget == invalid[r["id"]]["max_tokens"]
+    assert outcome.summary["requests"] == len(done) + len(seen["kept"])  # no 400, no re-budget round trip
 
 
 # The simulator follows the real server: the same requests to both, compared.

@@ -43,6 +43,7 @@ def test_rejected_answers_are_kept_and_resampled_with_new_seeds(write_jsonl, tmp
     assert all(isinstance(orjson.loads(r["completion"]), dict) for r in done)
     assert kept and all(r["check"] == "json" and r["reason"] == "invalid" for r in kept)
     assert all(r["completion"].startswith("Sure!") and r["messages"] for r in kept)  # the text itself is kept
+    assert all(r["prompt_tokens"] == r["input_tokens"] > 0 for r in kept)  # its prefill, counted both ways
     by_key: dict[tuple[Any, int], list[int]] = defaultdict(list)
     for r in kept:
         assert r["seed"] == answer_seed(SEED, r["id"], r["sample"], 0, r["attempt"])
@@ -115,6 +116,7 @@ def test_samples_with_n_resample_only_the_rejected_choices(write_jsonl, tmp_path
     assert set(places) | failed == {(r["id"], s) for r in rows for s in range(3)}
     assert all(isinstance(orjson.loads(r["completion"]), dict) for r in done)
     assert rejects(tmp_path / "out") and not (set(places) & {(r["id"], r["sample"]) for r in ledger(tmp_path / "out")})
+    assert all(r["prompt_tokens"] == r["input_tokens"] > 0 for r in rejects(tmp_path / "out"))  # the answer's usage
     assert outcome.summary["completed"] == len(done)
 
 

@@ -136,7 +136,7 @@ class SampleDispatch:
                 del tries[s]
                 continue
             sent.output_tokens -= share or 0  # counted with the reject instead (Recorder.rejected)
-            self.answers.reject(prompt, s, None, tries[s], refusal(verdict, choice, share, track.server), None)
+            self.answers.reject(prompt, s, None, tries[s], refusal(verdict, choice, share, track.server, result), None)
         if got < len(samples):
             self._short(track.server, len(samples), len(choices))
         await self._one_by_one(prompt, max_tokens, tries, sent, prefer=track.server)

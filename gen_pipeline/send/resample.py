@@ -76,8 +76,11 @@ def judged(prompt: Prompt, result: ChatResult, sample: int, turn: int | None) ->
     )
 
 
-def refusal(verdict: Verdict, choice: ChatResult, tokens: int | None, server: str) -> InvalidAnswerError:
-    """A check's verdict as the error a reject carries (its text and cost with it)."""
+def refusal(
+    verdict: Verdict, choice: ChatResult, tokens: int | None, server: str, answer: ChatResult
+) -> InvalidAnswerError:
+    """A check's verdict as the error a reject carries (its text and cost with it; the prompt's count is the
+    `answer`'s: a choice of an answer with several has no usage of its own)."""
     return InvalidAnswerError(
         f"{verdict.check}: {verdict.detail}",
         check=verdict.check,
@@ -86,6 +89,7 @@ def refusal(verdict: Verdict, choice: ChatResult, tokens: int | None, server: st
         reasoning=choice.reasoning_content,
         completion_tokens=tokens,
         finish_reason=choice.finish_reason,
+        prompt_tokens=None if answer.usage_problem else answer.prompt_tokens,
     )
 
 
@@ -122,7 +126,9 @@ class Resampler:
             verdict = self.verdict(prompt, result, sample, turn)
             if verdict is None:
                 return Answered(result, budget, track, tries.total), track
-            error = refusal(verdict, result, None if result.usage_problem else result.completion_tokens, track.server)
+            error = refusal(
+                verdict, result, None if result.usage_problem else result.completion_tokens, track.server, result
+            )
             self.reject(prompt, sample, turn, tries, error, fields.get("seed"))
             track = Track(prefer=track.server, home=track.keep, keep=track.keep)  # its server kept the room
         return self.exhausted(prompt, tries, max_tokens, track), track
@@ -150,6 +156,8 @@ class Resampler:
                 check=error.check,
                 detail=str(error)[:1000],
                 completion_tokens=error.completion_tokens,
+                input_tokens=prompt.input_tokens,
+                prompt_tokens=error.prompt_tokens,
                 finish_reason=error.finish_reason,
                 server=error.server,
                 seed=seed if isinstance(seed, int) else None,
