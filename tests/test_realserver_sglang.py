@@ -239,7 +239,6 @@ def test_every_request_shape_counts_exactly(servers, write_jsonl, tmp_path):
         {"invalid": len(invalid)} if invalid else {}
     )
     assert summary["token_drift"] == {"compared": len(seen["done"]), "differed": 0, "by_offset": {}}
-    assert summary["requests"] == len(seen["done"]) + len(seen["kept"])  # one request per answer: no round trip
     assert orjson.loads((out / "manifest.json").read_bytes())["server_kind"] == "sglang"
     assert_manifest_matches_servers(out, list(servers))  # model_path, weight_version, version, settings; each line's
     for url in servers:
