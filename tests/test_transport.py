@@ -4,14 +4,19 @@ trust, against raw asyncio servers that answer with exact bytes."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
+import socket
+import struct
 
+import aiohttp
 import pytest
 from rawserver import OK, always_ok, answer, never_answers, serve
 
 from gen_pipeline.config import MAX_RESPONSE_BYTES
 from gen_pipeline.errors import ConnectionLostError, RequestTimeout, ResponseTooLargeError
 from gen_pipeline.http import AiohttpTransport
+from gen_pipeline.http.transport import unserved
 
 
 def test_sequential_requests_share_one_keepalive_connection():
@@ -266,3 +271,62 @@ def test_malformed_answer_is_connection_lost(raw):
             await t.request("GET", url, "/x", 5)
 
     serve(reply, check)
+
+
+def test_a_pooled_connection_the_server_closed_unanswered_is_replaced_and_the_request_sent_again():
+    """A server that closes a kept-alive connection when the next request comes (llama.cpp does after two
+    streamed answers) never served that request: it goes out again on a fresh connection, with no error."""
+
+    async def close_every_third(n, writer):
+        if n % 3 == 0:
+            writer.close()  # a clean close, no answer
+        else:
+            writer.write(answer())
+
+    async def check(t, url):
+        for i in range(6):
+            assert (await t.request("POST", url, "/x", 5, b'{"i": %d}' % i))[:2] == (200, OK)
+
+    server = serve(close_every_third, check)
+    assert len(server.requests) == 8 and server.connections == 3
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh-connection", "pooled-reset"])
+def test_a_request_the_server_may_have_read_is_not_sent_again(fresh):
+    """A new connection closed unanswered, or a pooled one reset (a TCP RST after the server read the request):
+    the failure is the server's, raised once (the retry policy decides), never resent by the transport."""
+
+    async def fail(n, writer):
+        if n == 1 and not fresh:
+            writer.write(answer())
+        elif fresh:
+            writer.close()
+        else:
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+
+    async def check(t, url):
+        if not fresh:
+            assert (await t.request("POST", url, "/x", 5, b"{}"))[0] == 200
+        with pytest.raises(ConnectionLostError):
+            await t.request("POST", url, "/x", 5, b"{}")
+
+    server = serve(fail, check)
+    assert len(server.requests) == (1 if fresh else 2)
+
+
+@pytest.mark.parametrize(
+    ("exc", "unserved_"),
+    [
+        (aiohttp.ServerDisconnectedError(), True),
+        (aiohttp.ClientOSError(None, "Can not write request body for http://s/x"), True),
+        (aiohttp.ClientOSError(errno.EPIPE, "Broken pipe"), True),
+        (aiohttp.ClientOSError(errno.ECONNRESET, "Connection reset by peer"), False),
+        (aiohttp.ClientConnectorError(None, OSError(None, "refused")), False),  # type: ignore[arg-type]
+    ],
+    ids=["clean-close", "unwritten", "broken-pipe", "reset", "connector"],
+)
+def test_only_a_request_the_server_never_took_counts_as_unserved(exc, unserved_):
+    """What a pooled connection's failure says of its request: a clean close before the answer, or a body that
+    could not be written, was never served; a reset may come after the server read it."""
+    assert unserved(exc) is unserved_

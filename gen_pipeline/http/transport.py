@@ -6,8 +6,11 @@ the body is read up to a cap and no further, and the whole exchange, connecting 
 (deadlines.py: one shared timer, not an asyncio.timeout per request). A streamed answer (`stream`) is handed
 on piece by piece as it arrives. A connection whose answer was not read to its end (a deadline, a
 cancellation, a stream stopped by its reader) is closed, never handed back to the keep-alive pool, so a server
-sees the client leave (SGLang then stops decoding). `fire` sends a request in the background (an abort), and
-`close` waits for those a moment before it closes the session.
+sees the client leave (SGLang then stops decoding). A request whose pooled connection the server had closed
+cleanly without answering it (llama.cpp closes a connection when a third request comes after two streamed
+answers) is sent again on another one, and so is one that could not be written to it: the server never
+served it. `fire` sends a request in the background
+(an abort), and `close` waits for those a moment before it closes the session.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import contextvars
 import errno
 import logging
+import weakref
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -42,8 +48,39 @@ Sink = Callable[[bytes], None]  # takes a streamed answer's bytes as they arrive
 JSON_HEADERS = {"Content-Type": "application/json"}
 EVENT_STREAM = "text/event-stream"
 BACKGROUND_GRACE = 2.0  # how long close() waits for requests still in the background (aborts)
+STALE_RESENDS = 8  # pooled connections found closed, one after another, before the request's failure is raised
 
 log = logging.getLogger("gen_pipeline")
+
+
+# Whether the connection the running request got had served an earlier request (set by PoolConnector.connect in
+# the request's own task: a context variable, so concurrent requests each see their own).
+_REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("gen_pipeline_reused", default=False)
+
+
+class PoolConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, noting for each request whether its connection comes back from the keep-alive pool."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._served: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        _REUSED.set(conn.protocol in self._served)
+        self._served.add(conn.protocol)
+        return conn
+
+
+def unserved(exc: BaseException) -> bool:
+    """Whether a request's failure shows the server never took it: the connection was closed cleanly before
+    any answer (a reset, ECONNRESET, may come after the server read it), or the request could not be written
+    (aiohttp's write error: errno None for a closing transport, or EPIPE)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    if not isinstance(exc, aiohttp.ClientOSError) or isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return exc.errno in (None, errno.EPIPE)
 
 
 class _SinkFailed(Exception):
@@ -117,7 +154,7 @@ class AiohttpTransport:
         # Basic auth by server (from user:password@ in --servers, kept out of the server's name), as a header:
         # aiohttp 3.14 deprecates its BasicAuth helper and `auth=` parameter
         self.auth = {url: basic_auth(*cred) for url, cred in (auth or {}).items()}
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_TIMEOUT)
+        connector = PoolConnector(limit=0, keepalive_timeout=KEEPALIVE_TIMEOUT)
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -186,7 +223,7 @@ class AiohttpTransport:
         auth = self.auth.get(server)
         if auth is not None:
             headers = {**(headers or {}), "Authorization": auth}
-        async with self.session.request(method, url, data=body, headers=headers, allow_redirects=False) as resp:
+        async with await self._start(method, url, body, headers) as resp:
             try:
                 if sink is not None and resp.status == 200 and resp.content_type == EVENT_STREAM:
                     await self._pipe(resp, sink, server, url)
@@ -195,6 +232,21 @@ class AiohttpTransport:
             except BaseException:
                 resp.close()  # never back to the pool with an answer still coming
                 raise
+
+    async def _start(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None
+    ) -> aiohttp.ClientResponse:
+        """Send once and read the answer's head. A pooled connection the server had closed cleanly before it
+        answered (it never served the request) is dropped and the request goes out again, on the next pooled
+        connection or a new one; the same on a new connection is the server's failure, raised."""
+        for _ in range(STALE_RESENDS):
+            _REUSED.set(False)
+            try:
+                return await self.session.request(method, url, data=body, headers=headers, allow_redirects=False)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if not _REUSED.get() or not unserved(exc):
+                    raise
+        return await self.session.request(method, url, data=body, headers=headers, allow_redirects=False)
 
     async def _pipe(self, resp: aiohttp.ClientResponse, sink: Sink, server: str, url: str) -> None:
         """Hand the stream to `sink` piece by piece, to its end; over max_body bytes it is an error."""

@@ -9,6 +9,8 @@ away (SGLang aborts that request), no access log, `server: uvicorn` on our repli
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -63,8 +65,12 @@ async def kill(runner: web.ServerRunner) -> None:
 
 
 def reset(request: Request) -> None:
-    """Reset the request's connection: its client sees a disconnect and no reply."""
+    """Reset the request's connection (a TCP RST: SO_LINGER 0): its client sees the reset and no reply, which a
+    clean close of a kept-alive connection would not tell it (that one it may take for a stale connection)."""
     if request.transport is not None:
+        sock = request.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         request.transport.abort()
 
 
