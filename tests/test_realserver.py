@@ -197,3 +197,20 @@ def test_killed_server_is_routed_around_and_readmitted(servers, tokenizer, write
     assert check_invariant([r["id"] for r in rows], out) == {"done": 600, "ledger": 0}
     view = outcome.summary["servers"][victim.url]
     assert sum(view["failures"].values()) >= 1 and view["out_of_service_s"] > 0
+
+
+def test_a_run_streams_through_the_loop_guard_with_exact_usage(servers, tokenizer, write_jsonl, tmp_path):
+    """The default run streams (--loop-guard on, stream_options.include_usage): every row done on both servers,
+    the usage the stream ends with the same as a whole answer's (prompt tokens as counted, completion max_tokens)."""
+    rows = prompts(8)
+    out = {guard: tmp_path / guard for guard in ("on", "off")}
+    for guard, where in out.items():
+        config = _config(write_jsonl(rows, f"{guard}.jsonl"), where, servers, tokenizer, loop_guard=guard, max_tokens=6)
+        outcome = asyncio.run(asyncio.wait_for(run_async(config), 300))
+        assert outcome.exit_code == 0, outcome.summary
+    lines = {guard: {r["id"]: r for r in read_jsonl(where / "completions.jsonl")} for guard, where in out.items()}
+    assert set(lines["on"]) == set(lines["off"]) == {r["id"] for r in rows}
+    for key, streamed in lines["on"].items():
+        whole = lines["off"][key]
+        assert (streamed["prompt_tokens"], streamed["completion_tokens"]) == (whole["prompt_tokens"], 6)
+        assert streamed["prompt_tokens"] == streamed["input_tokens"]

@@ -432,3 +432,115 @@ def test_the_simulator_answers_as_the_real_server(servers, counter):
         assert sim_load[key] == real_load[key], key
     [real_card], [sim_card] = real_info["/v1/models"]["data"], sim_info["/v1/models"]["data"]
     assert {**sim_card, "created": 0} == {**real_card, "created": 0}
+
+
+async def _events(url: str, body: dict[str, Any]) -> list[Any]:
+    """The data of each event of one streamed chat request, as sent ("[DONE]" as that string)."""
+    import aiohttp
+
+    events: list[Any] = []
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200 and resp.content_type == "text/event-stream"
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                data = line[6:].strip()
+                events.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+    return events
+
+
+def _kinds(events: list[Any], index: int) -> list[tuple[Any, ...]]:
+    """The shapes of choice `index`'s events, in order, and of the usage event and [DONE]: each event's keys and
+    its choice's delta keys and finish_reason (a run of alike content chunks is one shape). Text and ids left
+    out: a random model says what it says."""
+    shapes: list[tuple[Any, ...]] = []
+    for event in events:
+        if event == "[DONE]":
+            shape: tuple[Any, ...] = ("[DONE]",)
+        elif not event["choices"]:
+            shape = (tuple(sorted(event)), "usage", tuple(event["usage"]))
+        elif event["choices"][0]["index"] != index:
+            continue
+        else:
+            [choice] = event["choices"]
+            delta = tuple(k for k, v in choice["delta"].items() if k != "content" or v)  # SGLang sends "" too
+            shape = (tuple(sorted(event)), delta, choice["finish_reason"] is not None, tuple(sorted(choice)))
+        if not shapes or shapes[-1] != shape:
+            shapes.append(shape)
+    return shapes
+
+
+def test_the_simulator_streams_as_the_real_server(servers):
+    """A streamed chat (n 1 and 2, with the usage chunk): the simulator sends the same event shapes in the same
+    order per choice as SGLang 0.5.23: the role first, content deltas, the finish chunk, the usage, [DONE]."""
+    from gen_pipeline.sim import SimConfig, start_fleet
+
+    sim = SimConfig(ports=tuple(free_ports(1)), context_length=CTX, tokenizer=str(MODEL), model="tiny-qwen3",
+                    cache_report=True, health_delay=0.0)  # fmt: skip
+    body = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+
+    async def both(n: int) -> tuple[list[Any], list[Any]]:
+        async with await start_fleet(sim) as fleet:
+            simulated = await _events(fleet.urls[0], {**body, "n": n})
+        return await _events(servers[1], {**body, "n": n}), simulated
+
+    for n in (1, 2):
+        real, simulated = asyncio.run(asyncio.wait_for(both(n), 300))
+        for index in range(n):
+            assert _kinds(simulated, index) == _kinds(real, index), f"n={n}, choice {index}"
+
+
+def test_a_stopped_stream_frees_its_slot_and_the_server_goes_on(servers):
+    """A streamed request of 1,500 tokens stopped by its reader after 5 chunks (as the loop guard stops one):
+    the client closes its connection and aborts it by its rid; /v1/loads counts no running request within
+    seconds (it would decode for minutes), and the server answers the next request whole."""
+    from gen_pipeline.errors import DegenerateAnswerError
+    from gen_pipeline.http import Client, open_transport
+
+    url = servers[1]
+    seen: list[str] = []
+
+    def watch(index: int, content: str, reasoning: str) -> None:
+        seen.append(content)
+        if len(seen) >= 5:
+            raise DegenerateAnswerError("stopped by the test", check="loop", content="".join(seen))
+
+    async def scenario() -> tuple[list[int], float, Any]:
+        async with open_transport() as transport:
+            client = Client(transport, stream=True)
+            body = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": "Go on."}], "max_tokens": 1500,
+                    "rid": f"gp-realserver-{os.getpid()}."}  # fmt: skip
+            with pytest.raises(DegenerateAnswerError):
+                await client.chat(url, body, 600, watch)
+            stopped = asyncio.get_running_loop().time()
+            running = []
+            while asyncio.get_running_loop().time() - stopped < 20:
+                running.append((await client.get_json(url, "/v1/loads"))["loads"][0]["num_running_reqs"])
+                if running[-1] == 0:
+                    break
+                await asyncio.sleep(0.1)
+            freed = asyncio.get_running_loop().time() - stopped
+            after = await client.chat(url, {**body, "max_tokens": 4, "rid": f"gp-realserver-{os.getpid()}-2."}, 300)
+            return running, freed, after
+
+    running, freed, after = asyncio.run(asyncio.wait_for(scenario(), 600))
+    assert running[-1] == 0 and freed < 5, running
+    assert after.finish_reason == "length" and after.completion_tokens == 4 and after.prompt_tokens
+
+
+def test_a_run_streams_through_the_loop_guard_with_exact_usage(servers, write_jsonl, tmp_path):
+    """The default run streams (--loop-guard on): every row done, the usage the stream ends with (prompt and
+    completion tokens) the same as a whole answer's, and the lines' weights the server's. On the server without a
+    reasoning parser: a random model never ends its thinking, which the answer checks reject."""
+    rows = prompts(12)
+    out = {guard: tmp_path / guard for guard in ("on", "off")}
+    for guard, where in out.items():
+        config = _config(write_jsonl(rows, f"{guard}.jsonl"), where, servers[1:], loop_guard=guard, max_tokens=6)
+        outcome = _run(config)
+        assert outcome.exit_code == 0, outcome.summary
+    lines = {guard: {r["id"]: r for r in read_jsonl(where / "completions.jsonl")} for guard, where in out.items()}
+    assert set(lines["on"]) == set(lines["off"]) == {r["id"] for r in rows}
+    for key, streamed in lines["on"].items():
+        whole = lines["off"][key]
+        assert (streamed["prompt_tokens"], streamed["completion_tokens"]) == (whole["prompt_tokens"], 6)
+        assert streamed["input_tokens"] == whole["input_tokens"] and streamed["weight_version"] == "default"

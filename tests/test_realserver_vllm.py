@@ -141,3 +141,19 @@ def test_its_load_is_watched_through_its_metrics(server):
     assert (info.kind, info.loads) == ("vllm", LoadSource.VLLM)
     assert load is not None and load.running >= 0 and load.waiting >= 0, load
     assert load.token_usage is not None and 0.0 <= load.token_usage <= 1.0, load
+
+
+def test_a_run_streams_through_the_loop_guard_with_exact_usage(server, write_jsonl, tmp_path):
+    """The default run streams (--loop-guard on, stream_options.include_usage): every row done, the usage the
+    stream ends with the same as a whole answer's (prompt tokens as counted, completion tokens max_tokens)."""
+    rows = prompts(8)
+    out = {guard: tmp_path / guard for guard in ("on", "off")}
+    for guard, where in out.items():
+        outcome = _run(_config(write_jsonl(rows, f"{guard}.jsonl"), where, server, loop_guard=guard, max_tokens=6))
+        assert outcome.exit_code == 0, outcome.summary
+    lines = {guard: {r["id"]: r for r in read_jsonl(where / "completions.jsonl")} for guard, where in out.items()}
+    assert set(lines["on"]) == set(lines["off"]) == {r["id"] for r in rows}
+    for key, streamed in lines["on"].items():
+        whole = lines["off"][key]
+        assert (streamed["prompt_tokens"], streamed["completion_tokens"]) == (whole["prompt_tokens"], 6)
+        assert streamed["prompt_tokens"] == streamed["input_tokens"]
