@@ -155,7 +155,8 @@ def scratch_root(tmp_path: Path) -> Path:
     for name, data in INPUTS.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
-    (root / "prompts" / "sample.jsonl").symlink_to(REPO / "prompts" / "sample.jsonl")
+    for name in ("sample.jsonl", "answer.schema.json"):
+        (root / "prompts" / name).symlink_to(REPO / "prompts" / name)
     (root / "incoming").mkdir()
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -232,7 +233,7 @@ def test_the_readme_runs_as_written(tmp_path):
     with sim_fleet(2) as servers:
         run_blocks(blocks, root, servers)
     made = made_dirs(blocks)
-    assert {"runs/my-run", "runs/regen", "datasets/regen", "datasets/nightly"} <= set(made), made
+    assert {"runs/my-run", "runs/json", "runs/regen", "datasets/regen", "datasets/nightly"} <= set(made), made
     for out in made:
         assert (root / out).is_dir(), out
 
