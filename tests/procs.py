@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +61,7 @@ def sim_fleet_process(n: int = 4, *args: str) -> Iterator[tuple[str, subprocess.
     """sim_fleet, also yielding the simulator's process (to pause it with SIGSTOP, say)."""
     ports = free_ports(n)
     spec = f"{ports[0]}" if n == 1 else ",".join(map(str, ports))
+    drain = None
     proc = subprocess.Popen(
         [PY, "-m", "gen_pipeline", "simulate", "--ports", spec, "--health-delay", "0", *args],
         stdout=subprocess.PIPE,
@@ -76,16 +78,24 @@ def sim_fleet_process(n: int = 4, *args: str) -> Iterator[tuple[str, subprocess.
             assert time.monotonic() < deadline, "simulator did not start"
         else:
             raise AssertionError(f"simulator exited with {proc.wait()}")
+        # Read what it prints from now on: a pipe nobody reads fills (64 KiB), and the simulator then blocks in
+        # its next log line (a traceback for each client that leaves a streamed answer), answering nothing.
+        drain = threading.Thread(target=proc.stdout.read, daemon=True)
+        drain.start()
         yield ",".join(f"127.0.0.1:{p}" for p in ports), proc
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGCONT)  # a paused one would not see the SIGTERM
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.communicate(timeout=15)
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+        if drain is not None:
+            drain.join(timeout=15)  # at the end of the output, now that the simulator is gone
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def generate_argv(inp: Path, out: Path, servers: str, *args: str, progress: str = "log") -> list[str]:
